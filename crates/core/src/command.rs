@@ -1,0 +1,90 @@
+//! The commands that change a [`crate::LockTable`], and what applying one
+//! produces.
+//!
+//! A `Command` is what goes into the Raft log. Keepalives are deliberately
+//! absent: they only move a leader-local deadline (see [`crate::LeaseTracker`]),
+//! and writing them to the log would cost an fsync per heartbeat.
+
+use crate::{LockError, SessionId, Token};
+use serde::{Deserialize, Serialize};
+
+/// One replicated change to the lock table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Start a session with this lease length.
+    OpenSession { ttl_ms: u64 },
+    /// The client ended its session: release its locks, drop its waits.
+    CloseSession { session: SessionId },
+    /// The leader saw the session's lease run out. Same effect as a close.
+    ExpireSession { session: SessionId },
+    /// Take `lock` for `session`. With `wait`, join the FIFO queue if the lock
+    /// is held; without, fail with [`LockError::Busy`].
+    Acquire {
+        session: SessionId,
+        lock: String,
+        wait: bool,
+    },
+    /// Give up `lock`, which `session` must hold with `token`.
+    Release {
+        session: SessionId,
+        lock: String,
+        token: Token,
+    },
+    /// Leave the wait queue of `lock` (a blocking acquire timed out or its
+    /// caller went away). Reports the grant if it arrived first.
+    CancelWait { session: SessionId, lock: String },
+}
+
+/// The reply to the command's submitter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    SessionOpened { session: SessionId, ttl_ms: u64 },
+    SessionEnded,
+    Acquire(AcquireOutcome),
+    Released,
+    /// `granted` is the token if the lock was granted before the cancel.
+    WaitCancelled { granted: Option<Token> },
+}
+
+/// Where an acquire left the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AcquireOutcome {
+    Granted { token: Token },
+    /// Waiting; `position` 1 is next in line.
+    Queued { position: usize },
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionEnd {
+    Closed,
+    Expired,
+}
+
+/// A side effect of applying a command, for anyone watching the table: the
+/// server wakes blocked acquirers with these, and (later) the audit trail
+/// records them. Listed in the order they happened.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    Granted {
+        lock: String,
+        session: SessionId,
+        token: Token,
+    },
+    Released {
+        lock: String,
+        session: SessionId,
+        token: Token,
+    },
+    /// A queued session stopped waiting without being granted.
+    WaitEnded { lock: String, session: SessionId },
+    SessionOpened { session: SessionId, ttl_ms: u64 },
+    SessionEnded { session: SessionId, how: SessionEnd },
+}
+
+/// Everything applying one command produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    pub outcome: Result<Outcome, LockError>,
+    pub events: Vec<Event>,
+}

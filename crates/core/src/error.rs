@@ -1,0 +1,36 @@
+//! Why a command was refused. Every refusal leaves the table unchanged.
+
+use crate::{SessionId, Token};
+use serde::{Deserialize, Serialize};
+
+/// A command the state machine refused. Refusals are deterministic: every
+/// replica refuses the same command for the same reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum LockError {
+    #[error("unknown session {0} (it was closed or expired, or never existed)")]
+    UnknownSession(SessionId),
+    #[error("lock {lock:?} is held by another session (token {holder_token})")]
+    Busy { lock: String, holder_token: Token },
+    #[error("not holder: session {session} does not hold lock {lock:?}")]
+    NotHolder { lock: String, session: SessionId },
+    #[error("stale token: lock {lock:?} is held with token {current}, not {presented}")]
+    StaleToken {
+        lock: String,
+        presented: Token,
+        current: Token,
+    },
+    #[error("invalid lock name: {reason}")]
+    InvalidName { reason: String },
+    #[error("ttl {requested_ms}ms is out of range: must be between {min_ms}ms and {max_ms}ms")]
+    TtlOutOfRange {
+        requested_ms: u64,
+        min_ms: u64,
+        max_ms: u64,
+    },
+    #[error("lock {lock:?} already has {limit} waiters")]
+    TooManyWaiters { lock: String, limit: usize },
+    #[error("the server already has {limit} sessions")]
+    TooManySessions { limit: usize },
+    #[error("the server already has {limit} locks")]
+    TooManyLocks { limit: usize },
+}

@@ -1,0 +1,48 @@
+//! The Deadbolt lock state machine: sessions, named exclusive locks, FIFO
+//! wait queues and the fencing-token counter.
+//!
+//! This crate does no I/O and reads no clock. The replicated part,
+//! [`LockTable`], is a deterministic function of the commands applied to it,
+//! so every Raft replica that applies the same log reaches the same state and
+//! hands out the same tokens. The leader-only part, [`LeaseTracker`], decides
+//! *when* a session has expired; the caller passes the monotonic time in.
+//!
+//! Everything above this crate (Raft, storage, the network) exists to feed
+//! commands into a `LockTable` in one agreed order.
+
+mod command;
+mod error;
+mod lease;
+mod limits;
+mod table;
+
+pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};
+pub use error::LockError;
+pub use lease::{LeaseTracker, RenewError};
+pub use limits::{validate_lock_name, validate_ttl, Limits};
+pub use table::{LockInfo, LockTable, SessionInfo};
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Identifies one client session (a lease). Assigned by the state machine,
+/// never reused: the counter behind it only grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SessionId(pub u64);
+
+/// A fencing token. One counter across all locks; every grant takes the next
+/// value, so a later grant always carries a larger token than any earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Token(pub u64);
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}

@@ -1,0 +1,404 @@
+//! [`LockTable`]: the replicated state. Sessions, locks, wait queues and the
+//! token counter, changed only by [`LockTable::apply`].
+//!
+//! Invariants (checked by [`LockTable::check_invariants`], which the property
+//! tests call after every step):
+//! - a lock has at most one holder, and that holder is a live session;
+//! - a session is never both the holder of and a waiter on the same lock, and
+//!   waits at most once per lock;
+//! - a lock with no holder has no waiters (the head of a queue is granted in
+//!   the same step that frees the lock) and is removed from the table;
+//! - every token handed out is smaller than `next_token`, which only grows.
+
+use crate::command::{Applied, SessionEnd};
+use crate::{
+    validate_lock_name, validate_ttl, AcquireOutcome, Command, Event, Limits, LockError, Outcome,
+    SessionId, Token,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+/// The whole replicated lock state. Ordered maps keep iteration, and hence
+/// snapshots and multi-lock releases, identical on every replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockTable {
+    sessions: BTreeMap<SessionId, Session>,
+    locks: BTreeMap<String, Lock>,
+    next_session: u64,
+    next_token: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Session {
+    ttl_ms: u64,
+    held: BTreeSet<String>,
+    waiting: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Lock {
+    holder: SessionId,
+    token: Token,
+    queue: VecDeque<SessionId>,
+}
+
+/// A read-only view of one lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    pub name: String,
+    pub holder: SessionId,
+    pub token: Token,
+    /// Waiting sessions, next in line first.
+    pub waiters: Vec<SessionId>,
+}
+
+/// A read-only view of one session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: SessionId,
+    pub ttl: Duration,
+    pub held: Vec<String>,
+    pub waiting: Vec<String>,
+}
+
+impl Default for LockTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LockTable {
+    pub fn new() -> Self {
+        LockTable {
+            sessions: BTreeMap::new(),
+            locks: BTreeMap::new(),
+            next_session: 1,
+            next_token: 1,
+        }
+    }
+
+    /// Applies one command. On error nothing changed and `events` is empty.
+    pub fn apply(&mut self, command: &Command) -> Applied {
+        let mut events = Vec::new();
+        let outcome = match command {
+            Command::OpenSession { ttl_ms } => self.open_session(*ttl_ms, &mut events),
+            Command::CloseSession { session } => {
+                self.end_session(*session, SessionEnd::Closed, &mut events)
+            }
+            Command::ExpireSession { session } => {
+                self.end_session(*session, SessionEnd::Expired, &mut events)
+            }
+            Command::Acquire {
+                session,
+                lock,
+                wait,
+            } => self
+                .acquire(*session, lock, *wait, &mut events)
+                .map(Outcome::Acquire),
+            Command::Release {
+                session,
+                lock,
+                token,
+            } => self.release(*session, lock, *token, &mut events),
+            Command::CancelWait { session, lock } => self.cancel_wait(*session, lock, &mut events),
+        };
+        debug_assert!(outcome.is_ok() || events.is_empty());
+        Applied { outcome, events }
+    }
+
+    fn open_session(&mut self, ttl_ms: u64, events: &mut Vec<Event>) -> Result<Outcome, LockError> {
+        validate_ttl(Duration::from_millis(ttl_ms))?;
+        let limit = Limits::STANDARD.max_sessions;
+        if self.sessions.len() >= limit {
+            return Err(LockError::TooManySessions { limit });
+        }
+        let session = SessionId(self.next_session);
+        self.next_session += 1;
+        self.sessions.insert(
+            session,
+            Session {
+                ttl_ms,
+                held: BTreeSet::new(),
+                waiting: BTreeSet::new(),
+            },
+        );
+        events.push(Event::SessionOpened { session, ttl_ms });
+        Ok(Outcome::SessionOpened { session, ttl_ms })
+    }
+
+    fn end_session(
+        &mut self,
+        session: SessionId,
+        how: SessionEnd,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, LockError> {
+        let ended = self
+            .sessions
+            .remove(&session)
+            .ok_or(LockError::UnknownSession(session))?;
+        // Drop the waits before handing locks over, so that no queue names
+        // the ended session when its locks pass to the next waiters.
+        for name in &ended.waiting {
+            let lock = self.locks.get_mut(name).expect("waited-on lock exists");
+            lock.queue.retain(|s| *s != session);
+            events.push(Event::WaitEnded {
+                lock: name.clone(),
+                session,
+            });
+        }
+        for name in &ended.held {
+            let token = self.locks[name].token;
+            debug_assert_eq!(self.locks[name].holder, session);
+            events.push(Event::Released {
+                lock: name.clone(),
+                session,
+                token,
+            });
+            self.hand_over(name, events);
+        }
+        events.push(Event::SessionEnded { session, how });
+        Ok(Outcome::SessionEnded)
+    }
+
+    fn acquire(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        wait: bool,
+        events: &mut Vec<Event>,
+    ) -> Result<AcquireOutcome, LockError> {
+        validate_lock_name(name)?;
+        if !self.sessions.contains_key(&session) {
+            return Err(LockError::UnknownSession(session));
+        }
+        let Some(lock) = self.locks.get_mut(name) else {
+            let limit = Limits::STANDARD.max_locks;
+            if self.locks.len() >= limit {
+                return Err(LockError::TooManyLocks { limit });
+            }
+            let token = Self::take_token(&mut self.next_token);
+            self.locks.insert(
+                name.to_owned(),
+                Lock {
+                    holder: session,
+                    token,
+                    queue: VecDeque::new(),
+                },
+            );
+            self.session_mut(session).held.insert(name.to_owned());
+            events.push(Event::Granted {
+                lock: name.to_owned(),
+                session,
+                token,
+            });
+            return Ok(AcquireOutcome::Granted { token });
+        };
+        // Retrying an acquire (say, after a lost reply) must not change
+        // anything: same grant, or same place in the queue.
+        if lock.holder == session {
+            return Ok(AcquireOutcome::Granted { token: lock.token });
+        }
+        if let Some(index) = lock.queue.iter().position(|s| *s == session) {
+            return Ok(AcquireOutcome::Queued {
+                position: index + 1,
+            });
+        }
+        if !wait {
+            return Err(LockError::Busy {
+                lock: name.to_owned(),
+                holder_token: lock.token,
+            });
+        }
+        let limit = Limits::STANDARD.max_waiters_per_lock;
+        if lock.queue.len() >= limit {
+            return Err(LockError::TooManyWaiters {
+                lock: name.to_owned(),
+                limit,
+            });
+        }
+        lock.queue.push_back(session);
+        let position = lock.queue.len();
+        self.session_mut(session).waiting.insert(name.to_owned());
+        Ok(AcquireOutcome::Queued { position })
+    }
+
+    fn release(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        token: Token,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, LockError> {
+        if !self.sessions.contains_key(&session) {
+            return Err(LockError::UnknownSession(session));
+        }
+        let lock = self.locks.get(name).ok_or_else(|| LockError::NotHolder {
+            lock: name.to_owned(),
+            session,
+        })?;
+        if lock.holder != session {
+            return Err(LockError::NotHolder {
+                lock: name.to_owned(),
+                session,
+            });
+        }
+        if lock.token != token {
+            return Err(LockError::StaleToken {
+                lock: name.to_owned(),
+                presented: token,
+                current: lock.token,
+            });
+        }
+        self.session_mut(session).held.remove(name);
+        events.push(Event::Released {
+            lock: name.to_owned(),
+            session,
+            token,
+        });
+        self.hand_over(name, events);
+        Ok(Outcome::Released)
+    }
+
+    fn cancel_wait(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, LockError> {
+        let state = self
+            .sessions
+            .get_mut(&session)
+            .ok_or(LockError::UnknownSession(session))?;
+        if state.waiting.remove(name) {
+            let lock = self.locks.get_mut(name).expect("waited-on lock exists");
+            lock.queue.retain(|s| *s != session);
+            events.push(Event::WaitEnded {
+                lock: name.to_owned(),
+                session,
+            });
+            return Ok(Outcome::WaitCancelled { granted: None });
+        }
+        let granted = self
+            .locks
+            .get(name)
+            .filter(|lock| lock.holder == session)
+            .map(|lock| lock.token);
+        Ok(Outcome::WaitCancelled { granted })
+    }
+
+    /// The holder of `name` is gone (already unlinked from its session):
+    /// grant the lock to the head of its queue, or delete it if nobody waits.
+    fn hand_over(&mut self, name: &str, events: &mut Vec<Event>) {
+        let lock = self.locks.get_mut(name).expect("handed-over lock exists");
+        let Some(next) = lock.queue.pop_front() else {
+            self.locks.remove(name);
+            return;
+        };
+        let token = Self::take_token(&mut self.next_token);
+        lock.holder = next;
+        lock.token = token;
+        let waiter = self.session_mut(next);
+        let was_waiting = waiter.waiting.remove(name);
+        assert!(was_waiting, "queued session {next} was not waiting on {name:?}");
+        waiter.held.insert(name.to_owned());
+        events.push(Event::Granted {
+            lock: name.to_owned(),
+            session: next,
+            token,
+        });
+    }
+
+    /// The only place a token is minted.
+    fn take_token(next_token: &mut u64) -> Token {
+        let token = Token(*next_token);
+        *next_token = next_token.checked_add(1).expect("token counter overflow");
+        token
+    }
+
+    fn session_mut(&mut self, session: SessionId) -> &mut Session {
+        self.sessions
+            .get_mut(&session)
+            .unwrap_or_else(|| panic!("session {session} is linked from a lock but does not exist"))
+    }
+
+    /// The token the next grant will carry. Every token already handed out
+    /// is smaller.
+    pub fn next_token(&self) -> Token {
+        Token(self.next_token)
+    }
+
+    pub fn lock(&self, name: &str) -> Option<LockInfo> {
+        self.locks.get(name).map(|lock| LockInfo {
+            name: name.to_owned(),
+            holder: lock.holder,
+            token: lock.token,
+            waiters: lock.queue.iter().copied().collect(),
+        })
+    }
+
+    /// Locks in name order, starting after `after` (for paging).
+    pub fn locks_after<'a>(&'a self, after: &'a str) -> impl Iterator<Item = LockInfo> + 'a {
+        use std::ops::Bound;
+        self.locks
+            .range::<str, _>((Bound::Excluded(after), Bound::Unbounded))
+            .map(|(name, _)| self.lock(name).expect("listed lock exists"))
+    }
+
+    pub fn session(&self, id: SessionId) -> Option<SessionInfo> {
+        self.sessions.get(&id).map(|s| SessionInfo {
+            id,
+            ttl: Duration::from_millis(s.ttl_ms),
+            held: s.held.iter().cloned().collect(),
+            waiting: s.waiting.iter().cloned().collect(),
+        })
+    }
+
+    /// Live sessions and their TTLs, for a new leader to start tracking.
+    pub fn sessions(&self) -> impl Iterator<Item = (SessionId, Duration)> + '_ {
+        self.sessions
+            .iter()
+            .map(|(id, s)| (*id, Duration::from_millis(s.ttl_ms)))
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    pub fn lock_count(&self) -> usize {
+        self.locks.len()
+    }
+
+    /// Panics if any structural invariant is broken. O(size of the table):
+    /// for tests and for checking a snapshot once at load time.
+    pub fn check_invariants(&self) {
+        for (name, lock) in &self.locks {
+            let holder = self
+                .sessions
+                .get(&lock.holder)
+                .unwrap_or_else(|| panic!("lock {name:?} held by dead session {}", lock.holder));
+            assert!(holder.held.contains(name), "holder of {name:?} does not list it");
+            assert!(lock.token.0 < self.next_token, "token of {name:?} not below the counter");
+            assert!(lock.queue.len() <= Limits::STANDARD.max_waiters_per_lock);
+            let mut seen = BTreeSet::new();
+            for waiter in &lock.queue {
+                assert!(seen.insert(*waiter), "session {waiter} queued twice on {name:?}");
+                assert_ne!(*waiter, lock.holder, "holder of {name:?} also waits on it");
+                let session = self
+                    .sessions
+                    .get(waiter)
+                    .unwrap_or_else(|| panic!("dead session {waiter} queued on {name:?}"));
+                assert!(session.waiting.contains(name));
+            }
+        }
+        for (id, session) in &self.sessions {
+            assert!(id.0 < self.next_session, "session id {id} not below the counter");
+            for name in &session.held {
+                assert_eq!(self.locks.get(name).map(|l| l.holder), Some(*id));
+            }
+            for name in &session.waiting {
+                assert!(self.locks[name].queue.contains(id));
+            }
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Property tests: random command sequences against a `LockTable`, checking
+//! the safety and fairness invariants on what the table reports (its
+//! outcomes and events), not on its internals.
+
+use deadbolt_core::{
+    AcquireOutcome, Command, Event, LockError, LockTable, Outcome, SessionId, Token,
+};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+const LOCKS: [&str; 3] = ["a", "b", "c"];
+
+#[derive(Debug, Clone)]
+enum Step {
+    Open,
+    Close(usize),
+    Expire(usize),
+    Acquire(usize, usize, bool),
+    /// Release with the right token, or with a wrong one.
+    Release(usize, usize, bool),
+    Cancel(usize, usize),
+    /// A session that never existed.
+    Bogus(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        2 => Just(Step::Open),
+        1 => (0..8usize).prop_map(Step::Close),
+        1 => (0..8usize).prop_map(Step::Expire),
+        6 => (0..8usize, 0..3usize, any::<bool>()).prop_map(|(s, l, w)| Step::Acquire(s, l, w)),
+        4 => (0..8usize, 0..3usize, prop::bool::weighted(0.85)).prop_map(|(s, l, ok)| Step::Release(s, l, ok)),
+        1 => (0..8usize, 0..3usize).prop_map(|(s, l)| Step::Cancel(s, l)),
+        1 => (1000..1010u64).prop_map(Step::Bogus),
+    ]
+}
+
+/// What the test has learned from the table's own replies.
+#[derive(Default)]
+struct Observed {
+    /// Every session ever opened, in order (indexes in `Step` pick from here).
+    opened: Vec<SessionId>,
+    ended: BTreeSet<SessionId>,
+    /// Current holder and token of each lock, from events.
+    holders: BTreeMap<String, (SessionId, Token)>,
+    /// Queue of each lock as reported by `Queued` outcomes and `WaitEnded`.
+    queues: BTreeMap<String, VecDeque<SessionId>>,
+    last_token: Option<Token>,
+}
+
+impl Observed {
+    fn session(&self, index: usize) -> SessionId {
+        self.opened
+            .get(index % self.opened.len().max(1))
+            .copied()
+            .unwrap_or(SessionId(999))
+    }
+
+    fn absorb(&mut self, events: &[Event]) {
+        for event in events {
+            match event {
+                Event::Granted {
+                    lock,
+                    session,
+                    token,
+                } => {
+                    assert!(!self.ended.contains(session), "grant to ended session {session}");
+                    assert!(
+                        self.last_token.map_or(true, |last| *token > last),
+                        "token {token} not above {:?}",
+                        self.last_token
+                    );
+                    self.last_token = Some(*token);
+                    let previous = self.holders.insert(lock.clone(), (*session, *token));
+                    assert!(previous.is_none(), "{lock} granted while held by {previous:?}");
+                    let queue = self.queues.entry(lock.clone()).or_default();
+                    if let Some(head) = queue.pop_front() {
+                        assert_eq!(head, *session, "{lock} granted out of FIFO order");
+                    }
+                }
+                Event::Released {
+                    lock,
+                    session,
+                    token,
+                } => {
+                    assert_eq!(self.holders.remove(lock), Some((*session, *token)));
+                }
+                Event::WaitEnded { lock, session } => {
+                    let queue = self.queues.get_mut(lock).expect("wait ended on known queue");
+                    let before = queue.len();
+                    queue.retain(|s| s != session);
+                    assert_eq!(queue.len() + 1, before, "{session} was not waiting on {lock}");
+                }
+                Event::SessionOpened { session, .. } => self.opened.push(*session),
+                Event::SessionEnded { session, .. } => {
+                    assert!(self.ended.insert(*session));
+                    assert!(self.holders.values().all(|(s, _)| s != session));
+                    assert!(self.queues.values().all(|q| !q.contains(session)));
+                }
+            }
+        }
+    }
+}
+
+fn command(step: &Step, seen: &Observed) -> Command {
+    match *step {
+        Step::Open => Command::OpenSession { ttl_ms: 10_000 },
+        Step::Close(s) => Command::CloseSession {
+            session: seen.session(s),
+        },
+        Step::Expire(s) => Command::ExpireSession {
+            session: seen.session(s),
+        },
+        Step::Acquire(s, l, wait) => Command::Acquire {
+            session: seen.session(s),
+            lock: LOCKS[l].into(),
+            wait,
+        },
+        Step::Release(s, l, right_token) => {
+            let held = seen.holders.get(LOCKS[l]).map_or(Token(1), |(_, t)| *t);
+            Command::Release {
+                session: seen.session(s),
+                lock: LOCKS[l].into(),
+                token: if right_token { held } else { Token(held.0 + 1) },
+            }
+        }
+        Step::Cancel(s, l) => Command::CancelWait {
+            session: seen.session(s),
+            lock: LOCKS[l].into(),
+        },
+        Step::Bogus(id) => Command::Acquire {
+            session: SessionId(id),
+            lock: "a".into(),
+            wait: true,
+        },
+    }
+}
+
+fn run(table: &mut LockTable, seen: &mut Observed, command: &Command) -> Result<Outcome, LockError> {
+    let before = table.clone();
+    let applied = table.apply(command);
+    table.check_invariants();
+    match &applied.outcome {
+        Err(_) => assert_eq!(*table, before, "a refused command changed the table"),
+        Ok(Outcome::Acquire(AcquireOutcome::Queued { position })) => {
+            let Command::Acquire { session, lock, .. } = command else { unreachable!() };
+            let queue = seen.queues.entry(lock.clone()).or_default();
+            match queue.iter().position(|s| s == session) {
+                Some(index) => assert_eq!(index + 1, *position, "retry moved the queue position"),
+                None => {
+                    queue.push_back(*session);
+                    assert_eq!(queue.len(), *position);
+                }
+            }
+        }
+        Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) => {
+            let Command::Acquire { session, lock, .. } = command else { unreachable!() };
+            let was_holder = seen.holders.get(lock) == Some(&(*session, *token));
+            seen.absorb(&applied.events);
+            assert_eq!(seen.holders.get(lock), Some(&(*session, *token)));
+            if was_holder {
+                assert!(applied.events.is_empty(), "idempotent acquire changed something");
+            }
+            return applied.outcome;
+        }
+        Ok(_) => {}
+    }
+    seen.absorb(&applied.events);
+    applied.outcome
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn invariants_hold_for_any_command_sequence(steps in prop::collection::vec(step(), 1..120)) {
+        let mut table = LockTable::new();
+        let mut seen = Observed::default();
+        for step in &steps {
+            let command = command(step, &seen);
+            let outcome = run(&mut table, &mut seen, &command);
+            if let (Step::Release(..), Ok(_)) = (step, &outcome) {
+                prop_assert!(matches!(outcome, Ok(Outcome::Released)));
+            }
+            if let Err(err) = &outcome {
+                // Errors are only ever the ones a caller could expect.
+                let expected = matches!(err,
+                    LockError::UnknownSession(_) | LockError::Busy { .. }
+                    | LockError::NotHolder { .. } | LockError::StaleToken { .. });
+                prop_assert!(expected, "unexpected error {}", err);
+            }
+        }
+        // Liveness: once every session ends, every waiter was either granted
+        // or removed, and nothing is left behind.
+        let live: Vec<SessionId> = seen.opened.iter().copied()
+            .filter(|s| !seen.ended.contains(s)).collect();
+        for session in live {
+            run(&mut table, &mut seen, &Command::CloseSession { session }).unwrap();
+        }
+        prop_assert_eq!(table.lock_count(), 0);
+        prop_assert_eq!(table.session_count(), 0);
+        prop_assert!(seen.queues.values().all(VecDeque::is_empty));
+        prop_assert!(seen.holders.is_empty());
+    }
+
+    #[test]
+    fn snapshot_round_trip_preserves_behaviour(steps in prop::collection::vec(step(), 1..80)) {
+        let mut table = LockTable::new();
+        let mut seen = Observed::default();
+        for step in &steps {
+            let command = command(step, &seen);
+            run(&mut table, &mut seen, &command).ok();
+        }
+        let bytes = serde_json::to_vec(&table).unwrap();
+        let mut restored: LockTable = serde_json::from_slice(&bytes).unwrap();
+        prop_assert_eq!(&restored, &table);
+        // The restored table never re-issues a token.
+        let open = restored.apply(&Command::OpenSession { ttl_ms: 1000 });
+        let Ok(Outcome::SessionOpened { session, .. }) = open.outcome else { panic!() };
+        let grant = restored.apply(&Command::Acquire { session, lock: "fresh".into(), wait: false });
+        let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else { panic!() };
+        prop_assert!(seen.last_token.map_or(true, |last| token > last));
+    }
+}
+
+#[test]
+fn release_errors_name_the_problem() {
+    let mut table = LockTable::new();
+    let open = |t: &mut LockTable| match t.apply(&Command::OpenSession { ttl_ms: 5000 }).outcome {
+        Ok(Outcome::SessionOpened { session, .. }) => session,
+        other => panic!("{other:?}"),
+    };
+    let (a, b) = (open(&mut table), open(&mut table));
+    let grant = table.apply(&Command::Acquire { session: a, lock: "x".into(), wait: false });
+    let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else { panic!() };
+    let wrong = table.apply(&Command::Release { session: a, lock: "x".into(), token: Token(token.0 + 5) });
+    assert!(wrong.outcome.unwrap_err().to_string().starts_with("stale token"));
+    let other = table.apply(&Command::Release { session: b, lock: "x".into(), token });
+    assert!(other.outcome.unwrap_err().to_string().starts_with("not holder"));
+    let busy = table.apply(&Command::Acquire { session: b, lock: "x".into(), wait: false });
+    assert!(matches!(busy.outcome, Err(LockError::Busy { holder_token, .. }) if holder_token == token));
+    let long = "n".repeat(10 * 1024 * 1024);
+    let too_long = table.apply(&Command::Acquire { session: b, lock: long, wait: false });
+    assert!(matches!(too_long.outcome, Err(LockError::InvalidName { .. })));
+    for ttl_ms in [0, 10 * 365 * 24 * 3600 * 1000] {
+        let bad = table.apply(&Command::OpenSession { ttl_ms });
+        assert!(matches!(bad.outcome, Err(LockError::TtlOutOfRange { .. })));
+    }
+}
