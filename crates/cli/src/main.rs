@@ -1,1 +1,94 @@
-fn main(){}
+//! `deadbolt`: one binary for the server, the lock commands, and the bench.
+//!
+//! Exit codes are part of the interface (scripts and cron wrappers branch on
+//! them); see [`exit`].
+
+mod bench;
+mod exit;
+mod locks;
+mod run;
+mod server;
+
+use clap::{Parser, Subcommand};
+use std::time::Duration;
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  0     success (for `run`: the command's own exit code is returned)
+  75    the lock is busy, or the wait for it timed out
+  76    the lock was lost (the lease could not be renewed) while running
+  69    the Deadbolt server could not be reached
+  1     any other error (bad input, refused request), with a message
+  2     invalid command line";
+
+#[derive(Parser)]
+#[command(
+    name = "deadbolt",
+    version,
+    about = "A Raft-backed distributed lock service with fencing tokens",
+    after_help = AFTER_HELP
+)]
+struct Cli {
+    /// Server address(es), comma-separated.
+    #[arg(
+        long,
+        global = true,
+        env = "DEADBOLT_ENDPOINT",
+        default_value = "http://127.0.0.1:7070",
+        value_delimiter = ','
+    )]
+    endpoint: Vec<String>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a Deadbolt server node (single node, embedded store).
+    Server(server::ServerArgs),
+    /// Run a command while holding a lock (distributed cron dedupe).
+    #[command(after_help = AFTER_HELP)]
+    Run(run::RunArgs),
+    /// Acquire a lock in a new session and print `SESSION TOKEN`.
+    #[command(after_help = AFTER_HELP)]
+    Acquire(locks::AcquireArgs),
+    /// Release a lock taken with `deadbolt acquire`.
+    Release(locks::ReleaseArgs),
+    /// Renew the lease of a session opened with `deadbolt acquire`.
+    Keepalive(locks::KeepaliveArgs),
+    /// Show who holds a lock, with which token, and who waits.
+    Status(locks::StatusArgs),
+    /// List held locks with holder, token and waiters.
+    Locks(locks::ListArgs),
+    /// Measure throughput and latency against a running server.
+    Bench(bench::BenchArgs),
+}
+
+/// Parses human durations: `500ms`, `30s`, `5m`, `1h 30m`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 500ms, 30s, 5m)"))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("cannot start the tokio runtime");
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Server(args) => server::main(args).await,
+            Command::Run(args) => run::main(&cli.endpoint, args).await,
+            Command::Acquire(args) => locks::acquire(&cli.endpoint, args).await,
+            Command::Release(args) => locks::release(&cli.endpoint, args).await,
+            Command::Keepalive(args) => locks::keepalive(&cli.endpoint, args).await,
+            Command::Status(args) => locks::status(&cli.endpoint, args).await,
+            Command::Locks(args) => locks::list(&cli.endpoint, args).await,
+            Command::Bench(args) => bench::main(&cli.endpoint, args).await,
+        }
+    });
+    // Do not wait for background tasks (a watchdog mid-backoff) on the way out.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    std::process::exit(code);
+}

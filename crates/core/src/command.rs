@@ -38,20 +38,29 @@ pub enum Command {
 /// The reply to the command's submitter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
-    SessionOpened { session: SessionId, ttl_ms: u64 },
+    SessionOpened {
+        session: SessionId,
+        ttl_ms: u64,
+    },
     SessionEnded,
     Acquire(AcquireOutcome),
     Released,
     /// `granted` is the token if the lock was granted before the cancel.
-    WaitCancelled { granted: Option<Token> },
+    WaitCancelled {
+        granted: Option<Token>,
+    },
 }
 
 /// Where an acquire left the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AcquireOutcome {
-    Granted { token: Token },
+    Granted {
+        token: Token,
+    },
     /// Waiting; `position` 1 is next in line.
-    Queued { position: usize },
+    Queued {
+        position: usize,
+    },
 }
 
 /// Why a session ended.
@@ -77,9 +86,18 @@ pub enum Event {
         token: Token,
     },
     /// A queued session stopped waiting without being granted.
-    WaitEnded { lock: String, session: SessionId },
-    SessionOpened { session: SessionId, ttl_ms: u64 },
-    SessionEnded { session: SessionId, how: SessionEnd },
+    WaitEnded {
+        lock: String,
+        session: SessionId,
+    },
+    SessionOpened {
+        session: SessionId,
+        ttl_ms: u64,
+    },
+    SessionEnded {
+        session: SessionId,
+        how: SessionEnd,
+    },
 }
 
 /// Everything applying one command produced.

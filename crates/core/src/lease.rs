@@ -98,7 +98,10 @@ impl LeaseTracker {
                 break;
             }
             self.by_deadline.pop_first();
-            let lease = self.leases.get_mut(&session).expect("ordered deadline is tracked");
+            let lease = self
+                .leases
+                .get_mut(&session)
+                .expect("ordered deadline is tracked");
             debug_assert!(!lease.expiring);
             lease.expiring = true;
             expired.push(session);
@@ -143,10 +146,17 @@ mod tests {
         let start = Instant::now();
         let mut leases = LeaseTracker::new();
         leases.track(SessionId(1), TTL, start);
-        assert_eq!(leases.renew(SessionId(1), start + Duration::from_secs(6)), Ok(TTL));
+        assert_eq!(
+            leases.renew(SessionId(1), start + Duration::from_secs(6)),
+            Ok(TTL)
+        );
         // The original deadline (start + 10s) has passed, the renewed one has not.
-        assert!(leases.take_expired(start + Duration::from_secs(15)).is_empty());
-        assert!(leases.take_expired(start + Duration::from_secs(16)).is_empty());
+        assert!(leases
+            .take_expired(start + Duration::from_secs(15))
+            .is_empty());
+        assert!(leases
+            .take_expired(start + Duration::from_secs(16))
+            .is_empty());
         assert_eq!(
             leases.take_expired(start + Duration::from_secs(16) + Duration::from_nanos(1)),
             vec![SessionId(1)]
@@ -174,7 +184,10 @@ mod tests {
         let mut leases = LeaseTracker::new();
         leases.track(SessionId(1), TTL, start + Duration::from_secs(5));
         leases.renew(SessionId(1), start).unwrap();
-        assert_eq!(leases.next_deadline(), Some(start + Duration::from_secs(15)));
+        assert_eq!(
+            leases.next_deadline(),
+            Some(start + Duration::from_secs(15))
+        );
     }
 
     #[test]

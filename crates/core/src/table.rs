@@ -300,7 +300,10 @@ impl LockTable {
         lock.token = token;
         let waiter = self.session_mut(next);
         let was_waiting = waiter.waiting.remove(name);
-        assert!(was_waiting, "queued session {next} was not waiting on {name:?}");
+        assert!(
+            was_waiting,
+            "queued session {next} was not waiting on {name:?}"
+        );
         waiter.held.insert(name.to_owned());
         events.push(Event::Granted {
             lock: name.to_owned(),
@@ -377,12 +380,21 @@ impl LockTable {
                 .sessions
                 .get(&lock.holder)
                 .unwrap_or_else(|| panic!("lock {name:?} held by dead session {}", lock.holder));
-            assert!(holder.held.contains(name), "holder of {name:?} does not list it");
-            assert!(lock.token.0 < self.next_token, "token of {name:?} not below the counter");
+            assert!(
+                holder.held.contains(name),
+                "holder of {name:?} does not list it"
+            );
+            assert!(
+                lock.token.0 < self.next_token,
+                "token of {name:?} not below the counter"
+            );
             assert!(lock.queue.len() <= Limits::STANDARD.max_waiters_per_lock);
             let mut seen = BTreeSet::new();
             for waiter in &lock.queue {
-                assert!(seen.insert(*waiter), "session {waiter} queued twice on {name:?}");
+                assert!(
+                    seen.insert(*waiter),
+                    "session {waiter} queued twice on {name:?}"
+                );
                 assert_ne!(*waiter, lock.holder, "holder of {name:?} also waits on it");
                 let session = self
                     .sessions
@@ -392,7 +404,10 @@ impl LockTable {
             }
         }
         for (id, session) in &self.sessions {
-            assert!(id.0 < self.next_session, "session id {id} not below the counter");
+            assert!(
+                id.0 < self.next_session,
+                "session id {id} not below the counter"
+            );
             for name in &session.held {
                 assert_eq!(self.locks.get(name).map(|l| l.holder), Some(*id));
             }

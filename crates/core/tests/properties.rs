@@ -64,7 +64,10 @@ impl Observed {
                     session,
                     token,
                 } => {
-                    assert!(!self.ended.contains(session), "grant to ended session {session}");
+                    assert!(
+                        !self.ended.contains(session),
+                        "grant to ended session {session}"
+                    );
                     assert!(
                         self.last_token.map_or(true, |last| *token > last),
                         "token {token} not above {:?}",
@@ -72,7 +75,10 @@ impl Observed {
                     );
                     self.last_token = Some(*token);
                     let previous = self.holders.insert(lock.clone(), (*session, *token));
-                    assert!(previous.is_none(), "{lock} granted while held by {previous:?}");
+                    assert!(
+                        previous.is_none(),
+                        "{lock} granted while held by {previous:?}"
+                    );
                     let queue = self.queues.entry(lock.clone()).or_default();
                     if let Some(head) = queue.pop_front() {
                         assert_eq!(head, *session, "{lock} granted out of FIFO order");
@@ -86,10 +92,17 @@ impl Observed {
                     assert_eq!(self.holders.remove(lock), Some((*session, *token)));
                 }
                 Event::WaitEnded { lock, session } => {
-                    let queue = self.queues.get_mut(lock).expect("wait ended on known queue");
+                    let queue = self
+                        .queues
+                        .get_mut(lock)
+                        .expect("wait ended on known queue");
                     let before = queue.len();
                     queue.retain(|s| s != session);
-                    assert_eq!(queue.len() + 1, before, "{session} was not waiting on {lock}");
+                    assert_eq!(
+                        queue.len() + 1,
+                        before,
+                        "{session} was not waiting on {lock}"
+                    );
                 }
                 Event::SessionOpened { session, .. } => self.opened.push(*session),
                 Event::SessionEnded { session, .. } => {
@@ -136,14 +149,20 @@ fn command(step: &Step, seen: &Observed) -> Command {
     }
 }
 
-fn run(table: &mut LockTable, seen: &mut Observed, command: &Command) -> Result<Outcome, LockError> {
+fn run(
+    table: &mut LockTable,
+    seen: &mut Observed,
+    command: &Command,
+) -> Result<Outcome, LockError> {
     let before = table.clone();
     let applied = table.apply(command);
     table.check_invariants();
     match &applied.outcome {
         Err(_) => assert_eq!(*table, before, "a refused command changed the table"),
         Ok(Outcome::Acquire(AcquireOutcome::Queued { position })) => {
-            let Command::Acquire { session, lock, .. } = command else { unreachable!() };
+            let Command::Acquire { session, lock, .. } = command else {
+                unreachable!()
+            };
             let queue = seen.queues.entry(lock.clone()).or_default();
             match queue.iter().position(|s| s == session) {
                 Some(index) => assert_eq!(index + 1, *position, "retry moved the queue position"),
@@ -154,12 +173,17 @@ fn run(table: &mut LockTable, seen: &mut Observed, command: &Command) -> Result<
             }
         }
         Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) => {
-            let Command::Acquire { session, lock, .. } = command else { unreachable!() };
+            let Command::Acquire { session, lock, .. } = command else {
+                unreachable!()
+            };
             let was_holder = seen.holders.get(lock) == Some(&(*session, *token));
             seen.absorb(&applied.events);
             assert_eq!(seen.holders.get(lock), Some(&(*session, *token)));
             if was_holder {
-                assert!(applied.events.is_empty(), "idempotent acquire changed something");
+                assert!(
+                    applied.events.is_empty(),
+                    "idempotent acquire changed something"
+                );
             }
             return applied.outcome;
         }
@@ -231,17 +255,52 @@ fn release_errors_name_the_problem() {
         other => panic!("{other:?}"),
     };
     let (a, b) = (open(&mut table), open(&mut table));
-    let grant = table.apply(&Command::Acquire { session: a, lock: "x".into(), wait: false });
-    let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else { panic!() };
-    let wrong = table.apply(&Command::Release { session: a, lock: "x".into(), token: Token(token.0 + 5) });
-    assert!(wrong.outcome.unwrap_err().to_string().starts_with("stale token"));
-    let other = table.apply(&Command::Release { session: b, lock: "x".into(), token });
-    assert!(other.outcome.unwrap_err().to_string().starts_with("not holder"));
-    let busy = table.apply(&Command::Acquire { session: b, lock: "x".into(), wait: false });
-    assert!(matches!(busy.outcome, Err(LockError::Busy { holder_token, .. }) if holder_token == token));
+    let grant = table.apply(&Command::Acquire {
+        session: a,
+        lock: "x".into(),
+        wait: false,
+    });
+    let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else {
+        panic!()
+    };
+    let wrong = table.apply(&Command::Release {
+        session: a,
+        lock: "x".into(),
+        token: Token(token.0 + 5),
+    });
+    assert!(wrong
+        .outcome
+        .unwrap_err()
+        .to_string()
+        .starts_with("stale token"));
+    let other = table.apply(&Command::Release {
+        session: b,
+        lock: "x".into(),
+        token,
+    });
+    assert!(other
+        .outcome
+        .unwrap_err()
+        .to_string()
+        .starts_with("not holder"));
+    let busy = table.apply(&Command::Acquire {
+        session: b,
+        lock: "x".into(),
+        wait: false,
+    });
+    assert!(
+        matches!(busy.outcome, Err(LockError::Busy { holder_token, .. }) if holder_token == token)
+    );
     let long = "n".repeat(10 * 1024 * 1024);
-    let too_long = table.apply(&Command::Acquire { session: b, lock: long, wait: false });
-    assert!(matches!(too_long.outcome, Err(LockError::InvalidName { .. })));
+    let too_long = table.apply(&Command::Acquire {
+        session: b,
+        lock: long,
+        wait: false,
+    });
+    assert!(matches!(
+        too_long.outcome,
+        Err(LockError::InvalidName { .. })
+    ));
     for ttl_ms in [0, 10 * 365 * 24 * 3600 * 1000] {
         let bad = table.apply(&Command::OpenSession { ttl_ms });
         assert!(matches!(bad.outcome, Err(LockError::TtlOutOfRange { .. })));

@@ -1,1 +1,174 @@
-pub fn x(){}
+//! `deadbolt server`: the Raft-replicated lock service.
+//!
+//! Layers, outermost first:
+//! - [`grpc`] and [`http`]: the two wire APIs, thin translations onto
+//! - [`node::Node`]: the operations (open session, acquire, ...), which write
+//!   through the [`proposer`] (group commit) into Raft and read the table;
+//! - [`leases`]: keepalives and expiry on the leader, on a monotonic clock;
+//! - [`store`]: openraft's log and state machine on redb, around the pure
+//!   `deadbolt_core::LockTable`.
+//!
+//! [`run`] wires them together and serves until the shutdown future resolves.
+
+mod grpc;
+mod http;
+mod leases;
+mod network;
+mod node;
+mod proposer;
+mod raft_types;
+mod store;
+mod waits;
+
+pub use store::DataDirError;
+
+use anyhow::Context;
+use leases::Leases;
+use node::{Node, Observers};
+use openraft::error::{InitializeError, RaftError};
+use openraft::{BasicNode, Config, SnapshotPolicy};
+use proposer::Proposer;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use store::{LogStore, StateMachineStore};
+use tokio::sync::watch;
+use waits::Waits;
+
+/// Everything `deadbolt server` needs to start.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub node_id: u64,
+    /// Serves gRPC and HTTP on the same port.
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+}
+
+/// Raft timing. A single node elects itself within one election timeout of
+/// starting; the values matter more once there are peers.
+fn raft_config() -> anyhow::Result<Arc<Config>> {
+    let config = Config {
+        cluster_name: "deadbolt".into(),
+        heartbeat_interval: 50,
+        election_timeout_min: 150,
+        election_timeout_max: 300,
+        // Snapshot every 10k entries and keep 1k behind it, so the log stays
+        // bounded and a restart re-applies at most ~11k entries.
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(10_000),
+        max_in_snapshot_log_to_keep: 1_000,
+        ..Default::default()
+    };
+    Ok(Arc::new(config.validate().context("invalid raft config")?))
+}
+
+/// A server that has opened its data and bound its port, but is not yet
+/// serving. Split from [`Server::serve`] so callers (and tests) can learn the
+/// bound address first.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    node: Node,
+}
+
+impl Server {
+    pub async fn start(config: ServerConfig) -> anyhow::Result<Server> {
+        // Bind first: a port in use is the most common start-up failure and
+        // should not wait for the data directory.
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let db = Arc::new(store::open_data_dir(&config.data_dir)?);
+        let waits = Arc::new(Waits::default());
+        let leases = Arc::new(Leases::default());
+        let observers = Arc::new(Observers {
+            waits: waits.clone(),
+            leases: leases.clone(),
+        });
+        let log_store = LogStore::new(db.clone());
+        let state_machine = StateMachineStore::open(db, observers)
+            .context("cannot load the snapshot from the data directory")?;
+        let table = state_machine.shared();
+        let raft = openraft::Raft::new(
+            config.node_id,
+            raft_config()?,
+            network::PeerNetwork,
+            log_store,
+            state_machine,
+        )
+        .await
+        .context("cannot start raft")?;
+        let address = listener.local_addr()?.to_string();
+        let members = BTreeMap::from([(config.node_id, BasicNode::new(address))]);
+        match raft.initialize(members).await {
+            Ok(()) => tracing::info!(
+                node_id = config.node_id,
+                "initialized a new single-node cluster"
+            ),
+            // Already initialized: a restart with existing data.
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+            Err(err) => return Err(err).context("cannot initialize the cluster"),
+        }
+        let node = Node {
+            id: config.node_id,
+            proposer: Proposer::start(raft.clone()),
+            raft,
+            table,
+            waits,
+            leases,
+        };
+        Ok(Server { listener, node })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, ends blocked
+    /// acquires, and shuts Raft down cleanly.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let Server { listener, node } = self;
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(leases::follow_leadership(
+            node.raft.clone(),
+            node.id,
+            node.leases.clone(),
+            node.waits.clone(),
+            node.table.clone(),
+            stopped.clone(),
+        ));
+        tokio::spawn(leases::expire_sessions(
+            node.leases.clone(),
+            node.proposer.clone(),
+            stopped,
+        ));
+        let grpc =
+            tonic::service::Routes::new(deadbolt_proto::v1::deadbolt_server::DeadboltServer::new(
+                grpc::GrpcApi::new(node.clone()),
+            ))
+            .into_axum_router();
+        let app = grpc.merge(http::router(node.clone()));
+        tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
+        let waits = node.waits.clone();
+        axum::serve(listener, app)
+            .tcp_nodelay(true)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down");
+                let _ = stop.send(true);
+                // Blocked acquires would hold the graceful shutdown open forever.
+                waits.drop_all();
+            })
+            .await
+            .context("server failed")?;
+        node.raft
+            .shutdown()
+            .await
+            .context("raft did not shut down cleanly")?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}

@@ -1,0 +1,209 @@
+//! `deadbolt bench`: throughput and latency against a running server, with
+//! the workloads of `shared/lockbench` so figures compare side by side.
+//!
+//! - `uncontended`: each client loops acquire→release on its own lock;
+//! - `contended`: all clients loop acquire→release on one lock (FIFO);
+//! - `expiry`: a holder stops renewing; how long until a waiter gets the lock.
+//!
+//! Every client has its own session and connection. The bench also checks
+//! what it can see: tokens never repeat and grow with every grant.
+
+use crate::{exit, parse_duration};
+use deadbolt_client::{Client, Error};
+use hdrhistogram::Histogram;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Workload {
+    Uncontended,
+    Contended,
+    Expiry,
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[arg(value_enum)]
+    workload: Workload,
+    /// Concurrent clients, each with its own session and connection.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Measured time (after warm-up).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    duration: Duration,
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    warmup: Duration,
+    /// Session TTL (for `expiry`, the TTL of the holder that dies).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Rounds of the `expiry` workload.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
+pub async fn main(endpoints: &[String], args: BenchArgs) -> i32 {
+    let result = match args.workload {
+        Workload::Uncontended => loops(endpoints, &args, false).await,
+        Workload::Contended => loops(endpoints, &args, true).await,
+        Workload::Expiry => expiry(endpoints, &args).await,
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(err) => exit::report(&err),
+    }
+}
+
+/// Per-client results of a loop workload.
+struct ClientStats {
+    grants: u64,
+    acquire_us: Histogram<u64>,
+    tokens_ok: bool,
+}
+
+async fn loops(endpoints: &[String], args: &BenchArgs, contended: bool) -> Result<(), Error> {
+    let mut sessions = Vec::with_capacity(args.clients);
+    for _ in 0..args.clients {
+        let client = Client::connect(endpoints.iter().cloned()).await?;
+        sessions.push(client.open_session(args.ttl).await?);
+    }
+    let measuring = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (i, session) in sessions.iter().cloned().enumerate() {
+        let name = if contended {
+            "bench:contended".to_owned()
+        } else {
+            format!("bench:uncontended:{i}")
+        };
+        let (measuring, done, counter) = (measuring.clone(), done.clone(), counter.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut stats = ClientStats {
+                grants: 0,
+                acquire_us: Histogram::new(3).expect("histogram"),
+                tokens_ok: true,
+            };
+            let mut last_token = 0;
+            while !done.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                let guard = session.lock(&name).await?;
+                let waited = started.elapsed();
+                stats.tokens_ok &= guard.token() > last_token;
+                last_token = guard.token();
+                guard.release().await?;
+                if measuring.load(Ordering::Relaxed) && !done.load(Ordering::Relaxed) {
+                    stats.grants += 1;
+                    stats
+                        .acquire_us
+                        .saturating_record(waited.as_micros() as u64);
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok::<_, Error>(stats)
+        }));
+    }
+    tokio::time::sleep(args.warmup).await;
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    let mut last_print = (started, 0);
+    while started.elapsed() < args.duration {
+        tokio::time::sleep(Duration::from_secs(1).min(args.duration)).await;
+        let total = counter.load(Ordering::Relaxed);
+        let (at, count) = last_print;
+        eprintln!(
+            "[{:>4.1}s] {total} grants, {:.0}/s",
+            started.elapsed().as_secs_f64(),
+            (total - count) as f64 / at.elapsed().as_secs_f64()
+        );
+        last_print = (Instant::now(), total);
+    }
+    done.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    let mut all = Histogram::<u64>::new(3).expect("histogram");
+    let mut per_client = Vec::new();
+    let mut tokens_ok = true;
+    for task in tasks {
+        let stats = task.await.expect("bench client panicked")?;
+        all.add(&stats.acquire_us).expect("histogram add");
+        per_client.push(stats.grants);
+        tokens_ok &= stats.tokens_ok;
+    }
+    for session in sessions {
+        session.close().await?;
+    }
+    let total: u64 = per_client.iter().sum();
+    let rate = total as f64 / elapsed.as_secs_f64();
+    let what = if contended {
+        "grants/s"
+    } else {
+        "acquire+release pairs/s"
+    };
+    println!(
+        "{}: {} clients, {:.1}s: {rate:.0} {what}",
+        if contended {
+            "contended"
+        } else {
+            "uncontended"
+        },
+        args.clients,
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "  acquire latency: p50 {:.2}ms  p99 {:.2}ms  max {:.2}ms",
+        all.value_at_quantile(0.5) as f64 / 1000.0,
+        all.value_at_quantile(0.99) as f64 / 1000.0,
+        all.max() as f64 / 1000.0
+    );
+    let (min, max) = (
+        per_client.iter().min().copied().unwrap_or(0),
+        per_client.iter().max().copied().unwrap_or(0),
+    );
+    let sum_sq: f64 = per_client.iter().map(|&x| (x as f64).powi(2)).sum();
+    let fairness = (total as f64).powi(2) / (per_client.len() as f64 * sum_sq).max(1.0);
+    println!("  per-client grants: min {min}  max {max}  fairness (Jain) {fairness:.3}");
+    println!(
+        "  tokens strictly increasing per client: {}",
+        if tokens_ok { "yes" } else { "NO" }
+    );
+    Ok(())
+}
+
+async fn expiry(endpoints: &[String], args: &BenchArgs) -> Result<(), Error> {
+    let client = Client::connect(endpoints.iter().cloned()).await?;
+    let waiter = client.open_session(Duration::from_secs(30)).await?;
+    let mut overshoots = Histogram::<u64>::new(3).expect("histogram");
+    for round in 0..args.rounds {
+        let name = format!("bench:expiry:{round}:{}", std::process::id());
+        // The holder never sends a keepalive: it "dies" right after its grant.
+        let sent = Instant::now();
+        let (holder, _) = client.open_session_raw(args.ttl).await?;
+        let token = client.acquire_raw(holder, &name, false, None).await?;
+        let guard = waiter.lock(&name).await?;
+        let handover = sent.elapsed();
+        assert!(
+            guard.token() > token,
+            "waiter got a token not above the holder's"
+        );
+        guard.release().await?;
+        let over = handover.saturating_sub(args.ttl);
+        overshoots.saturating_record(over.as_micros() as u64);
+        println!(
+            "round {}: waiter granted {:.1}ms after the holder's session opened (TTL {}, +{:.1}ms)",
+            round + 1,
+            handover.as_secs_f64() * 1000.0,
+            humantime::format_duration(args.ttl),
+            over.as_secs_f64() * 1000.0
+        );
+        if handover < args.ttl {
+            println!("  LEASE ENDED EARLY: {handover:?} < TTL");
+        }
+    }
+    waiter.close().await?;
+    println!(
+        "expiry: handover after TTL + p50 {:.1}ms, max {:.1}ms",
+        overshoots.value_at_quantile(0.5) as f64 / 1000.0,
+        overshoots.max() as f64 / 1000.0
+    );
+    Ok(())
+}

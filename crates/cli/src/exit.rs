@@ -1,0 +1,29 @@
+//! Exit codes, and how errors map onto them. Documented in `--help`.
+
+use deadbolt_client::{Error, ErrorKind};
+
+pub const OK: i32 = 0;
+pub const FAILURE: i32 = 1;
+/// EX_UNAVAILABLE from sysexits.h.
+pub const UNREACHABLE: i32 = 69;
+/// EX_TEMPFAIL: try again later.
+pub const BUSY: i32 = 75;
+pub const LOCK_LOST: i32 = 76;
+
+/// Prints the error and returns its exit code.
+pub fn report(err: &Error) -> i32 {
+    eprintln!("deadbolt: {err}");
+    code_of(err)
+}
+
+pub fn code_of(err: &Error) -> i32 {
+    match err.kind() {
+        ErrorKind::Busy | ErrorKind::WaitTimeout => BUSY,
+        ErrorKind::Unavailable | ErrorKind::NotLeader => UNREACHABLE,
+        ErrorKind::StaleToken
+        | ErrorKind::NotHolder
+        | ErrorKind::UnknownSession
+        | ErrorKind::SessionExpiring => LOCK_LOST,
+        _ => FAILURE,
+    }
+}

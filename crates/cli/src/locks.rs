@@ -1,0 +1,197 @@
+//! The lock commands for scripts and humans: `acquire`, `release`,
+//! `keepalive`, `status`, `locks`.
+//!
+//! `acquire` returns as soon as it holds the lock, so its session is no longer
+//! kept alive by anyone: the lock is held for one `--ttl` unless renewed with
+//! `deadbolt keepalive`. For "hold while a command runs", use `deadbolt run`.
+
+use crate::{exit, parse_duration};
+use deadbolt_client::{Client, Error, ErrorKind, LockState};
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct AcquireArgs {
+    #[arg(long)]
+    lock: String,
+    /// Lease of the new session.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Wait at most this long (default: wait as long as it takes).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Fail at once (exit 75) if the lock is held.
+    #[arg(long)]
+    no_wait: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ReleaseArgs {
+    #[arg(long)]
+    lock: String,
+    #[arg(long)]
+    session: u64,
+    #[arg(long)]
+    token: u64,
+    /// Keep the session open (by default it is closed after the release).
+    #[arg(long)]
+    keep_session: bool,
+}
+
+#[derive(clap::Args)]
+pub struct KeepaliveArgs {
+    #[arg(long)]
+    session: u64,
+}
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    #[arg(long)]
+    lock: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct ListArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+async fn connect(endpoints: &[String]) -> Result<Client, i32> {
+    Client::connect(endpoints.iter().cloned())
+        .await
+        .map_err(|err| exit::report(&err))
+}
+
+fn outcome(result: Result<(), Error>) -> i32 {
+    match result {
+        Ok(()) => exit::OK,
+        Err(err) => exit::report(&err),
+    }
+}
+
+pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
+    let client = match connect(endpoints).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    let (session, _) = match client.open_session_raw(args.ttl).await {
+        Ok(opened) => opened,
+        Err(err) => return exit::report(&err),
+    };
+    let timeout = if args.no_wait { None } else { args.wait };
+    match client
+        .acquire_raw(session, &args.lock, !args.no_wait, timeout)
+        .await
+    {
+        Ok(token) => {
+            println!("{session} {token}");
+            exit::OK
+        }
+        Err(err) => {
+            // Leave nothing behind: a session without the lock is useless.
+            let _ = client.close_session_raw(session).await;
+            if err.kind() == ErrorKind::WaitTimeout {
+                eprintln!("deadbolt: timed out waiting for lock {:?}", args.lock);
+                return exit::BUSY;
+            }
+            exit::report(&err)
+        }
+    }
+}
+
+pub async fn release(endpoints: &[String], args: ReleaseArgs) -> i32 {
+    let client = match connect(endpoints).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    let released = client
+        .release_raw(args.session, &args.lock, args.token)
+        .await;
+    if released.is_ok() && !args.keep_session {
+        return outcome(client.close_session_raw(args.session).await);
+    }
+    outcome(released)
+}
+
+pub async fn keepalive(endpoints: &[String], args: KeepaliveArgs) -> i32 {
+    let client = match connect(endpoints).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    outcome(client.keep_alive_raw(args.session).await.map(|ttl| {
+        println!("renewed for {}", humantime::format_duration(ttl));
+    }))
+}
+
+pub async fn status(endpoints: &[String], args: StatusArgs) -> i32 {
+    let client = match connect(endpoints).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    outcome(client.lock_status(&args.lock).await.map(|state| {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({ "lock": args.lock, "state": state })
+            );
+            return;
+        }
+        match state {
+            None => println!("{}: free", args.lock),
+            Some(state) => println!(
+                "{}: held by session {} with token {}, {} waiting{}",
+                state.lock,
+                state.holder_session_id,
+                state.token,
+                state.waiter_session_ids.len(),
+                waiter_list(&state)
+            ),
+        }
+    }))
+}
+
+fn waiter_list(state: &LockState) -> String {
+    if state.waiter_session_ids.is_empty() {
+        return String::new();
+    }
+    let ids: Vec<String> = state
+        .waiter_session_ids
+        .iter()
+        .map(u64::to_string)
+        .collect();
+    format!(" (sessions {})", ids.join(", "))
+}
+
+pub async fn list(endpoints: &[String], args: ListArgs) -> i32 {
+    let client = match connect(endpoints).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    outcome(client.list_locks().await.map(|locks| {
+        if args.json {
+            println!("{}", serde_json::json!({ "locks": locks }));
+            return;
+        }
+        if locks.is_empty() {
+            println!("no locks are held");
+            return;
+        }
+        let width = locks.iter().map(|l| l.lock.len()).max().unwrap_or(4).max(4);
+        println!(
+            "{:width$}  {:>8}  {:>12}  WAITERS",
+            "LOCK", "SESSION", "TOKEN"
+        );
+        for lock in &locks {
+            println!(
+                "{:width$}  {:>8}  {:>12}  {}",
+                lock.lock,
+                lock.holder_session_id,
+                lock.token,
+                lock.waiter_session_ids.len()
+            );
+        }
+    }))
+}

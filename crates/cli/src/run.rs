@@ -1,0 +1,231 @@
+//! `deadbolt run`: runs a command while holding a lock.
+//!
+//! The command must never run on after the server could have handed the lock
+//! to someone else. The client's lease deadline is conservative (counted from
+//! when the last acknowledged keepalive was *sent*); from it we keep a margin
+//! for clock-rate drift between client and server, and before that margin we
+//! give the command SIGTERM, then SIGKILL a grace period later. So the
+//! command is dead before the server's own deadline can pass.
+//!
+//! This bounds the damage of a lost lease, it does not make the work
+//! exclusive: a command paused (or a `deadbolt run` SIGSTOP'd) past its lease
+//! can still act late. Resources that matter must check `$DEADBOLT_TOKEN`.
+
+use crate::{exit, parse_duration};
+use deadbolt_client::{Client, ErrorKind, LeaseLost, LockGuard, Session};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Name of the lock to hold while CMD runs.
+    #[arg(long)]
+    lock: String,
+    /// Session lease: how long the lock outlives this process if it dies.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Wait at most this long for the lock (default: wait as long as it takes).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Fail at once (exit 75) if the lock is held.
+    #[arg(long)]
+    no_wait: bool,
+    /// Time between SIGTERM and SIGKILL when the lease is at risk
+    /// (default: a quarter of the TTL, at most 5s).
+    #[arg(long, value_parser = parse_duration)]
+    grace: Option<Duration>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+/// Margin for clock-rate drift between this host and the server: the server
+/// may measure the TTL as up to this much shorter than we do. 2% of the TTL
+/// (far beyond real quartz drift, ~0.01%) and at least 50ms for scheduling.
+fn drift_margin(ttl: Duration) -> Duration {
+    (ttl / 50).max(Duration::from_millis(50))
+}
+
+fn default_grace(ttl: Duration) -> Duration {
+    (ttl / 4).min(Duration::from_secs(5))
+}
+
+pub async fn main(endpoints: &[String], args: RunArgs) -> i32 {
+    let margin = drift_margin(args.ttl);
+    let grace = args.grace.unwrap_or_else(|| default_grace(args.ttl));
+    if grace + margin >= args.ttl / 2 {
+        eprintln!(
+            "deadbolt run: --grace {} is too long for --ttl {}: the command must be stopped well \
+             within the lease",
+            humantime::format_duration(grace),
+            humantime::format_duration(args.ttl)
+        );
+        return exit::FAILURE;
+    }
+    let client = match Client::connect(endpoints.iter().cloned()).await {
+        Ok(client) => client,
+        Err(err) => return exit::report(&err),
+    };
+    let session = match client.open_session(args.ttl).await {
+        Ok(session) => session,
+        Err(err) => return exit::report(&err),
+    };
+    let code = match take_lock(&session, &args).await {
+        Ok(guard) => run_holding(&session, guard, &args, grace, margin).await,
+        Err(code) => code,
+    };
+    if let Err(err) = session.close().await {
+        tracing::debug!(%err, "closing the session failed; it will expire");
+    }
+    code
+}
+
+async fn take_lock(session: &Session, args: &RunArgs) -> Result<LockGuard, i32> {
+    let taken = if args.no_wait {
+        match session.try_lock(&args.lock).await {
+            Ok(Some(guard)) => Ok(guard),
+            Ok(None) => {
+                eprintln!("deadbolt run: lock {:?} is busy", args.lock);
+                return Err(exit::BUSY);
+            }
+            Err(err) => Err(err),
+        }
+    } else if let Some(wait) = args.wait {
+        session.lock_timeout(&args.lock, wait).await
+    } else {
+        session.lock(&args.lock).await
+    };
+    taken.map_err(|err| {
+        if err.kind() == ErrorKind::WaitTimeout {
+            eprintln!("deadbolt run: timed out waiting for lock {:?}", args.lock);
+            exit::BUSY
+        } else {
+            exit::report(&err)
+        }
+    })
+}
+
+async fn run_holding(
+    session: &Session,
+    guard: LockGuard,
+    args: &RunArgs,
+    grace: Duration,
+    margin: Duration,
+) -> i32 {
+    let mut child = match spawn(&args.command, &guard) {
+        Ok(child) => child,
+        Err(err) => {
+            eprintln!("deadbolt run: cannot start {:?}: {err}", args.command[0]);
+            release(guard).await;
+            return 127;
+        }
+    };
+    let pid = child.id().expect("a just-spawned child has a pid") as i32;
+    let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+    let at_risk = session.lost(margin + grace);
+    tokio::pin!(at_risk);
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                let status = status.expect("waiting for the child failed");
+                release(guard).await;
+                return exit_code(status);
+            }
+            reason = &mut at_risk => {
+                eprintln!(
+                    "deadbolt run: {}; stopping {:?} before the lease can end",
+                    describe(&reason),
+                    args.command[0]
+                );
+                stop_child(&mut child, pid, session, margin).await;
+                eprintln!("deadbolt run: lock {:?} lost while running", args.lock);
+                // The lock may still be held; releasing by token is safe
+                // either way (a stale token is refused).
+                release(guard).await;
+                return exit::LOCK_LOST;
+            }
+            // Forwarded to the whole process group; we exit when it does.
+            _ = terminate.recv() => signal_group(pid, libc::SIGTERM),
+            _ = interrupt.recv() => signal_group(pid, libc::SIGINT),
+            _ = hangup.recv() => signal_group(pid, libc::SIGHUP),
+        }
+    }
+}
+
+fn describe(reason: &LeaseLost) -> String {
+    match reason {
+        LeaseLost::Expired => "the lease could not be renewed in time".into(),
+        LeaseLost::Rejected(err) => format!("the server ended the session ({err})"),
+        LeaseLost::Closed => "the session was closed".into(),
+    }
+}
+
+/// SIGTERM, then SIGKILL when the grace period is over, which is still
+/// `margin` before the conservative lease deadline.
+async fn stop_child(child: &mut Child, pid: i32, session: &Session, margin: Duration) {
+    signal_group(pid, libc::SIGTERM);
+    let kill_at = session
+        .lease_deadline()
+        .checked_sub(margin)
+        .unwrap_or_else(Instant::now);
+    let graceful = tokio::time::timeout_at(kill_at.into(), child.wait()).await;
+    if graceful.is_err() {
+        signal_group(pid, libc::SIGKILL);
+        let _ = child.wait().await;
+    }
+}
+
+fn spawn(command: &[String], guard: &LockGuard) -> std::io::Result<Child> {
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("DEADBOLT_LOCK", guard.name())
+        .env("DEADBOLT_TOKEN", guard.token().to_string())
+        .env("DEADBOLT_SESSION", guard.session().id().to_string())
+        // Its own process group, so that stopping it reaches the grandchildren
+        // a shell script starts.
+        .process_group(0);
+    // SAFETY: prctl and getppid are async-signal-safe, as pre_exec requires.
+    unsafe {
+        cmd.pre_exec(|| {
+            // If `deadbolt run` itself is killed (kill -9), the command must
+            // not run on unguarded: the kernel kills it with us.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() == 1 {
+                return Err(std::io::Error::other(
+                    "deadbolt run exited before the command started",
+                ));
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+fn signal_group(pid: i32, signal: i32) {
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(-pid, signal);
+    }
+}
+
+async fn release(guard: LockGuard) {
+    let lock = guard.name().to_owned();
+    if let Err(err) = guard.release().await {
+        eprintln!("deadbolt run: releasing lock {lock:?}: {err}");
+    }
+}
+
+/// The command's own exit code; 128+N if it died of signal N, as shells report.
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+        .unwrap_or(exit::FAILURE)
+}

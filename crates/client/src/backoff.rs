@@ -1,0 +1,135 @@
+//! Exponential backoff with full jitter, and the retry loop built on it.
+//!
+//! Every client of a failed-over or restarting server retries at about the
+//! same moment. Full jitter (a delay drawn uniformly from zero up to the
+//! exponential ceiling) spreads those retries out instead of letting them
+//! arrive in synchronised waves.
+
+use crate::Error;
+use rand::Rng;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// First retry ceiling: short, because a leader change usually settles fast.
+pub(crate) const BASE: Duration = Duration::from_millis(50);
+/// Longest delay between retries, so recovery is noticed within a second.
+pub(crate) const CAP: Duration = Duration::from_secs(1);
+
+/// Delays for successive retries of one operation.
+#[derive(Debug, Clone)]
+pub(crate) struct Backoff {
+    base: Duration,
+    cap: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            attempt: 0,
+        }
+    }
+
+    /// The delay before the next retry: uniform in
+    /// `[0, min(cap, base * 2^attempt)]`.
+    pub(crate) fn next_delay(&mut self, rng: &mut impl Rng) -> Duration {
+        let ceiling = 2u32
+            .checked_pow(self.attempt)
+            .and_then(|factor| self.base.checked_mul(factor))
+            .map_or(self.cap, |exponential| exponential.min(self.cap));
+        self.attempt = self.attempt.saturating_add(1);
+        rng.gen_range(Duration::ZERO..=ceiling)
+    }
+}
+
+/// Runs `request` (on behalf of `session`, for the logs) until it succeeds or fails with an error `retryable`
+/// rejects, sleeping a jittered backoff between attempts. With `give_up`, it
+/// returns the last error rather than sleep past that instant.
+///
+/// Attempts themselves are not cut short; callers that must not outlive a
+/// deadline race the whole retry against it.
+pub(crate) async fn retry<T, Fut>(
+    what: &str,
+    session: u64,
+    give_up: Option<Instant>,
+    retryable: impl Fn(&Error) -> bool,
+    mut request: impl FnMut() -> Fut,
+) -> Result<T, Error>
+where
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let mut backoff = Backoff::new(BASE, CAP);
+    loop {
+        let error = match request().await {
+            Err(error) if retryable(&error) => error,
+            result => return result,
+        };
+        let delay = backoff.next_delay(&mut rand::thread_rng());
+        if give_up.is_some_and(|give_up| Instant::now() + delay >= give_up) {
+            return Err(error);
+        }
+        tracing::debug!(session, %error, ?delay, "{what} failed; retrying");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    #[test]
+    fn delays_stay_within_the_exponential_ceiling() {
+        let mut rng = StdRng::seed_from_u64(7);
+        for _ in 0..100 {
+            let mut backoff = Backoff::new(BASE, CAP);
+            for attempt in 0..40u32 {
+                let ceiling = BASE
+                    .checked_mul(2u32.saturating_pow(attempt))
+                    .map_or(CAP, |d| d.min(CAP));
+                assert!(backoff.next_delay(&mut rng) <= ceiling);
+            }
+        }
+    }
+
+    #[test]
+    fn delays_grow_with_attempts() {
+        // Averages over many draws, so jitter cannot hide the trend.
+        let mut rng = StdRng::seed_from_u64(11);
+        let mean_at = |attempt: u32, rng: &mut StdRng| {
+            let total: Duration = (0..2000)
+                .map(|_| {
+                    let mut backoff = Backoff::new(BASE, CAP);
+                    backoff.attempt = attempt;
+                    backoff.next_delay(rng)
+                })
+                .sum();
+            total / 2000
+        };
+        let first = mean_at(0, &mut rng);
+        let third = mean_at(2, &mut rng);
+        assert!(first < Duration::from_millis(30), "{first:?}");
+        assert!(third > Duration::from_millis(80), "{third:?}");
+    }
+
+    #[test]
+    fn delays_are_capped_even_after_many_attempts() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut backoff = Backoff::new(BASE, CAP);
+        backoff.attempt = u32::MAX - 1;
+        let mut longest = Duration::ZERO;
+        for _ in 0..1000 {
+            let delay = backoff.next_delay(&mut rng);
+            assert!(delay <= CAP);
+            longest = longest.max(delay);
+        }
+        assert!(
+            longest > CAP / 2,
+            "the cap is the ceiling, not a bound far above it"
+        );
+        assert_eq!(backoff.attempt, u32::MAX);
+    }
+}

@@ -1,0 +1,351 @@
+//! [`Client`]: a connection to a Deadbolt cluster and one method per API call.
+//!
+//! The plain methods here make exactly one request each and leave retrying
+//! to the caller; they are what the CLI uses when a session or lock outlives
+//! the process that took it. [`Session`] builds leases, renewal and retries
+//! on top of them.
+//!
+//! The client keeps every endpoint it was given. It talks to one at a time
+//! and moves on to the next when a call finds that one unreachable or not the
+//! leader, so a later call lands elsewhere.
+
+use crate::error::describe_chain;
+use crate::{Error, ErrorKind, HealthResponse, LockState, Session};
+use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
+use deadbolt_proto::v1::{
+    AcquireRequest, CloseSessionRequest, HealthRequest, KeepAliveRequest, ListLocksRequest,
+    LockStatusRequest, OpenSessionRequest, ReleaseRequest,
+};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+
+/// How long to wait for a TCP (and HTTP/2) connection before calling the
+/// server unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A blocking `Acquire` can sit on one connection indefinitely; HTTP/2 pings
+/// notice when the peer has silently gone, so the call fails and is retried
+/// instead of hanging.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A handle on a Deadbolt cluster. Cheap to clone; clones share connections.
+#[derive(Debug, Clone)]
+pub struct Client {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    targets: Vec<Target>,
+    current: Mutex<Current>,
+}
+
+/// One server address, as given (normalised) and ready to dial.
+#[derive(Debug)]
+struct Target {
+    address: String,
+    endpoint: Endpoint,
+}
+
+/// The endpoint calls go to now.
+#[derive(Debug)]
+struct Current {
+    index: usize,
+    /// Bumped on every switch, so that many calls failing together move
+    /// the client on by one endpoint rather than one each.
+    generation: u64,
+    grpc: DeadboltClient<Channel>,
+}
+
+impl Client {
+    /// Connects to the first of `endpoints` that answers. An endpoint is a
+    /// URL such as `http://127.0.0.1:7070`; a bare `host:port` means
+    /// `http://host:port`.
+    pub async fn connect(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Result<Client, Error> {
+        let targets = endpoints
+            .into_iter()
+            .map(|endpoint| Target::parse(endpoint.into()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if targets.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "no Deadbolt server endpoint given",
+            ));
+        }
+        let mut failures = Vec::new();
+        for (index, target) in targets.iter().enumerate() {
+            match target.endpoint.connect().await {
+                Ok(channel) => {
+                    tracing::debug!(endpoint = %target.address, "connected");
+                    let current = Current {
+                        index,
+                        generation: 0,
+                        grpc: DeadboltClient::new(channel),
+                    };
+                    return Ok(Client {
+                        shared: Arc::new(Shared {
+                            current: Mutex::new(current),
+                            targets,
+                        }),
+                    });
+                }
+                Err(error) => {
+                    tracing::debug!(endpoint = %target.address, %error, "could not connect");
+                    failures.push(format!("{}: {}", target.address, describe_chain(&error)));
+                }
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "could not reach the Deadbolt server at {}",
+                failures.join("; ")
+            ),
+        ))
+    }
+
+    /// Opens a session whose lease a background task keeps renewing; see
+    /// [`Session`]. The server may grant a different TTL than asked for.
+    pub async fn open_session(&self, ttl: Duration) -> Result<Session, Error> {
+        Session::open(self.clone(), ttl).await
+    }
+
+    /// Who holds `lock`, and who waits for it; `None` when nobody holds it.
+    pub async fn lock_status(&self, lock: &str) -> Result<Option<LockState>, Error> {
+        let request = LockStatusRequest {
+            lock: lock.to_owned(),
+        };
+        let response = self
+            .call(|mut grpc| async move { grpc.lock_status(request).await })
+            .await?;
+        Ok(response.state)
+    }
+
+    /// Every held lock, in name order, fetched page by page.
+    pub async fn list_locks(&self) -> Result<Vec<LockState>, Error> {
+        let mut locks: Vec<LockState> = Vec::new();
+        loop {
+            let request = ListLocksRequest {
+                after: locks
+                    .last()
+                    .map(|lock| lock.lock.clone())
+                    .unwrap_or_default(),
+                limit: 0,
+            };
+            let page = self
+                .call(|mut grpc| async move { grpc.list_locks(request).await })
+                .await?;
+            // An empty page cannot advance `after`; stop rather than ask again.
+            let done = !page.more || page.locks.is_empty();
+            locks.extend(page.locks);
+            if done {
+                return Ok(locks);
+            }
+        }
+    }
+
+    /// The answering node's view of itself and the cluster.
+    pub async fn health(&self) -> Result<HealthResponse, Error> {
+        self.call(|mut grpc| async move { grpc.health(HealthRequest {}).await })
+            .await
+    }
+
+    /// Opens a session with no renewal: it ends `ttl` after the last
+    /// [`keep_alive_raw`](Self::keep_alive_raw). Returns its id and the TTL
+    /// the server granted.
+    pub async fn open_session_raw(&self, ttl: Duration) -> Result<(u64, Duration), Error> {
+        let request = OpenSessionRequest {
+            ttl_ms: millis(ttl),
+        };
+        let response = self
+            .call(|mut grpc| async move { grpc.open_session(request).await })
+            .await?;
+        Ok((response.session_id, Duration::from_millis(response.ttl_ms)))
+    }
+
+    /// Renews a session's lease by its TTL (returned), counted from when the
+    /// server receives the request.
+    pub async fn keep_alive_raw(&self, session_id: u64) -> Result<Duration, Error> {
+        let request = KeepAliveRequest { session_id };
+        let response = self
+            .call(|mut grpc| async move { grpc.keep_alive(request).await })
+            .await?;
+        Ok(Duration::from_millis(response.ttl_ms))
+    }
+
+    /// Ends a session, releasing every lock it holds.
+    pub async fn close_session_raw(&self, session_id: u64) -> Result<(), Error> {
+        let request = CloseSessionRequest { session_id };
+        self.call(|mut grpc| async move { grpc.close_session(request).await })
+            .await?;
+        Ok(())
+    }
+
+    /// Takes `lock` for a session and returns its fencing token. With `wait`
+    /// the server queues the request until the lock is free or `timeout`
+    /// passes (`None`: no limit); without it a held lock fails with
+    /// [`ErrorKind::Busy`]. Repeating a request returns the same grant.
+    pub async fn acquire_raw(
+        &self,
+        session_id: u64,
+        lock: &str,
+        wait: bool,
+        timeout: Option<Duration>,
+    ) -> Result<u64, Error> {
+        let request = AcquireRequest {
+            session_id,
+            lock: lock.to_owned(),
+            wait,
+            timeout_ms: timeout.map(millis),
+        };
+        let response = self
+            .call(|mut grpc| async move { grpc.acquire(request).await })
+            .await?;
+        Ok(response.token)
+    }
+
+    /// Releases `lock`, held by the session with fencing token `token`.
+    pub async fn release_raw(&self, session_id: u64, lock: &str, token: u64) -> Result<(), Error> {
+        let request = ReleaseRequest {
+            session_id,
+            lock: lock.to_owned(),
+            token,
+        };
+        self.call(|mut grpc| async move { grpc.release(request).await })
+            .await?;
+        Ok(())
+    }
+
+    /// Makes one call on the current endpoint, switching endpoints if it
+    /// turns out unreachable or not the leader.
+    async fn call<T, Fut>(
+        &self,
+        request: impl FnOnce(DeadboltClient<Channel>) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let (index, generation, grpc) = {
+            let current = self.current();
+            (current.index, current.generation, current.grpc.clone())
+        };
+        match request(grpc).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => {
+                let error = Error::from_status(&status, &self.shared.targets[index].address);
+                if error.is_transient() {
+                    self.rotate(generation);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Points later calls at the next endpoint, unless another call already
+    /// moved on from the one that failed.
+    fn rotate(&self, failed_generation: u64) {
+        let targets = &self.shared.targets;
+        // With a single endpoint there is nowhere to go; its channel
+        // reconnects by itself on the next call.
+        if targets.len() < 2 {
+            return;
+        }
+        let mut current = self.current();
+        if current.generation != failed_generation {
+            return;
+        }
+        current.index = (current.index + 1) % targets.len();
+        current.generation += 1;
+        // Lazy: dialling happens on the next call, which reports failure the
+        // same way as any other call.
+        current.grpc = DeadboltClient::new(targets[current.index].endpoint.connect_lazy());
+        tracing::debug!(endpoint = %targets[current.index].address, "switched endpoint");
+    }
+
+    fn current(&self) -> MutexGuard<'_, Current> {
+        // The fields are only ever overwritten whole, so a panic elsewhere
+        // while holding the lock cannot leave them inconsistent.
+        self.shared
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Target {
+    fn parse(raw: String) -> Result<Target, Error> {
+        let address = normalize_endpoint(&raw);
+        let endpoint = Endpoint::from_shared(address.clone()).map_err(|error| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("invalid endpoint {raw:?}: {}", describe_chain(&error)),
+            )
+        })?;
+        let endpoint = endpoint
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(PING_INTERVAL)
+            .keep_alive_timeout(PING_TIMEOUT);
+        Ok(Target { address, endpoint })
+    }
+}
+
+/// Adds the `http://` scheme to a bare `host:port` and drops a trailing `/`,
+/// so the address reads the same in every error message.
+fn normalize_endpoint(raw: &str) -> String {
+    let address = raw.trim().trim_end_matches('/');
+    if address.contains("://") {
+        address.to_owned()
+    } else {
+        format!("http://{address}")
+    }
+}
+
+/// Whole milliseconds, as the API counts them; absurdly long durations
+/// saturate rather than wrap.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_host_port_gets_http() {
+        assert_eq!(
+            normalize_endpoint("127.0.0.1:7070"),
+            "http://127.0.0.1:7070"
+        );
+        assert_eq!(normalize_endpoint(" db1:7070/ "), "http://db1:7070");
+    }
+
+    #[test]
+    fn urls_keep_their_scheme() {
+        assert_eq!(
+            normalize_endpoint("http://127.0.0.1:7070"),
+            "http://127.0.0.1:7070"
+        );
+        assert_eq!(
+            normalize_endpoint("https://lock.example/"),
+            "https://lock.example"
+        );
+    }
+
+    #[test]
+    fn invalid_endpoint_is_an_invalid_argument() {
+        let error = Target::parse("http://exa mple:1".to_owned()).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidArgument);
+        assert!(error.message().contains("exa mple"), "{error}");
+    }
+
+    #[test]
+    fn durations_become_whole_milliseconds() {
+        assert_eq!(millis(Duration::from_micros(2_500)), 2);
+        assert_eq!(millis(Duration::MAX), u64::MAX);
+    }
+}

@@ -1,0 +1,137 @@
+//! [`Error`]: what went wrong with a request, as a stable [`ErrorKind`] to
+//! branch on and a message to show a person.
+//!
+//! Server refusals keep the server's own message, which already names the
+//! lock, session or token involved. Failures that never reached a Deadbolt
+//! server (refused connections, resets, a proxy's reply) carry no kind from the
+//! server, so they are described here and name the endpoint that failed.
+
+use deadbolt_proto::ErrorKind;
+use std::error::Error as _;
+
+/// A failed Deadbolt request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl Error {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The machine-readable kind, as the server (or the transport) reported it.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The human-readable description; the same text `Display` prints.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Interprets a status that came back from a call to `endpoint`.
+    pub(crate) fn from_status(status: &tonic::Status, endpoint: &str) -> Self {
+        let kind = ErrorKind::of_status(status);
+        if status
+            .metadata()
+            .contains_key(deadbolt_proto::ERROR_KIND_KEY)
+        {
+            let message = if status.message().is_empty() {
+                kind.as_str().to_owned()
+            } else {
+                status.message().to_owned()
+            };
+            return Self::new(kind, message);
+        }
+        // No kind trailer: the status was made by the transport or by
+        // something between us and the server, not by Deadbolt. Its
+        // `Display` dumps every field, so describe it from the message and
+        // whatever caused it.
+        let cause = with_sources(status.message().to_owned(), status.source());
+        let message = if kind == ErrorKind::Unavailable {
+            format!("could not reach the Deadbolt server at {endpoint}: {cause}")
+        } else {
+            format!(
+                "unexpected reply from {endpoint} ({:?}): {cause}",
+                status.code()
+            )
+        };
+        Self::new(kind, message)
+    }
+
+    /// Worth repeating as is: the server could not be reached or was not the
+    /// one to answer, so the request had no effect or an idempotent one.
+    pub(crate) fn is_transient(&self) -> bool {
+        matches!(self.kind, ErrorKind::Unavailable | ErrorKind::NotLeader)
+    }
+
+    /// The server has no live session by that id: it was closed, or its lease
+    /// ran out (or is being expired), so every lock it held is gone.
+    pub(crate) fn ends_session(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::UnknownSession | ErrorKind::SessionExpiring
+        )
+    }
+}
+
+/// Renders an error and its sources as one line. Transport errors are
+/// layered ("transport error" over "tcp connect error" over the OS error),
+/// and only the whole chain says what actually happened.
+pub(crate) fn describe_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    with_sources(error.to_string(), error.source())
+}
+
+/// Appends each source's text to `text`, skipping layers that merely repeat
+/// what is already there.
+fn with_sources(
+    mut text: String,
+    mut source: Option<&(dyn std::error::Error + 'static)>,
+) -> String {
+    while let Some(cause) = source {
+        let part = cause.to_string();
+        if !part.is_empty() && !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_errors_keep_the_servers_message() {
+        let status =
+            ErrorKind::StaleToken.status("stale token: lock \"x\" is held with token 9, not 7");
+        let error = Error::from_status(&status, "http://127.0.0.1:7070");
+        assert_eq!(error.kind(), ErrorKind::StaleToken);
+        assert_eq!(
+            error.to_string(),
+            "stale token: lock \"x\" is held with token 9, not 7"
+        );
+    }
+
+    #[test]
+    fn untagged_unavailable_names_the_endpoint() {
+        let status = tonic::Status::unavailable("connection refused");
+        let error = Error::from_status(&status, "http://127.0.0.1:7070");
+        assert_eq!(error.kind(), ErrorKind::Unavailable);
+        assert_eq!(
+            error.to_string(),
+            "could not reach the Deadbolt server at http://127.0.0.1:7070: connection refused"
+        );
+        assert!(error.is_transient());
+    }
+}

@@ -1,0 +1,92 @@
+//! [`LockGuard`]: a held lock and the fencing token it was granted with.
+//!
+//! Holding a guard does not by itself make it safe to act: the session's
+//! lease can be lost at any moment (a pause, a partition), and then another
+//! client may take the lock. The token is what keeps that safe: resources
+//! that record the highest token they have seen can refuse writes carrying
+//! an older one.
+
+use crate::{Error, Session};
+
+/// A lock held by a [`Session`]. Release it with [`release`](Self::release)
+/// to learn whether it was still held; dropping it releases in the
+/// background instead.
+#[derive(Debug)]
+pub struct LockGuard {
+    session: Session,
+    lock: String,
+    token: u64,
+    released: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(session: Session, lock: String, token: u64) -> Self {
+        Self {
+            session,
+            lock,
+            token,
+            released: false,
+        }
+    }
+
+    /// The fencing token of this grant: larger than that of any earlier
+    /// grant of any lock. Pass it along with every write the lock protects.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    pub fn name(&self) -> &str {
+        &self.lock
+    }
+
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Releases the lock. An error of kind `StaleToken`, `NotHolder`,
+    /// `UnknownSession` or `SessionExpiring` means the lock had already been
+    /// lost, so whatever was done under it may have overlapped with another
+    /// holder.
+    pub async fn release(mut self) -> Result<(), Error> {
+        let result = self.session.release(&self.lock, self.token).await;
+        // Only now: if this future is dropped half-way, `Drop` still
+        // releases in the background.
+        self.released = true;
+        result
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        // Closing the session already released the lock on the server.
+        if self.released || self.session.is_closed() {
+            return;
+        }
+        let (session, lock, token) = (
+            self.session.clone(),
+            std::mem::take(&mut self.lock),
+            self.token,
+        );
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(error) = session.release(&lock, token).await {
+                        tracing::warn!(
+                            session = session.id(),
+                            lock,
+                            token,
+                            %error,
+                            "could not release dropped lock guard"
+                        );
+                    }
+                });
+            }
+            Err(_) => tracing::debug!(
+                session = session.id(),
+                lock,
+                token,
+                "lock guard dropped outside a runtime; the lock is freed when the session ends"
+            ),
+        }
+    }
+}

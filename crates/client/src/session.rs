@@ -1,0 +1,421 @@
+//! [`Session`]: a lease on the server, kept alive by a background watchdog,
+//! and the client's conservative estimate of when that lease ends.
+//!
+//! The server counts a lease from when it *receives* a keepalive; the client
+//! can only know when it *sent* one. Counting from the send time gives a
+//! deadline that is never later than the server's, so when the client
+//! believes it still holds the lease, it does (clock drift between the two
+//! machines aside). Everything that must stop when the lease is lost watches
+//! that deadline through a `watch` channel, and re-arms when a renewal moves
+//! it.
+
+use crate::backoff::retry;
+use crate::{Client, Error, ErrorKind, LockGuard};
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+/// A session: the lease every lock it takes depends on. Cheap to clone;
+/// when the last clone (including those inside [`LockGuard`]s) is dropped,
+/// the watchdog stops and the session is closed in the background.
+#[derive(Debug, Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Client,
+    id: u64,
+    ttl: Duration,
+    lease: watch::Sender<Lease>,
+    watchdog: AbortHandle,
+}
+
+/// What the client knows about its lease.
+#[derive(Debug, Clone)]
+struct Lease {
+    /// When the lease ends at the latest, as far as the client can tell.
+    deadline: Instant,
+    /// Set once the lease is over for a reason other than time passing.
+    ended: Option<LeaseLost>,
+}
+
+/// Why a session's lease is (or must be presumed) gone. Every lock the
+/// session held may now be held by someone else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseLost {
+    /// The lease ran out (or came within the requested margin of running
+    /// out) without a renewal moving its deadline.
+    Expired,
+    /// The server said the session no longer exists or is being expired.
+    Rejected(Error),
+    /// The session was closed by this process.
+    Closed,
+}
+
+impl fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseLost::Expired => f.write_str("the lease could not be renewed in time"),
+            LeaseLost::Rejected(error) => write!(f, "the server ended the session: {error}"),
+            LeaseLost::Closed => f.write_str("the session was closed"),
+        }
+    }
+}
+
+impl LeaseLost {
+    /// The error an operation on a lost session fails with.
+    fn into_error(self, session: u64) -> Error {
+        match self {
+            LeaseLost::Rejected(error) => error,
+            LeaseLost::Expired => Error::new(
+                ErrorKind::SessionExpiring,
+                format!("session {session} lost its lease: it could not be renewed in time"),
+            ),
+            LeaseLost::Closed => Error::new(
+                ErrorKind::UnknownSession,
+                format!("session {session} is closed"),
+            ),
+        }
+    }
+}
+
+impl Session {
+    pub(crate) async fn open(client: Client, ttl: Duration) -> Result<Session, Error> {
+        let sent = Instant::now();
+        let (id, ttl) = client.open_session_raw(ttl).await?;
+        let (lease, _) = watch::channel(Lease {
+            deadline: sent + ttl,
+            ended: None,
+        });
+        let watchdog =
+            tokio::spawn(watchdog(client.clone(), id, ttl, sent, lease.clone())).abort_handle();
+        tracing::debug!(session = id, ?ttl, "opened session");
+        Ok(Session {
+            inner: Arc::new(Inner {
+                client,
+                id,
+                ttl,
+                lease,
+                watchdog,
+            }),
+        })
+    }
+
+    /// The server's id for this session; never reused.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    /// The lease length the server granted.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// The latest instant the lease is certain to last until: the send time
+    /// of the last successful keepalive (or of the open) plus the TTL.
+    pub fn lease_deadline(&self) -> Instant {
+        self.inner.lease.borrow().deadline
+    }
+
+    /// Whether the lease is over: its deadline passed, the server ended the
+    /// session, or it was closed.
+    pub fn is_lost(&self) -> bool {
+        let lease = self.inner.lease.borrow();
+        lease.ended.is_some() || Instant::now() >= lease.deadline
+    }
+
+    /// Completes once the lease is lost, or is within `margin` of its
+    /// deadline with no renewal having moved it. Use the margin to stop work
+    /// (and its writes) before the lease can actually run out; a margin of
+    /// a TTL or more completes at once.
+    ///
+    /// The future does not borrow the session, so it can be spawned or kept
+    /// across `.await`s; it also completes (with [`LeaseLost::Closed`]) when
+    /// the session itself is dropped.
+    pub fn lost(&self, margin: Duration) -> impl Future<Output = LeaseLost> + Send + 'static {
+        let mut lease = self.inner.lease.subscribe();
+        async move {
+            loop {
+                let alarm = {
+                    let current = lease.borrow_and_update();
+                    if let Some(reason) = &current.ended {
+                        return reason.clone();
+                    }
+                    match current.deadline.checked_sub(margin) {
+                        Some(alarm) => alarm,
+                        None => return LeaseLost::Expired,
+                    }
+                };
+                tokio::select! {
+                    () = tokio::time::sleep_until(alarm.into()) => {
+                        // A renewal that landed as the alarm went off still
+                        // counts: look at the new deadline first.
+                        if !lease.has_changed().unwrap_or(false) {
+                            return LeaseLost::Expired;
+                        }
+                    }
+                    changed = lease.changed() => {
+                        if changed.is_err() {
+                            return LeaseLost::Closed;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops renewing and ends the session on the server, which releases
+    /// every lock it holds. A session the server has already forgotten
+    /// counts as closed.
+    pub async fn close(&self) -> Result<(), Error> {
+        self.inner.watchdog.abort();
+        self.inner.lease.send_if_modified(|lease| {
+            let open = lease.ended.is_none();
+            if open {
+                lease.ended = Some(LeaseLost::Closed);
+            }
+            open
+        });
+        let (client, id) = (&self.inner.client, self.id());
+        // Past the deadline the server ends the session anyway; until then,
+        // keep trying so its locks are freed now rather than at expiry.
+        let result = retry(
+            "closing the session",
+            id,
+            Some(self.lease_deadline()),
+            Error::is_transient,
+            || async move { client.close_session_raw(id).await },
+        )
+        .await;
+        match result {
+            Err(error) if error.ends_session() => Ok(()),
+            result => result,
+        }
+    }
+
+    /// Whether [`close`](Self::close) was called, which released every lock
+    /// the session held.
+    pub(crate) fn is_closed(&self) -> bool {
+        matches!(self.inner.lease.borrow().ended, Some(LeaseLost::Closed))
+    }
+
+    /// Takes `lock`, waiting on the server for as long as it takes.
+    ///
+    /// This and the other lock methods repeat the request while the server
+    /// is unreachable or not the leader, and give up once the lease is lost.
+    pub async fn lock(&self, lock: &str) -> Result<LockGuard, Error> {
+        self.acquire(lock, true, None).await
+    }
+
+    /// Takes `lock`, waiting on the server for at most `timeout`; after that
+    /// it fails with [`ErrorKind::WaitTimeout`].
+    pub async fn lock_timeout(&self, lock: &str, timeout: Duration) -> Result<LockGuard, Error> {
+        self.acquire(lock, true, Some(timeout)).await
+    }
+
+    /// Takes `lock` if it is free; `None` if another session holds it.
+    pub async fn try_lock(&self, lock: &str) -> Result<Option<LockGuard>, Error> {
+        match self.acquire(lock, false, None).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(error) if error.kind() == ErrorKind::Busy => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        lock: &str,
+        wait: bool,
+        timeout: Option<Duration>,
+    ) -> Result<LockGuard, Error> {
+        let give_up = timeout.map(|timeout| Instant::now() + timeout);
+        let (client, id) = (&self.inner.client, self.id());
+        // Acquire is idempotent, so a retry after an ambiguous failure gets
+        // the same grant or queue place. Each retry asks the server to wait
+        // only for what is left of the caller's timeout.
+        let token = self
+            .retrying("acquiring a lock", give_up, || async move {
+                let remaining = give_up.map(|at| at.saturating_duration_since(Instant::now()));
+                client.acquire_raw(id, lock, wait, remaining).await
+            })
+            .await?;
+        tracing::debug!(session = id, lock, token, "acquired lock");
+        Ok(LockGuard::new(self.clone(), lock.to_owned(), token))
+    }
+
+    pub(crate) async fn release(&self, lock: &str, token: u64) -> Result<(), Error> {
+        let (client, id) = (&self.inner.client, self.id());
+        self.retrying("releasing a lock", None, || async move {
+            client.release_raw(id, lock, token).await
+        })
+        .await?;
+        tracing::debug!(session = id, lock, token, "released lock");
+        Ok(())
+    }
+
+    /// Repeats an idempotent request while the server is unreachable or not
+    /// the leader, for as long as the lease lasts: once it is lost, so is
+    /// anything the request could have achieved, and that is the answer.
+    async fn retrying<T, Fut>(
+        &self,
+        what: &str,
+        give_up: Option<Instant>,
+        request: impl FnMut() -> Fut,
+    ) -> Result<T, Error>
+    where
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        // Lease first: an answer that arrives just as the lease is lost
+        // cannot be relied on, so it is not reported as a success.
+        tokio::select! {
+            biased;
+            reason = self.lost(Duration::ZERO) => Err(reason.into_error(self.id())),
+            result = retry(what, self.id(), give_up, Error::is_transient, request) => result,
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watchdog.abort();
+        if self.lease.borrow().ended.is_some() {
+            return;
+        }
+        let (client, id) = (self.client.clone(), self.id);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    match client.close_session_raw(id).await {
+                        Ok(()) => tracing::debug!(session = id, "closed dropped session"),
+                        Err(error) => {
+                            tracing::debug!(session = id, %error, "could not close dropped session")
+                        }
+                    }
+                });
+            }
+            Err(_) => {
+                tracing::debug!(
+                    session = id,
+                    "dropped outside a runtime; the lease will expire"
+                )
+            }
+        }
+    }
+}
+
+/// Renews the lease every third of its TTL until the server rejects it or
+/// the deadline passes unrenewed. Holds no [`Session`], so that dropping
+/// the last one can stop it.
+async fn watchdog(
+    client: Client,
+    id: u64,
+    ttl: Duration,
+    mut last_sent: Instant,
+    lease: watch::Sender<Lease>,
+) {
+    let interval = ttl / 3;
+    let client = &client;
+    let reason = loop {
+        tokio::time::sleep_until((last_sent + interval).into()).await;
+        let deadline = lease.borrow().deadline;
+        // Anything short of the server disowning the session is worth
+        // retrying while the lease lasts; an attempt that hangs is abandoned
+        // after `interval` so a fresh one can go out.
+        let renewal = retry(
+            "keepalive",
+            id,
+            Some(deadline),
+            |error| !error.ends_session(),
+            || async move {
+                let sent = Instant::now();
+                match tokio::time::timeout(interval, client.keep_alive_raw(id)).await {
+                    Ok(granted) => granted.map(|granted| (sent, granted)),
+                    Err(_) => Err(no_answer("keepalive", interval)),
+                }
+            },
+        );
+        match tokio::time::timeout_at(deadline.into(), renewal).await {
+            Ok(Ok((sent, granted))) => {
+                last_sent = sent;
+                lease.send_modify(|lease| {
+                    lease.deadline = renewed_deadline(lease.deadline, sent, granted);
+                });
+            }
+            Ok(Err(error)) if error.ends_session() => {
+                tracing::warn!(session = id, %error, "lease lost: the server ended the session");
+                break LeaseLost::Rejected(error);
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(session = id, %error, "lease lost: could not renew it in time");
+                break LeaseLost::Expired;
+            }
+            Err(_) => {
+                tracing::warn!(session = id, "lease lost: could not renew it in time");
+                break LeaseLost::Expired;
+            }
+        }
+    };
+    let expired = reason == LeaseLost::Expired;
+    end_lease(&lease, reason);
+    if expired {
+        // The server may still count the lease as live; ending it now frees
+        // its locks for others sooner. Best effort: the server was likely
+        // unreachable a moment ago.
+        let closed = tokio::time::timeout(interval, client.close_session_raw(id))
+            .await
+            .unwrap_or_else(|_| Err(no_answer("closing the session", interval)));
+        if let Err(error) = closed {
+            tracing::debug!(session = id, %error, "could not close the expired session");
+        }
+    }
+}
+
+/// A request the watchdog gave up waiting for.
+fn no_answer(what: &str, waited: Duration) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!("{what} got no answer within {waited:?}"),
+    )
+}
+
+fn end_lease(lease: &watch::Sender<Lease>, reason: LeaseLost) {
+    lease.send_modify(|lease| {
+        lease.ended.get_or_insert(reason);
+    });
+}
+
+/// The deadline after a keepalive sent at `sent` was granted `granted`. The
+/// server counts from when it received the keepalive, which is no earlier
+/// than `sent`; and it never shortens a lease, so neither does this.
+fn renewed_deadline(current: Instant, sent: Instant, granted: Duration) -> Instant {
+    current.max(sent + granted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(9);
+
+    #[test]
+    fn renewal_counts_from_the_send_time() {
+        let opened = Instant::now();
+        let sent = opened + Duration::from_secs(3);
+        assert_eq!(renewed_deadline(opened + TTL, sent, TTL), sent + TTL);
+    }
+
+    #[test]
+    fn renewal_never_shortens_the_lease() {
+        let opened = Instant::now();
+        let deadline = opened + TTL;
+        // A smaller TTL granted soon after opening would end before the
+        // deadline already known.
+        let sent = opened + Duration::from_secs(1);
+        assert_eq!(renewed_deadline(deadline, sent, TTL / 3), deadline);
+    }
+}

@@ -1,0 +1,179 @@
+//! The HTTP/JSON front end (documented in docs/http-api.md). Same operations
+//! and field names as gRPC: the bodies are the protobuf messages in JSON.
+//! Errors are `{"error": {"kind": ..., "message": ...}}` with a fitting status.
+
+use crate::grpc::lock_state;
+use crate::node::{ApiError, Node};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use deadbolt_core::{SessionId, Token};
+use deadbolt_proto::v1::*;
+use deadbolt_proto::ErrorKind;
+use std::time::Duration;
+
+pub fn router(node: Node) -> Router {
+    Router::new()
+        .route("/v1/session/open", post(open_session))
+        .route("/v1/session/keepalive", post(keep_alive))
+        .route("/v1/session/close", post(close_session))
+        .route("/v1/lock/acquire", post(acquire))
+        .route("/v1/lock/release", post(release))
+        .route("/v1/lock/status", get(lock_status))
+        .route("/v1/locks", get(list_locks))
+        .route("/health", get(health))
+        .with_state(node)
+}
+
+fn http_status(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::UnknownSession => StatusCode::NOT_FOUND,
+        ErrorKind::SessionExpiring => StatusCode::GONE,
+        ErrorKind::Busy | ErrorKind::WaitTimeout => StatusCode::LOCKED,
+        ErrorKind::NotHolder | ErrorKind::StaleToken | ErrorKind::WaitCancelled => {
+            StatusCode::CONFLICT
+        }
+        ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
+        ErrorKind::LimitReached => StatusCode::TOO_MANY_REQUESTS,
+        ErrorKind::NotLeader | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// An error response; the status normally follows from the kind, but a body
+/// the server could not read keeps the status axum chose (413, 415, ...).
+struct HttpError(StatusCode, ApiError);
+
+impl From<ApiError> for HttpError {
+    fn from(err: ApiError) -> Self {
+        HttpError(http_status(err.kind), err)
+    }
+}
+
+impl From<JsonRejection> for HttpError {
+    fn from(rejection: JsonRejection) -> Self {
+        HttpError(
+            rejection.status(),
+            ApiError::new(ErrorKind::InvalidArgument, rejection.body_text()),
+        )
+    }
+}
+
+impl From<QueryRejection> for HttpError {
+    fn from(rejection: QueryRejection) -> Self {
+        HttpError(
+            rejection.status(),
+            ApiError::new(ErrorKind::InvalidArgument, rejection.body_text()),
+        )
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let HttpError(status, err) = self;
+        let body = serde_json::json!({
+            "error": { "kind": err.kind.as_str(), "message": err.message }
+        });
+        (status, Json(body)).into_response()
+    }
+}
+
+type Reply<T> = Result<Json<T>, HttpError>;
+type Body<T> = Result<Json<T>, JsonRejection>;
+
+async fn open_session(
+    State(node): State<Node>,
+    body: Body<OpenSessionRequest>,
+) -> Reply<OpenSessionResponse> {
+    let Json(request) = body?;
+    let (session, ttl) = node
+        .open_session(Duration::from_millis(request.ttl_ms))
+        .await?;
+    Ok(Json(OpenSessionResponse {
+        session_id: session.0,
+        ttl_ms: ttl.as_millis() as u64,
+    }))
+}
+
+async fn keep_alive(
+    State(node): State<Node>,
+    body: Body<KeepAliveRequest>,
+) -> Reply<KeepAliveResponse> {
+    let Json(request) = body?;
+    let ttl = node.keep_alive(SessionId(request.session_id))?;
+    Ok(Json(KeepAliveResponse {
+        ttl_ms: ttl.as_millis() as u64,
+    }))
+}
+
+async fn close_session(
+    State(node): State<Node>,
+    body: Body<CloseSessionRequest>,
+) -> Reply<CloseSessionResponse> {
+    let Json(request) = body?;
+    node.close_session(SessionId(request.session_id)).await?;
+    Ok(Json(CloseSessionResponse {}))
+}
+
+async fn acquire(State(node): State<Node>, body: Body<AcquireRequest>) -> Reply<AcquireResponse> {
+    let Json(request) = body?;
+    let token = node
+        .acquire(
+            SessionId(request.session_id),
+            &request.lock,
+            request.wait,
+            request.timeout_ms.map(Duration::from_millis),
+        )
+        .await?;
+    Ok(Json(AcquireResponse { token: token.0 }))
+}
+
+async fn release(State(node): State<Node>, body: Body<ReleaseRequest>) -> Reply<ReleaseResponse> {
+    let Json(request) = body?;
+    node.release(
+        SessionId(request.session_id),
+        &request.lock,
+        Token(request.token),
+    )
+    .await?;
+    Ok(Json(ReleaseResponse {}))
+}
+
+async fn lock_status(
+    State(node): State<Node>,
+    query: Result<Query<LockStatusRequest>, QueryRejection>,
+) -> Reply<LockStatusResponse> {
+    let Query(request) = query?;
+    let info = node.lock_status(&request.lock).await?;
+    Ok(Json(LockStatusResponse {
+        state: info.map(lock_state),
+    }))
+}
+
+async fn list_locks(
+    State(node): State<Node>,
+    query: Result<Query<ListLocksRequest>, QueryRejection>,
+) -> Reply<ListLocksResponse> {
+    let Query(request) = query?;
+    let (locks, more) = node
+        .list_locks(&request.after, request.limit as usize)
+        .await?;
+    Ok(Json(ListLocksResponse {
+        locks: locks.into_iter().map(lock_state).collect(),
+        more,
+    }))
+}
+
+/// 200 while this node leads and serves; 503 otherwise (for load balancers).
+async fn health(State(node): State<Node>) -> (StatusCode, Json<HealthResponse>) {
+    let health: HealthResponse = node.health().into();
+    let status = if health.leader {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(health))
+}

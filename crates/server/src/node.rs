@@ -1,0 +1,345 @@
+//! [`Node`]: the lock service's operations, independent of the wire.
+//!
+//! The gRPC and HTTP front ends both call these methods and only translate
+//! requests and [`ApiError`]s. Every change goes through the [`Proposer`]
+//! (Raft); reads that decide anything pass a linearizable barrier first.
+
+use crate::leases::{KeepAliveError, Leases};
+use crate::proposer::{ProposeError, Proposer};
+use crate::raft_types::{NodeId, Raft};
+use crate::store::{EventSink, SharedTable};
+use crate::waits::{Ticket, WaitEnd, Waits};
+use deadbolt_core::{
+    validate_lock_name, validate_ttl, AcquireOutcome, Command, Event, LockError, LockInfo, Outcome,
+    SessionId, Token,
+};
+use deadbolt_proto::ErrorKind;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A refused or failed API call: a stable kind and a message for humans.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<LockError> for ApiError {
+    fn from(err: LockError) -> Self {
+        let kind = match err {
+            LockError::UnknownSession(_) => ErrorKind::UnknownSession,
+            LockError::Busy { .. } => ErrorKind::Busy,
+            LockError::NotHolder { .. } => ErrorKind::NotHolder,
+            LockError::StaleToken { .. } => ErrorKind::StaleToken,
+            LockError::InvalidName { .. } | LockError::TtlOutOfRange { .. } => {
+                ErrorKind::InvalidArgument
+            }
+            LockError::TooManyWaiters { .. }
+            | LockError::TooManySessions { .. }
+            | LockError::TooManyLocks { .. } => ErrorKind::LimitReached,
+        };
+        ApiError::new(kind, err.to_string())
+    }
+}
+
+impl From<ProposeError> for ApiError {
+    fn from(err: ProposeError) -> Self {
+        let kind = match err {
+            ProposeError::NotLeader { .. } => ErrorKind::NotLeader,
+            ProposeError::ShuttingDown => ErrorKind::Unavailable,
+            ProposeError::Fatal(_) => ErrorKind::Internal,
+        };
+        ApiError::new(kind, err.to_string())
+    }
+}
+
+/// Node state for the health endpoint.
+#[derive(Debug, Clone)]
+pub struct Health {
+    pub node_id: NodeId,
+    pub leader: bool,
+    pub term: u64,
+    pub last_applied_index: u64,
+    pub sessions: usize,
+    pub locks: usize,
+    pub next_token: Token,
+}
+
+/// Wakes waiters and tracks leases as the state machine applies commands.
+pub(crate) struct Observers {
+    pub waits: Arc<Waits>,
+    pub leases: Arc<Leases>,
+}
+
+impl EventSink for Observers {
+    fn on_events(&self, events: Vec<Event>) {
+        for event in &events {
+            match event {
+                Event::Granted { .. } | Event::WaitEnded { .. } => self.waits.on_event(event),
+                Event::SessionOpened { session, ttl_ms } => {
+                    self.leases.opened(*session, Duration::from_millis(*ttl_ms))
+                }
+                Event::SessionEnded { session, .. } => self.leases.ended(*session),
+                Event::Released { .. } => {}
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) id: NodeId,
+    pub(crate) raft: Raft,
+    pub(crate) proposer: Proposer,
+    pub(crate) table: SharedTable,
+    pub(crate) waits: Arc<Waits>,
+    pub(crate) leases: Arc<Leases>,
+}
+
+/// Default and largest page of `list_locks`.
+pub const LIST_PAGE: usize = 1000;
+
+impl Node {
+    async fn propose(&self, command: Command) -> Result<Outcome, ApiError> {
+        Ok(self.proposer.propose(command).await??)
+    }
+
+    pub async fn open_session(&self, ttl: Duration) -> Result<(SessionId, Duration), ApiError> {
+        validate_ttl(ttl)?;
+        let ttl_ms = ttl.as_millis() as u64;
+        match self.propose(Command::OpenSession { ttl_ms }).await? {
+            Outcome::SessionOpened { session, ttl_ms } => {
+                Ok((session, Duration::from_millis(ttl_ms)))
+            }
+            other => unreachable!("open session answered {other:?}"),
+        }
+    }
+
+    /// Renews a lease. Not written to the log: only the leader's deadline moves.
+    pub fn keep_alive(&self, session: SessionId) -> Result<Duration, ApiError> {
+        self.leases.renew(session).map_err(|err| match err {
+            KeepAliveError::NotLeader => ApiError::new(
+                ErrorKind::NotLeader,
+                "this node is not (yet) the leader; retry",
+            ),
+            KeepAliveError::Unknown => LockError::UnknownSession(session).into(),
+            KeepAliveError::Expiring => ApiError::new(
+                ErrorKind::SessionExpiring,
+                format!("session {session} has expired and is being closed"),
+            ),
+        })
+    }
+
+    pub async fn close_session(&self, session: SessionId) -> Result<(), ApiError> {
+        self.propose(Command::CloseSession { session }).await?;
+        Ok(())
+    }
+
+    /// Takes `lock`. With `wait`, blocks until granted, until `timeout`
+    /// passes, or until the returned future is dropped (then the queue place
+    /// is given up, unless a retry of the same acquire still waits on it).
+    pub async fn acquire(
+        &self,
+        session: SessionId,
+        lock: &str,
+        wait: bool,
+        timeout: Option<Duration>,
+    ) -> Result<Token, ApiError> {
+        validate_lock_name(lock)?;
+        let ticket = wait.then(|| self.waits.register(session, lock));
+        let command = Command::Acquire {
+            session,
+            lock: lock.to_owned(),
+            wait,
+        };
+        let queued = match self.propose(command).await {
+            Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) => {
+                if let Some(ticket) = &ticket {
+                    self.waits.forget(ticket);
+                }
+                return Ok(token);
+            }
+            Ok(Outcome::Acquire(AcquireOutcome::Queued { .. })) => {
+                ticket.expect("queued only when waiting")
+            }
+            Ok(other) => unreachable!("acquire answered {other:?}"),
+            Err(err) => {
+                if let Some(ticket) = &ticket {
+                    self.waits.forget(ticket);
+                }
+                return Err(err);
+            }
+        };
+        let mut waiting = QueuedAcquire {
+            node: self.clone(),
+            session,
+            lock: lock.to_owned(),
+            ticket: Some(queued),
+        };
+        waiting.wait(timeout).await
+    }
+
+    pub async fn release(
+        &self,
+        session: SessionId,
+        lock: &str,
+        token: Token,
+    ) -> Result<(), ApiError> {
+        validate_lock_name(lock)?;
+        self.propose(Command::Release {
+            session,
+            lock: lock.to_owned(),
+            token,
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Waits until this node's state machine reflects every write committed
+    /// before the call (a read-index barrier through openraft).
+    async fn linearizable(&self) -> Result<(), ApiError> {
+        self.raft.ensure_linearizable().await.map_err(|err| {
+            ApiError::new(
+                ErrorKind::NotLeader,
+                format!("cannot serve a linearizable read: {err}"),
+            )
+        })?;
+        Ok(())
+    }
+
+    pub async fn lock_status(&self, lock: &str) -> Result<Option<LockInfo>, ApiError> {
+        validate_lock_name(lock)?;
+        self.linearizable().await?;
+        Ok(self
+            .table
+            .read()
+            .expect("state lock poisoned")
+            .table
+            .lock(lock))
+    }
+
+    /// Up to `limit` locks after `after` in name order, and whether more follow.
+    pub async fn list_locks(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<(Vec<LockInfo>, bool), ApiError> {
+        self.linearizable().await?;
+        let limit = if limit == 0 {
+            LIST_PAGE
+        } else {
+            limit.min(LIST_PAGE)
+        };
+        let applied = self.table.read().expect("state lock poisoned");
+        let mut locks: Vec<LockInfo> = applied.table.locks_after(after).take(limit + 1).collect();
+        let more = locks.len() > limit;
+        locks.truncate(limit);
+        Ok((locks, more))
+    }
+
+    pub fn health(&self) -> Health {
+        let metrics = self.raft.metrics().borrow().clone();
+        let applied = self.table.read().expect("state lock poisoned");
+        Health {
+            node_id: self.id,
+            leader: self.leases.is_leading(),
+            term: metrics.current_term,
+            last_applied_index: metrics.last_applied.map_or(0, |id| id.index),
+            sessions: applied.table.session_count(),
+            locks: applied.table.lock_count(),
+            next_token: applied.table.next_token(),
+        }
+    }
+}
+
+/// A blocking acquire that is in the queue. If it is dropped before it
+/// finishes (the client went away), it gives the queue place up.
+struct QueuedAcquire {
+    node: Node,
+    session: SessionId,
+    lock: String,
+    ticket: Option<Ticket>,
+}
+
+impl QueuedAcquire {
+    async fn wait(&mut self, timeout: Option<Duration>) -> Result<Token, ApiError> {
+        let ticket = self.ticket.as_mut().expect("waited once");
+        let ended = match timeout {
+            Some(limit) => tokio::time::timeout(limit, &mut ticket.ended).await.ok(),
+            None => Some((&mut ticket.ended).await),
+        };
+        let ticket = self.ticket.take().expect("waited once");
+        let others_waiting = self.node.waits.forget(&ticket);
+        match ended {
+            Some(Ok(WaitEnd::Granted(token))) => Ok(token),
+            Some(Ok(WaitEnd::Dropped)) => Err(ApiError::new(
+                ErrorKind::WaitCancelled,
+                format!(
+                    "the wait for lock {:?} ended without a grant: the session closed or expired, \
+                     or the wait was cancelled",
+                    self.lock
+                ),
+            )),
+            Some(Err(_)) => Err(ApiError::new(
+                ErrorKind::Unavailable,
+                "this node stopped leading or is shutting down; retry the acquire to keep the queue place",
+            )),
+            None if others_waiting => Err(timed_out(&self.lock)),
+            None => match self.node.cancel_wait(self.session, &self.lock).await? {
+                // The grant won the race with the timeout: it stands.
+                Some(token) => Ok(token),
+                None => Err(timed_out(&self.lock)),
+            },
+        }
+    }
+}
+
+fn timed_out(lock: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::WaitTimeout,
+        format!("timed out waiting for lock {lock:?}"),
+    )
+}
+
+impl Drop for QueuedAcquire {
+    fn drop(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        if self.node.waits.forget(&ticket) {
+            return;
+        }
+        let node = self.node.clone();
+        let (session, lock) = (self.session, std::mem::take(&mut self.lock));
+        tokio::spawn(async move {
+            if let Err(err) = node.cancel_wait(session, &lock).await {
+                tracing::debug!(session = session.0, lock, message = %err.message, "abandoned wait not cancelled");
+            }
+        });
+    }
+}
+
+impl Node {
+    /// Leaves the queue of `lock`; returns the token if the grant came first.
+    async fn cancel_wait(&self, session: SessionId, lock: &str) -> Result<Option<Token>, ApiError> {
+        match self
+            .propose(Command::CancelWait {
+                session,
+                lock: lock.to_owned(),
+            })
+            .await?
+        {
+            Outcome::WaitCancelled { granted } => Ok(granted),
+            other => unreachable!("cancel wait answered {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! [`Proposer`]: turns concurrent lock commands into few Raft log entries.
+//!
+//! openraft 0.9 fsyncs each `client_write` on its own. Requests that arrive
+//! while a write is in flight wait here and go out together as one
+//! [`Batch`], so a burst of N acquires costs one fsync rather than N (group
+//! commit). Nothing is acknowledged before its batch is committed and applied.
+
+use crate::raft_types::{Batch, NodeId, Raft};
+use deadbolt_core::{Command, LockError, Outcome};
+use openraft::error::{ClientWriteError, RaftError};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+/// Commands per log entry. Bounds the entry size and the apply pause.
+const MAX_BATCH: usize = 1024;
+/// Batches in flight at once: one being fsync'd while the next is applied
+/// keeps the disk busy without reordering any single client's requests
+/// (a client waits for each reply before its next request).
+const MAX_IN_FLIGHT: usize = 2;
+
+/// Why a command could not be committed. The command may or may not have
+/// taken effect only for `Fatal`; the others never reached the log.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProposeError {
+    #[error("this node is not the leader (leader: {leader:?})")]
+    NotLeader { leader: Option<NodeId> },
+    #[error("the lock service is shutting down")]
+    ShuttingDown,
+    #[error("raft failure: {0}")]
+    Fatal(String),
+}
+
+struct Pending {
+    command: Command,
+    reply: oneshot::Sender<Result<Result<Outcome, LockError>, ProposeError>>,
+}
+
+#[derive(Clone)]
+pub struct Proposer {
+    queue: mpsc::UnboundedSender<Pending>,
+}
+
+impl Proposer {
+    pub fn start(raft: Raft) -> Self {
+        let (queue, pending) = mpsc::unbounded_channel();
+        tokio::spawn(batch_loop(raft, pending));
+        Proposer { queue }
+    }
+
+    /// Commits `command` and returns what applying it produced.
+    pub async fn propose(
+        &self,
+        command: Command,
+    ) -> Result<Result<Outcome, LockError>, ProposeError> {
+        let (reply, outcome) = oneshot::channel();
+        self.queue
+            .send(Pending { command, reply })
+            .map_err(|_| ProposeError::ShuttingDown)?;
+        outcome.await.map_err(|_| ProposeError::ShuttingDown)?
+    }
+}
+
+async fn batch_loop(raft: Raft, mut pending: mpsc::UnboundedReceiver<Pending>) {
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    loop {
+        // Take the permit first: while none is free, requests pile up in the
+        // channel and form the next batch.
+        let permit = in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("semaphore never closed");
+        let Some(first) = pending.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match pending.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let raft = raft.clone();
+        tokio::spawn(async move {
+            let (commands, replies): (Vec<_>, Vec<_>) =
+                batch.into_iter().map(|p| (p.command, p.reply)).unzip();
+            let count = commands.len();
+            match raft.client_write(Batch(commands)).await {
+                Ok(written) => {
+                    let outcomes = written.data.0;
+                    assert_eq!(outcomes.len(), count, "one outcome per command");
+                    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                        let _ = reply.send(Ok(outcome));
+                    }
+                }
+                Err(err) => {
+                    let err = match err {
+                        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
+                            ProposeError::NotLeader {
+                                leader: forward.leader_id,
+                            }
+                        }
+                        other => ProposeError::Fatal(other.to_string()),
+                    };
+                    for reply in replies {
+                        let _ = reply.send(Err(err.clone()));
+                    }
+                }
+            }
+            drop(permit);
+        });
+    }
+}

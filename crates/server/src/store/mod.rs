@@ -1,0 +1,48 @@
+//! Durable state in one redb file: the Raft log, the vote, and the latest
+//! snapshot of the lock table.
+//!
+//! The lock table itself lives in memory; on start it is rebuilt from the
+//! snapshot plus the committed log entries after it (openraft re-applies
+//! them). Every write that openraft must be able to rely on after a crash
+//! (log appends, votes, snapshots) is committed with redb's default
+//! `Durability::Immediate`, which fsyncs before `commit` returns.
+
+mod data_dir;
+mod log_store;
+mod state_machine;
+
+pub use data_dir::{open_data_dir, DataDirError};
+pub use log_store::LogStore;
+pub use state_machine::{EventSink, SharedTable, StateMachineStore};
+
+use crate::raft_types::{NodeId, StorageError};
+use redb::TableDefinition;
+
+/// Raft log entries by index, bincode-encoded.
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+/// Small named values: format marker, vote, committed and purged log ids,
+/// the snapshot.
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+const FORMAT_KEY: &str = "format";
+/// Written once into a new data directory and checked at every start. Bump
+/// the version when the on-disk encoding changes incompatibly.
+const FORMAT: &[u8] = b"deadbolt-data/1";
+
+/// What a storage operation was doing, for openraft's error reports.
+#[derive(Clone)]
+struct At(openraft::ErrorSubject<NodeId>, openraft::ErrorVerb);
+
+/// Turns any redb or encoding error into openraft's `StorageError`, which
+/// stops the Raft node: a storage failure is never papered over.
+trait OrStorageError<T> {
+    fn at(self, at: &At) -> Result<T, StorageError>;
+}
+
+impl<T, E: std::error::Error + 'static> OrStorageError<T> for Result<T, E> {
+    fn at(self, at: &At) -> Result<T, StorageError> {
+        self.map_err(|e| {
+            openraft::StorageIOError::new(at.0.clone(), at.1, openraft::AnyError::new(&e)).into()
+        })
+    }
+}

@@ -1,0 +1,226 @@
+//! [`StateMachineStore`]: openraft's state machine, a [`LockTable`] in memory
+//! with its snapshots persisted in redb.
+//!
+//! Applying an entry never touches the disk: durability comes from the log.
+//! A snapshot is written (fsync'd) before openraft may purge the log entries
+//! it covers, so the pair (snapshot, remaining log) always rebuilds the table.
+
+use super::{At, OrStorageError, META};
+use crate::raft_types::{Batch, BatchOutcome, NodeId, StorageError, TypeConfig};
+use deadbolt_core::{Event, LockTable};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{
+    BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend,
+    RaftSnapshotBuilder, SnapshotMeta, StoredMembership,
+};
+use redb::Database;
+use serde::{Deserialize, Serialize};
+use std::io::Cursor;
+use std::sync::{Arc, RwLock};
+
+const SNAPSHOT_KEY: &str = "snapshot";
+
+/// Told about every event the table produces, right after the entries that
+/// produced them are applied. The server wakes blocked acquirers and starts
+/// or stops lease tracking from here.
+pub trait EventSink: Send + Sync + 'static {
+    fn on_events(&self, events: Vec<Event>);
+}
+
+/// The lock table and how far into the log it reflects.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub last_applied: Option<LogId<NodeId>>,
+    pub membership: StoredMembership<NodeId, BasicNode>,
+    pub table: LockTable,
+}
+
+/// Read access for the API (status, listings) without going through Raft.
+pub type SharedTable = Arc<RwLock<Applied>>;
+
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, BasicNode>,
+    data: Vec<u8>,
+}
+
+#[derive(Clone)]
+pub struct StateMachineStore {
+    state: SharedTable,
+    db: Arc<Database>,
+    sink: Arc<dyn EventSink>,
+}
+
+impl StateMachineStore {
+    /// Loads the latest snapshot, if any. Log entries after it are re-applied
+    /// by openraft when the `Raft` starts.
+    pub fn open(db: Arc<Database>, sink: Arc<dyn EventSink>) -> Result<Self, StorageError> {
+        let store = StateMachineStore {
+            state: SharedTable::default(),
+            db,
+            sink,
+        };
+        if let Some(stored) = store.read_snapshot()? {
+            let table = decode_table(&stored)?;
+            let mut state = store.state.write().expect("state lock poisoned");
+            state.last_applied = stored.meta.last_log_id;
+            state.membership = stored.meta.last_membership;
+            state.table = table;
+        }
+        Ok(store)
+    }
+
+    pub fn shared(&self) -> SharedTable {
+        self.state.clone()
+    }
+
+    fn read_snapshot(&self) -> Result<Option<StoredSnapshot>, StorageError> {
+        let at = At(ErrorSubject::Snapshot(None), ErrorVerb::Read);
+        let txn = self.db.begin_read().at(&at)?;
+        let table = txn.open_table(META).at(&at)?;
+        match table.get(SNAPSHOT_KEY).at(&at)? {
+            Some(bytes) => Ok(Some(bincode::deserialize(bytes.value()).at(&at)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn write_snapshot(&self, snapshot: &StoredSnapshot) -> Result<(), StorageError> {
+        let at = At(
+            ErrorSubject::Snapshot(Some(snapshot.meta.signature())),
+            ErrorVerb::Write,
+        );
+        let bytes = bincode::serialize(snapshot).at(&at)?;
+        let txn = self.db.begin_write().at(&at)?;
+        txn.open_table(META)
+            .at(&at)?
+            .insert(SNAPSHOT_KEY, bytes.as_slice())
+            .at(&at)?;
+        txn.commit().at(&at)
+    }
+}
+
+fn decode_table(stored: &StoredSnapshot) -> Result<LockTable, StorageError> {
+    let at = At(
+        ErrorSubject::Snapshot(Some(stored.meta.signature())),
+        ErrorVerb::Read,
+    );
+    let table: LockTable = bincode::deserialize(&stored.data).at(&at)?;
+    // A snapshot is loaded rarely; checking it whole is cheap insurance
+    // against installing a table that breaks the lock invariants.
+    table.check_invariants();
+    Ok(table)
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let (data, meta) = {
+            let state = self.state.read().expect("state lock poisoned");
+            let data = bincode::serialize(&state.table)
+                .at(&At(ErrorSubject::StateMachine, ErrorVerb::Read))?;
+            let snapshot_id = match state.last_applied {
+                Some(id) => format!("{}-{}", id.leader_id, id.index),
+                None => "empty".to_owned(),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: state.last_applied,
+                last_membership: state.membership.clone(),
+                snapshot_id,
+            };
+            (data, meta)
+        };
+        let stored = StoredSnapshot { meta, data };
+        self.write_snapshot(&stored)?;
+        Ok(Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), StorageError> {
+        let state = self.state.read().expect("state lock poisoned");
+        Ok((state.last_applied, state.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<BatchOutcome>, StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut replies = Vec::new();
+        let mut events = Vec::new();
+        {
+            let mut state = self.state.write().expect("state lock poisoned");
+            for entry in entries {
+                debug_assert!(state.last_applied < Some(entry.log_id));
+                state.last_applied = Some(entry.log_id);
+                let outcomes = match entry.payload {
+                    EntryPayload::Blank => Vec::new(),
+                    EntryPayload::Normal(Batch(commands)) => commands
+                        .iter()
+                        .map(|command| {
+                            let applied = state.table.apply(command);
+                            events.extend(applied.events);
+                            applied.outcome
+                        })
+                        .collect(),
+                    EntryPayload::Membership(membership) => {
+                        state.membership = StoredMembership::new(Some(entry.log_id), membership);
+                        Vec::new()
+                    }
+                };
+                replies.push(BatchOutcome(outcomes));
+            }
+        }
+        if !events.is_empty() {
+            self.sink.on_events(events);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: snapshot.into_inner(),
+        };
+        let table = decode_table(&stored)?;
+        self.write_snapshot(&stored)?;
+        let mut state = self.state.write().expect("state lock poisoned");
+        // Tokens are a function of the log prefix: a snapshot further along
+        // the log can never carry a smaller counter.
+        if meta.last_log_id >= state.last_applied {
+            assert!(
+                table.next_token() >= state.table.next_token(),
+                "installing a snapshot would move the token counter back"
+            );
+        }
+        state.last_applied = meta.last_log_id;
+        state.membership = meta.last_membership.clone();
+        state.table = table;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        Ok(self.read_snapshot()?.map(|stored| Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        }))
+    }
+}
