@@ -184,14 +184,23 @@ impl Session {
         let (client, id) = (&self.inner.client, self.id());
         // Past the deadline the server ends the session anyway; until then,
         // keep trying so its locks are freed now rather than at expiry.
-        let result = retry(
+        let deadline = self.lease_deadline();
+        let attempts = retry(
             "closing the session",
             id,
-            Some(self.lease_deadline()),
+            Some(deadline),
             Error::is_transient,
             || async move { client.close_session_raw(id).await },
-        )
-        .await;
+        );
+        // A server that accepts connections but never answers (frozen, or
+        // partitioned mid-stream) must not hold the caller past the point
+        // where the session ends by itself.
+        let started = Instant::now();
+        let give_up = deadline.max(started + CLOSE_AT_LEAST);
+        let result = match tokio::time::timeout_at(give_up.into(), attempts).await {
+            Ok(result) => result,
+            Err(_) => Err(no_answer("closing the session", give_up - started)),
+        };
         match result {
             Err(error) if error.ends_session() => Ok(()),
             result => result,
@@ -376,6 +385,9 @@ async fn watchdog(
 }
 
 /// A request the watchdog gave up waiting for.
+/// How long `close` keeps trying when the lease is (nearly) over anyway.
+const CLOSE_AT_LEAST: Duration = Duration::from_secs(1);
+
 fn no_answer(what: &str, waited: Duration) -> Error {
     Error::new(
         ErrorKind::Unavailable,

@@ -1,0 +1,228 @@
+//! `deadbolt run`, `acquire`, `status`: the CLI as a cron wrapper would use it.
+
+mod common;
+
+use common::{deadbolt, signal, TestServer, BIN};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn stdout(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+#[test]
+fn each_run_sees_a_larger_token_and_its_exit_code_passes_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    let print = [
+        "run",
+        "--lock",
+        "report",
+        "--",
+        "sh",
+        "-c",
+        "echo $DEADBOLT_LOCK $DEADBOLT_TOKEN",
+    ];
+    let first = deadbolt(&endpoint, &print);
+    let second = deadbolt(&endpoint, &print);
+    assert!(first.status.success() && second.status.success());
+    let token = |out: &std::process::Output| -> u64 {
+        let text = stdout(out);
+        let (lock, token) = text.split_once(' ').unwrap();
+        assert_eq!(lock, "report");
+        token.parse().unwrap()
+    };
+    assert!(
+        token(&second) > token(&first),
+        "{} then {}",
+        token(&first),
+        token(&second)
+    );
+
+    let failing = deadbolt(
+        &endpoint,
+        &["run", "--lock", "report", "--", "sh", "-c", "exit 7"],
+    );
+    assert_eq!(failing.status.code(), Some(7));
+    // Released after each run: nobody holds it now.
+    let status = deadbolt(&endpoint, &["status", "--lock", "report"]);
+    assert_eq!(stdout(&status), "report: free");
+}
+
+#[test]
+fn no_wait_on_a_held_lock_exits_busy_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    let acquired = deadbolt(
+        &endpoint,
+        &["acquire", "--lock", "db-migration", "--ttl", "20s"],
+    );
+    assert!(acquired.status.success(), "{acquired:?}");
+
+    let busy = deadbolt(
+        &endpoint,
+        &["run", "--lock", "db-migration", "--no-wait", "--", "true"],
+    );
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    assert!(String::from_utf8_lossy(&busy.stderr).contains("busy"));
+
+    let timed_out = deadbolt(
+        &endpoint,
+        &[
+            "run",
+            "--lock",
+            "db-migration",
+            "--wait",
+            "300ms",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(timed_out.status.code(), Some(75), "{timed_out:?}");
+
+    // `release` with the printed session and token frees it for the next run.
+    let printed = stdout(&acquired);
+    let (session, token) = printed.split_once(' ').unwrap();
+    let released = deadbolt(
+        &endpoint,
+        &[
+            "release",
+            "--lock",
+            "db-migration",
+            "--session",
+            session,
+            "--token",
+            token,
+        ],
+    );
+    assert!(released.status.success(), "{released:?}");
+    let ran = deadbolt(
+        &endpoint,
+        &["run", "--lock", "db-migration", "--no-wait", "--", "true"],
+    );
+    assert_eq!(ran.status.code(), Some(0));
+}
+
+#[test]
+fn unreachable_server_has_its_own_exit_code() {
+    let port = common::free_port();
+    let output = deadbolt(
+        &format!("http://127.0.0.1:{port}"),
+        &["run", "--lock", "x", "--", "true"],
+    );
+    assert_eq!(output.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("could not reach"));
+}
+
+/// A holder killed with SIGKILL never releases: the lock passes only when
+/// its lease runs out, to a waiter, with a larger token. Its command dies
+/// with it (it must not run on unguarded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_loses_the_lock_after_its_ttl_not_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let ttl = Duration::from_secs(2);
+    let marker = dir.path().join("child.pid");
+    let mut holder = Command::new(BIN)
+        .args(["run", "--lock", "nightly", "--ttl", "2s", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 60", marker.display()))
+        .env("DEADBOLT_ENDPOINT", server.endpoint())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = server.client().await;
+    let held = loop {
+        if let Some(state) = client.lock_status("nightly").await.unwrap() {
+            if marker.exists() {
+                break state;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let child_pid: i32 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Give the holder's watchdog time to renew at least once, so the test
+    // exercises a renewed lease, not only the first one.
+    tokio::time::sleep(ttl / 2).await;
+
+    holder.kill().unwrap(); // SIGKILL
+    let killed_at = Instant::now();
+    holder.wait().unwrap();
+
+    let waiter = client.open_session(Duration::from_secs(10)).await.unwrap();
+    let guard = waiter.lock("nightly").await.unwrap();
+    let handed_over = killed_at.elapsed();
+    assert!(
+        guard.token() > held.token,
+        "{} after {}",
+        guard.token(),
+        held.token
+    );
+    // The last renewal was sent at most ttl/3 before the kill, so the lease
+    // cannot have ended sooner than 2/3 of the TTL after it.
+    assert!(
+        handed_over >= ttl * 2 / 3,
+        "lock passed on after only {handed_over:?}"
+    );
+    // SAFETY: signal 0 only checks that the process exists.
+    let child_alive = unsafe { libc::kill(child_pid, 0) } == 0;
+    assert!(
+        !child_alive,
+        "the command outlived its killed `deadbolt run`"
+    );
+    guard.release().await.unwrap();
+}
+
+/// `deadbolt run` stops its command itself, before the server could expire
+/// the lease, when keepalives stop getting through (the server is frozen).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_is_killed_before_the_lease_can_end_when_renewal_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let ttl = Duration::from_secs(2);
+    let marker = dir.path().join("child.pid");
+    let runner = Command::new(BIN)
+        .args(["run", "--lock", "frozen", "--ttl", "2s", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 60", marker.display()))
+        .env("DEADBOLT_ENDPOINT", server.endpoint())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while !marker.exists() || std::fs::read_to_string(&marker).unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let child_pid: i32 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    signal(server.pid(), libc::SIGSTOP);
+    let frozen_at = Instant::now();
+    // SAFETY: signal 0 only checks that the process exists.
+    while unsafe { libc::kill(child_pid, 0) } == 0 {
+        assert!(
+            frozen_at.elapsed() < ttl * 3,
+            "the command was never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stopped_after = frozen_at.elapsed();
+    let output = tokio::task::spawn_blocking(move || runner.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    signal(server.pid(), libc::SIGCONT);
+    assert_eq!(output.status.code(), Some(76), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("lost while running"));
+    // The server was frozen after the last renewal was sent, so that
+    // renewal's lease (the one the server would enforce) ends within one TTL
+    // of the freeze: the command had to be dead by then.
+    assert!(
+        stopped_after < ttl,
+        "command stopped {stopped_after:?} after the freeze"
+    );
+}
