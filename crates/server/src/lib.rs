@@ -25,7 +25,6 @@ pub use store::DataDirError;
 use anyhow::Context;
 use leases::Leases;
 use node::{Node, Observers};
-use openraft::error::{InitializeError, RaftError};
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use proposer::Proposer;
 use std::collections::BTreeMap;
@@ -98,16 +97,17 @@ impl Server {
         )
         .await
         .context("cannot start raft")?;
-        let address = listener.local_addr()?.to_string();
-        let members = BTreeMap::from([(config.node_id, BasicNode::new(address))]);
-        match raft.initialize(members).await {
-            Ok(()) => tracing::info!(
+        // A restart finds the cluster in its data; only a new one needs this.
+        if !raft.is_initialized().await? {
+            let address = listener.local_addr()?.to_string();
+            let members = BTreeMap::from([(config.node_id, BasicNode::new(address))]);
+            raft.initialize(members)
+                .await
+                .context("cannot initialize the cluster")?;
+            tracing::info!(
                 node_id = config.node_id,
                 "initialized a new single-node cluster"
-            ),
-            // Already initialized: a restart with existing data.
-            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-            Err(err) => return Err(err).context("cannot initialize the cluster"),
+            );
         }
         let node = Node {
             id: config.node_id,

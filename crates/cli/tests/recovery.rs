@@ -1,0 +1,222 @@
+//! Restarts, clean and `kill -9`: nothing acknowledged is lost, no token is
+//! handed out twice, and tokens keep growing.
+
+mod common;
+
+use common::TestServer;
+use deadbolt_client::{Client, Session};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One acknowledged hold of a lock by a worker: from the moment the grant
+/// was acknowledged until the worker sent its release (or the end).
+#[derive(Debug, Clone)]
+struct Hold {
+    lock: String,
+    token: u64,
+    granted: Instant,
+    released: Option<Instant>,
+}
+
+async fn worker(
+    session: Session,
+    id: usize,
+    stop: Arc<AtomicBool>,
+) -> (Vec<Hold>, Option<deadbolt_client::LockGuard>) {
+    let mut holds = Vec::new();
+    let mut round = id;
+    while !stop.load(Ordering::Relaxed) {
+        round += 1;
+        let lock = format!("crash-{}", round % 3);
+        // Blocking acquire; the client retries it (idempotently) across the
+        // crash, so it may be granted by the restarted server. The timeout
+        // lets waiters notice `stop` while others keep their locks.
+        let Ok(guard) = session
+            .lock_timeout(&lock, Duration::from_millis(500))
+            .await
+        else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        holds.push(Hold {
+            lock,
+            token: guard.token(),
+            granted: Instant::now(),
+            released: None,
+        });
+        if stop.load(Ordering::Relaxed) {
+            return (holds, Some(guard));
+        }
+        holds.last_mut().unwrap().released = Some(Instant::now());
+        // An error here (lost reply across the crash) leaves the lock to the
+        // session's retry or expiry; this worker no longer uses it.
+        let _ = guard.release().await;
+    }
+    (holds, None)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_under_load_loses_no_acknowledged_grant_and_never_reissues_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = TestServer::start(&data);
+    let client = Client::connect([server.endpoint()]).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for id in 0..8 {
+        // Long enough that no session can expire across the restart.
+        let session = client.open_session(Duration::from_secs(60)).await.unwrap();
+        workers.push((
+            session.clone(),
+            tokio::spawn(worker(session, id, stop.clone())),
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.kill9();
+    let before_restart = client.health().await;
+    assert!(before_restart.is_err(), "the server is dead");
+    let server = TestServer::start_on(&data, server.addr);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let mut all = Vec::new();
+    let mut still_held = Vec::new();
+    for (session, task) in workers {
+        let (holds, guard) = task.await.unwrap();
+        assert!(
+            !session.is_lost(),
+            "session {} lost across the restart",
+            session.id()
+        );
+        let tokens: Vec<u64> = holds.iter().map(|h| h.token).collect();
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "tokens of one worker went back: {tokens:?}"
+        );
+        all.extend(holds);
+        if let Some(guard) = guard {
+            still_held.push((session, guard));
+        }
+    }
+    assert!(
+        all.len() > 20,
+        "too little load to mean anything: {} grants",
+        all.len()
+    );
+
+    // Never the same token twice.
+    let unique: HashSet<u64> = all.iter().map(|h| h.token).collect();
+    assert_eq!(unique.len(), all.len(), "a token was granted twice");
+
+    // Never two acknowledged holders of one lock at the same moment.
+    let end = Instant::now();
+    for a in &all {
+        for b in &all {
+            if a.lock == b.lock && a.token < b.token {
+                assert!(
+                    a.released.unwrap_or(end) <= b.granted,
+                    "{} held with token {} and {} at once",
+                    a.lock,
+                    a.token,
+                    b.token
+                );
+            }
+        }
+    }
+
+    // Grants still held survived the crash, with their tokens.
+    let client = server.client().await;
+    for (session, guard) in still_held {
+        let state = client
+            .lock_status(guard.name())
+            .await
+            .unwrap()
+            .expect("still held");
+        assert_eq!(
+            (state.holder_session_id, state.token),
+            (session.id(), guard.token())
+        );
+        guard.release().await.unwrap();
+    }
+
+    // And the counter only moved forward.
+    let max_token = all.iter().map(|h| h.token).max().unwrap();
+    let health = client.health().await.unwrap();
+    assert!(
+        health.next_token > max_token,
+        "{} <= {max_token}",
+        health.next_token
+    );
+    let fresh = client.open_session(Duration::from_secs(5)).await.unwrap();
+    let guard = fresh.lock("crash-after").await.unwrap();
+    assert!(guard.token() > max_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_restart_keeps_holders_queues_and_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = TestServer::start(&data);
+    let client = Client::connect([server.endpoint()]).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let (holder, first, second) = (
+        client.open_session(ttl).await.unwrap(),
+        client.open_session(ttl).await.unwrap(),
+        client.open_session(ttl).await.unwrap(),
+    );
+    let held = holder.lock("queue").await.unwrap();
+    let first_wait = tokio::spawn({
+        let first = first.clone();
+        async move { first.lock("queue").await }
+    });
+    while client
+        .lock_status("queue")
+        .await
+        .unwrap()
+        .unwrap()
+        .waiter_session_ids
+        .len()
+        < 1
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second_wait = tokio::spawn({
+        let second = second.clone();
+        async move { second.lock("queue").await }
+    });
+    while client
+        .lock_status("queue")
+        .await
+        .unwrap()
+        .unwrap()
+        .waiter_session_ids
+        .len()
+        < 2
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let status = server.terminate();
+    assert!(status.success(), "graceful shutdown exited with {status}");
+    let server = TestServer::start_on(&data, server.addr);
+    let client = server.client().await;
+
+    let state = client.lock_status("queue").await.unwrap().unwrap();
+    assert_eq!(
+        (state.holder_session_id, state.token),
+        (holder.id(), held.token())
+    );
+    assert_eq!(state.waiter_session_ids, vec![first.id(), second.id()]);
+
+    // The waiters' blocked acquires were cut by the shutdown and retried:
+    // they kept their places, and the grants follow the queue.
+    held.release().await.unwrap();
+    let granted_first = first_wait.await.unwrap().unwrap();
+    let first_token = granted_first.token();
+    assert!(first_token > state.token);
+    granted_first.release().await.unwrap();
+    let granted_second = second_wait.await.unwrap().unwrap();
+    assert!(granted_second.token() > first_token);
+}
