@@ -154,6 +154,16 @@ async fn kill9_under_load_loses_no_acknowledged_grant_and_never_reissues_a_token
     assert!(guard.token() > max_token);
 }
 
+async fn wait_for_waiters(client: &Client, lock: &str, count: usize) {
+    loop {
+        let state = client.lock_status(lock).await.unwrap();
+        if state.is_some_and(|s| s.waiter_session_ids.len() >= count) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clean_restart_keeps_holders_queues_and_tokens() {
     let dir = tempfile::tempdir().unwrap();
@@ -171,32 +181,12 @@ async fn clean_restart_keeps_holders_queues_and_tokens() {
         let first = first.clone();
         async move { first.lock("queue").await }
     });
-    while client
-        .lock_status("queue")
-        .await
-        .unwrap()
-        .unwrap()
-        .waiter_session_ids
-        .len()
-        < 1
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_waiters(&client, "queue", 1).await;
     let second_wait = tokio::spawn({
         let second = second.clone();
         async move { second.lock("queue").await }
     });
-    while client
-        .lock_status("queue")
-        .await
-        .unwrap()
-        .unwrap()
-        .waiter_session_ids
-        .len()
-        < 2
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_waiters(&client, "queue", 2).await;
 
     let status = server.terminate();
     assert!(status.success(), "graceful shutdown exited with {status}");

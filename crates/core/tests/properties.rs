@@ -69,7 +69,7 @@ impl Observed {
                         "grant to ended session {session}"
                     );
                     assert!(
-                        self.last_token.map_or(true, |last| *token > last),
+                        self.last_token.is_none_or(|last| *token > last),
                         "token {token} not above {:?}",
                         self.last_token
                     );
@@ -243,7 +243,7 @@ proptest! {
         let Ok(Outcome::SessionOpened { session, .. }) = open.outcome else { panic!() };
         let grant = restored.apply(&Command::Acquire { session, lock: "fresh".into(), wait: false });
         let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else { panic!() };
-        prop_assert!(seen.last_token.map_or(true, |last| token > last));
+        prop_assert!(seen.last_token.is_none_or(|last| token > last));
     }
 }
 

@@ -19,10 +19,12 @@ pub enum WaitEnd {
 }
 
 type Key = (SessionId, String);
+/// A ticket id and where to send the outcome.
+type Waiter = (u64, oneshot::Sender<WaitEnd>);
 
 #[derive(Default)]
 pub struct Waits {
-    waiting: Mutex<HashMap<Key, Vec<(u64, oneshot::Sender<WaitEnd>)>>>,
+    waiting: Mutex<HashMap<Key, Vec<Waiter>>>,
     next_ticket: AtomicU64,
 }
 

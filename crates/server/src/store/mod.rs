@@ -7,6 +7,10 @@
 //! (log appends, votes, snapshots) is committed with redb's default
 //! `Durability::Immediate`, which fsyncs before `commit` returns.
 
+// openraft's trait methods return its own (large) StorageError; helpers
+// that feed them return the same type rather than boxing and unboxing.
+#![allow(clippy::result_large_err)]
+
 mod data_dir;
 mod log_store;
 mod state_machine;

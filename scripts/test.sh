@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, then every test
+# (unit, property, and the end-to-end tests that start real `deadbolt`
+# processes on 127.0.0.1). Needs only a Rust toolchain with rustfmt and clippy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+echo "== cargo test"
+cargo test --workspace --locked
