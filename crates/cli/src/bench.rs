@@ -81,7 +81,7 @@ async fn loops(endpoints: &[String], args: &BenchArgs, contended: bool) -> Resul
         tasks.push(tokio::spawn(async move {
             let mut stats = ClientStats {
                 grants: 0,
-                acquire_us: Histogram::new(3).expect("histogram"),
+                acquire_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram"),
                 tokens_ok: true,
             };
             let mut last_token = 0;
@@ -120,7 +120,7 @@ async fn loops(endpoints: &[String], args: &BenchArgs, contended: bool) -> Resul
     }
     done.store(true, Ordering::Relaxed);
     let elapsed = started.elapsed();
-    let mut all = Histogram::<u64>::new(3).expect("histogram");
+    let mut all = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     let mut per_client = Vec::new();
     let mut tokens_ok = true;
     for task in tasks {
@@ -172,7 +172,7 @@ async fn loops(endpoints: &[String], args: &BenchArgs, contended: bool) -> Resul
 async fn expiry(endpoints: &[String], args: &BenchArgs) -> Result<(), Error> {
     let client = Client::connect(endpoints.iter().cloned()).await?;
     let waiter = client.open_session(Duration::from_secs(30)).await?;
-    let mut overshoots = Histogram::<u64>::new(3).expect("histogram");
+    let mut overshoots = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     for round in 0..args.rounds {
         let name = format!("bench:expiry:{round}:{}", std::process::id());
         // The holder never sends a keepalive: it "dies" right after its grant.

@@ -41,7 +41,14 @@ async fn http_api_refuses_bad_requests_with_clear_errors() {
     );
     assert_eq!(
         (status, error_kind(&body)),
-        (422, "invalid_argument"),
+        (400, "invalid_argument"),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("session_id"),
         "{body}"
     );
 

@@ -4,8 +4,9 @@
 
 use crate::grpc::lock_state;
 use crate::node::{ApiError, Node};
-use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Query, State};
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{FromRequest, Query, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -53,8 +54,8 @@ impl From<ApiError> for HttpError {
     }
 }
 
-impl From<JsonRejection> for HttpError {
-    fn from(rejection: JsonRejection) -> Self {
+impl From<BytesRejection> for HttpError {
+    fn from(rejection: BytesRejection) -> Self {
         HttpError(
             rejection.status(),
             ApiError::new(ErrorKind::InvalidArgument, rejection.body_text()),
@@ -82,13 +83,33 @@ impl IntoResponse for HttpError {
 }
 
 type Reply<T> = Result<Json<T>, HttpError>;
-type Body<T> = Result<Json<T>, JsonRejection>;
+
+/// A JSON request body, whatever Content-Type the client sent, so that a
+/// plain `curl -d '{...}'` works. Oversized bodies are refused by axum's
+/// default 2 MB limit before parsing.
+struct JsonBody<T>(T);
+
+#[axum::async_trait]
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, HttpError> {
+        let bytes = Bytes::from_request(request, state).await?;
+        let mut json = serde_json::Deserializer::from_slice(&bytes);
+        // The path names the offending field: "session_id: invalid type...".
+        serde_path_to_error::deserialize(&mut json)
+            .map(JsonBody)
+            .map_err(|err| {
+                let message = format!("the request body is not valid JSON for this call: {err}");
+                ApiError::new(ErrorKind::InvalidArgument, message).into()
+            })
+    }
+}
 
 async fn open_session(
     State(node): State<Node>,
-    body: Body<OpenSessionRequest>,
+    JsonBody(request): JsonBody<OpenSessionRequest>,
 ) -> Reply<OpenSessionResponse> {
-    let Json(request) = body?;
     let (session, ttl) = node
         .open_session(Duration::from_millis(request.ttl_ms))
         .await?;
@@ -100,9 +121,8 @@ async fn open_session(
 
 async fn keep_alive(
     State(node): State<Node>,
-    body: Body<KeepAliveRequest>,
+    JsonBody(request): JsonBody<KeepAliveRequest>,
 ) -> Reply<KeepAliveResponse> {
-    let Json(request) = body?;
     let ttl = node.keep_alive(SessionId(request.session_id))?;
     Ok(Json(KeepAliveResponse {
         ttl_ms: ttl.as_millis() as u64,
@@ -111,15 +131,16 @@ async fn keep_alive(
 
 async fn close_session(
     State(node): State<Node>,
-    body: Body<CloseSessionRequest>,
+    JsonBody(request): JsonBody<CloseSessionRequest>,
 ) -> Reply<CloseSessionResponse> {
-    let Json(request) = body?;
     node.close_session(SessionId(request.session_id)).await?;
     Ok(Json(CloseSessionResponse {}))
 }
 
-async fn acquire(State(node): State<Node>, body: Body<AcquireRequest>) -> Reply<AcquireResponse> {
-    let Json(request) = body?;
+async fn acquire(
+    State(node): State<Node>,
+    JsonBody(request): JsonBody<AcquireRequest>,
+) -> Reply<AcquireResponse> {
     let token = node
         .acquire(
             SessionId(request.session_id),
@@ -131,8 +152,10 @@ async fn acquire(State(node): State<Node>, body: Body<AcquireRequest>) -> Reply<
     Ok(Json(AcquireResponse { token: token.0 }))
 }
 
-async fn release(State(node): State<Node>, body: Body<ReleaseRequest>) -> Reply<ReleaseResponse> {
-    let Json(request) = body?;
+async fn release(
+    State(node): State<Node>,
+    JsonBody(request): JsonBody<ReleaseRequest>,
+) -> Reply<ReleaseResponse> {
     node.release(
         SessionId(request.session_id),
         &request.lock,

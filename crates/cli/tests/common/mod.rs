@@ -140,7 +140,8 @@ pub fn deadbolt(endpoint: &str, args: &[&str]) -> Output {
 }
 
 /// A minimal HTTP/1.1 exchange, so tests can send exactly the bytes they
-/// want (malformed JSON included). Returns status and body.
+/// want (malformed JSON included). Like `curl -d`, it sends no JSON
+/// Content-Type, which the server must accept. Returns status and body.
 pub fn http(
     addr: SocketAddr,
     method: &str,
@@ -151,7 +152,7 @@ pub fn http(
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let body = body.unwrap_or_default();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
     );

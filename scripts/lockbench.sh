@@ -1,0 +1,355 @@
+#!/usr/bin/env bash
+# Measure Deadbolt with lockbench, the harness that measured etcd, Redis and PostgreSQL locks
+# (../shared/lockbench, read-only), side by side with those peers, without copying lockbench
+# into this repo.
+#
+# What it does:
+#   1. copies lockbench to a scratch dir, drops in bench/lockbench/deadbolt.rs as a backend
+#      (deadbolt://host:port[,...]), registers it and adds deadbolt-client as a path dependency;
+#      only files whose content changed are rewritten, so a re-run rebuilds nothing needlessly;
+#   2. builds that lockbench and `deadbolt` (release);
+#   3. for deadbolt, then etcd1 (single node), redis (no persistence) and postgres, each only if
+#      installed: starts a fresh server, runs the workloads the 2026-11-29 results used at N=16
+#      (uncontended, then contended; warmup 1 s, ttl 10 s, hold 0, retry 5 ms), stops it;
+#   4. prints a markdown table: pairs/s, grants/s, and the ratio Deadbolt / etcd1.
+# Peers are started with lockbench's servers.sh (state in the scratch dir, stopped by PID).
+# Missing peer packages are installed with apt-get when running as root.
+#
+# usage: scripts/lockbench.sh [--duration S] [--clients N] [--only deadbolt[,etcd1,redis,postgres]]
+# env:   LOCKBENCH_SRC      lockbench to copy    (default: <repo>/../shared/lockbench)
+#        LOCKBENCH_SCRATCH  scratch dir          (default: /tmp/deadbolt-lockbench)
+#                           holds lockbench/ (patched copy), target/, deadbolt-data/, state/,
+#                           results/ (one JSONL + one log per invocation)
+set -euo pipefail
+
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+
+DUR=10
+N=16
+ONLY=""
+while (($#)); do
+  case $1 in
+    --duration) DUR=${2:?--duration needs seconds}; shift 2 ;;
+    --duration=*) DUR=${1#*=}; shift ;;
+    --clients) N=${2:?--clients needs a number}; shift 2 ;;
+    --clients=*) N=${1#*=}; shift ;;
+    --only) ONLY=${2:?--only needs a backend list}; shift 2 ;;
+    --only=*) ONLY=${1#*=}; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "lockbench.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[[ $DUR =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "lockbench.sh: --duration wants seconds, got $DUR" >&2; exit 2; }
+[[ $N =~ ^[1-9][0-9]*$ ]] || { echo "lockbench.sh: --clients wants a positive integer, got $N" >&2; exit 2; }
+
+ALL_BACKENDS="deadbolt etcd1 redis postgres"
+BACKENDS=$ALL_BACKENDS
+if [[ -n $ONLY ]]; then
+  BACKENDS=""
+  for b in ${ONLY//,/ }; do
+    [[ " $ALL_BACKENDS " == *" $b "* ]] || { echo "lockbench.sh: unknown backend $b (want: $ALL_BACKENDS)" >&2; exit 2; }
+    BACKENDS+="$b "
+  done
+fi
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+LOCKBENCH_SRC=${LOCKBENCH_SRC:-$(dirname "$0")/../../shared/lockbench}
+LOCKBENCH_SRC=$(cd "$LOCKBENCH_SRC" && pwd)
+SCRATCH=${LOCKBENCH_SCRATCH:-/tmp/deadbolt-lockbench}
+LB=$SCRATCH/lockbench
+STATE=$SCRATCH/state
+RES=$SCRATCH/results
+DEADBOLT_ADDR=127.0.0.1:17070
+STAMP=$(date +%Y%m%d-%H%M%S)
+OUT=$RES/lockbench-$STAMP.jsonl
+LOG=$RES/lockbench-$STAMP.log
+mkdir -p "$SCRATCH" "$STATE" "$RES"
+[[ -d $LOCKBENCH_SRC/src/backends && -f $LOCKBENCH_SRC/servers.sh ]] ||
+  { echo "lockbench.sh: $LOCKBENCH_SRC does not look like lockbench" >&2; exit 1; }
+
+say() { echo "[lockbench.sh] $*" | tee -a "$LOG" >&2; }
+
+# ------------------------------------------------------------------ peers: installed?
+pgbin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+have_peer() {
+  case $1 in
+    etcd1) command -v etcd >/dev/null && command -v etcdctl >/dev/null ;;
+    redis) command -v redis-server >/dev/null ;;
+    postgres) local b; b=$(pgbin); [[ -n $b && -x $b/initdb ]] && id postgres >/dev/null 2>&1 ;;
+  esac
+}
+peer_pkgs() { case $1 in etcd1) echo etcd-server etcd-client ;; redis) echo redis-server ;; postgres) echo postgresql ;; esac; }
+
+missing=()
+for b in $BACKENDS; do
+  [[ $b == deadbolt ]] && continue
+  have_peer "$b" || missing+=($(peer_pkgs "$b"))
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    say "installing ${missing[*]}"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; } >>"$LOG" 2>&1 ||
+      say "apt-get failed (see $LOG); peers that are still missing are skipped"
+  else
+    say "missing ${missing[*]} and not root (or no apt-get): those peers are skipped"
+  fi
+fi
+RUN=""
+for b in $BACKENDS; do
+  if [[ $b == deadbolt ]] || have_peer "$b"; then RUN+="$b "; else say "skipping $b: not installed"; fi
+done
+
+# ------------------------------------------------------------------ lockbench copy + patch
+# Build the patched tree in a staging dir, then copy over only what differs.
+STAGE=$SCRATCH/.stage
+rm -rf "$STAGE"
+mkdir -p "$STAGE"
+cp -R "$LOCKBENCH_SRC"/. "$STAGE"/
+chmod -R u+w "$STAGE"
+rm -rf "$STAGE/target" "$STAGE/results"
+cp "$REPO/bench/lockbench/deadbolt.rs" "$STAGE/src/backends/deadbolt.rs"
+python3 - "$STAGE" "$REPO/crates/client" <<'PY'
+"""Register the deadbolt backend in a lockbench tree. Idempotent; fails loudly if an anchor moved."""
+import pathlib
+import re
+import sys
+
+root, client_path = pathlib.Path(sys.argv[1]), sys.argv[2]
+
+
+def patch(rel, fn):
+    p = root / rel
+    old = p.read_text()
+    new = fn(old)
+    if new != old:
+        p.write_text(new)
+
+
+def mod_rs(t):
+    if re.search(r"^[ \t]*pub[ \t]+mod[ \t]+deadbolt[ \t]*;", t, re.M):
+        return t
+    return t.rstrip("\n") + "\npub mod deadbolt;\n"
+
+
+ARM = '"deadbolt" => Arc::new(crate::backends::deadbolt::DeadboltBackend::new(url)?),'
+
+
+def backend_rs(t):
+    if "pub fn from_url" not in t:
+        sys.exit("lockbench.sh: src/backend.rs has no `pub fn from_url`")
+    # An active arm (ours or anyone's) is replaced by ours; a commented-out one too.
+    arm = re.compile(r'^([ \t]*)(?://[ \t]*)?"deadbolt"[ \t]*=>.*$', re.M)
+    if arm.search(t):
+        t = arm.sub(lambda m: m.group(1) + ARM, t, count=1)
+    else:
+        m = re.search(r"^([ \t]*)other[ \t]*=>[ \t]*bail!", t, re.M)
+        if not m:
+            sys.exit("lockbench.sh: cannot find the `other => bail!` arm of from_url in src/backend.rs")
+        t = t[: m.start()] + m.group(1) + ARM + "\n" + t[m.start():]
+    if "deadbolt://" not in t:
+        t = t.replace("postgres+try://)", "postgres+try://, deadbolt://)", 1)
+    return t
+
+
+DEP = f'deadbolt-client = {{ path = "{client_path}" }}'
+TOKIO = 'tokio = { version = "1", features = ["full"] }'
+
+
+def cargo_toml(t):
+    lines = t.split("\n")
+    try:
+        start = next(i for i, l in enumerate(lines) if l.strip() == "[dependencies]")
+    except StopIteration:
+        sys.exit("lockbench.sh: Cargo.toml has no [dependencies] table")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+    key = lambda l: l.split("=", 1)[0].strip()
+    deps = [l for l in lines[start + 1 : end] if key(l) != "deadbolt-client"]
+    add = [DEP] + ([] if any(key(l) == "tokio" for l in deps) else [TOKIO])
+    return "\n".join(lines[: start + 1] + add + deps + lines[end:])
+
+
+patch("src/backends/mod.rs", mod_rs)
+patch("src/backend.rs", backend_rs)
+patch("Cargo.toml", cargo_toml)
+PY
+mkdir -p "$LB"
+(cd "$STAGE" && find . -type f) | while read -r f; do
+  if [[ $f == ./Cargo.lock && -f $LB/Cargo.lock ]]; then continue; fi # cargo keeps ours up to date
+  if ! cmp -s "$STAGE/$f" "$LB/$f"; then
+    mkdir -p "$(dirname "$LB/$f")"
+    cp "$STAGE/$f" "$LB/$f"
+  fi
+done
+rm -rf "$STAGE"
+
+# ------------------------------------------------------------------ builds
+say "building lockbench (+deadbolt backend) in $SCRATCH/target"
+CARGO_TARGET_DIR=$SCRATCH/target cargo build --release -q --manifest-path "$LB/Cargo.toml"
+BENCH=$SCRATCH/target/release/lockbench
+say "building deadbolt (cargo build --release -p deadbolt-cli in $REPO)"
+(cd "$REPO" && cargo build --release -q -p deadbolt-cli)
+DEADBOLT_TARGET=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+DEADBOLT=$DEADBOLT_TARGET/release/deadbolt
+[[ -x $DEADBOLT ]] || { say "no binary at $DEADBOLT"; exit 1; }
+
+{
+  echo "=== $(date -Is) lockbench.sh duration=$DUR clients=$N backends: $RUN"
+  echo "deadbolt: $("$DEADBOLT" --version) at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$REPO" status --porcelain 2>/dev/null | grep -q . && echo ' (dirty)')"
+  [[ $RUN == "deadbolt " ]] || LB_STATE=$STATE "$LB/servers.sh" versions 2>&1 || true
+} >>"$LOG"
+
+# ------------------------------------------------------------------ servers
+DEADBOLT_PID=""
+PEERS_STARTED=()
+stop_deadbolt() {
+  [[ -n $DEADBOLT_PID ]] || return 0
+  if kill -0 "$DEADBOLT_PID" 2>/dev/null; then
+    kill -TERM "$DEADBOLT_PID"
+    for _ in $(seq 1 100); do kill -0 "$DEADBOLT_PID" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$DEADBOLT_PID" 2>/dev/null; then
+      say "deadbolt server ($DEADBOLT_PID) ignored TERM for 10 s, sending KILL"
+      kill -KILL "$DEADBOLT_PID" 2>/dev/null || true
+    fi
+  fi
+  wait "$DEADBOLT_PID" 2>/dev/null || true
+  DEADBOLT_PID=""
+}
+stop_peer() { LB_STATE=$STATE "$LB/servers.sh" stop "$1" 2>>"$LOG" || true; }
+cleanup() {
+  stop_deadbolt
+  for p in "${PEERS_STARTED[@]}"; do stop_peer "$p"; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+port_open() { (exec 3<>"/dev/tcp/${1%:*}/${1#*:}") 2>/dev/null; }
+
+start_deadbolt() {
+  if port_open "$DEADBOLT_ADDR"; then
+    say "something already listens on $DEADBOLT_ADDR; not starting deadbolt"
+    return 1
+  fi
+  rm -rf "$SCRATCH/deadbolt-data"
+  "$DEADBOLT" server --listen "$DEADBOLT_ADDR" --data-dir "$SCRATCH/deadbolt-data" \
+    >"$RES/deadbolt-server-$STAMP.log" 2>&1 &
+  DEADBOLT_PID=$!
+  for _ in $(seq 1 100); do
+    if ! kill -0 "$DEADBOLT_PID" 2>/dev/null; then
+      say "deadbolt server exited at start; see $RES/deadbolt-server-$STAMP.log"
+      DEADBOLT_PID=""
+      return 1
+    fi
+    # /health answers 200 once this node is the leader
+    if curl -sf -o /dev/null "http://$DEADBOLT_ADDR/health"; then
+      say "started deadbolt on $DEADBOLT_ADDR (pid $DEADBOLT_PID, data $SCRATCH/deadbolt-data)"
+      return 0
+    fi
+    sleep 0.1
+  done
+  say "deadbolt server not healthy after 10 s; see $RES/deadbolt-server-$STAMP.log"
+  return 1
+}
+
+url_of() {
+  case $1 in
+    deadbolt) echo "deadbolt://$DEADBOLT_ADDR" ;;
+    etcd1) echo etcd://127.0.0.1:12379 ;;
+    redis) echo redis://127.0.0.1:16379 ;;
+    postgres) echo postgres://postgres@127.0.0.1:55432/postgres ;;
+  esac
+}
+pids_of() { if [[ $1 == deadbolt ]]; then echo "$DEADBOLT_PID"; else cat "$STATE/$1.pid"; fi; }
+
+after_run() { # as run_all.sh: keep etcd's MVCC history from growing run over run
+  if [[ $1 == etcd1 ]]; then
+    local rev
+    rev=$(etcdctl --endpoints=127.0.0.1:12379 endpoint status -w json 2>/dev/null |
+      python3 -c 'import json,sys; print(max(e["Status"]["header"]["revision"] for e in json.load(sys.stdin)))' 2>/dev/null) || rev=""
+    [[ -n $rev ]] && etcdctl --endpoints=127.0.0.1:12379 compact "$rev" >/dev/null 2>&1 || true
+  fi
+  sleep 1
+}
+
+one() { # one <backend> <workload>
+  local b=$1 w=$2 rc
+  echo "=== $(date +%T) $b $w N=$N duration=$DUR" >>"$LOG"
+  set +e
+  timeout $((${DUR%.*} + 90)) "$BENCH" --backend "$(url_of "$b")" --workload "$w" --clients "$N" \
+    --duration "$DUR" --label "$b" --watch-pids "$(pids_of "$b")" --json "$OUT" 2>>"$LOG" | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  set -e
+  ((rc == 0)) || say "$b $w N=$N failed (exit $rc; 124 = timed out); see $LOG"
+  after_run "$b"
+}
+
+for b in $RUN; do
+  if [[ $b == deadbolt ]]; then
+    start_deadbolt || continue
+  else
+    if ! LB_STATE=$STATE "$LB/servers.sh" start "$b" 2>>"$LOG"; then
+      say "failed to start $b; see $LOG"
+      stop_peer "$b"
+      continue
+    fi
+    PEERS_STARTED+=("$b")
+  fi
+  sleep 1
+  for w in uncontended contended; do one "$b" "$w"; done
+  if [[ $b == deadbolt ]]; then
+    kill -0 "$DEADBOLT_PID" 2>/dev/null || say "deadbolt server died during the runs; see $RES/deadbolt-server-$STAMP.log"
+    stop_deadbolt
+  else
+    stop_peer "$b"
+  fi
+done
+
+# ------------------------------------------------------------------ table
+echo
+python3 - "$OUT" "$RUN" <<'PY' | tee -a "$LOG"
+import json
+import os
+import sys
+
+path, order = sys.argv[1], sys.argv[2].split()
+runs = {}
+if os.path.exists(path):
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                runs[(r["label"], r["workload"])] = r
+
+def checks(rs):
+    bad = []
+    for r in rs:
+        for field, name in [("errors", "err"), ("lost_at_release", "lost"), ("stuck_clients", "stuck"),
+                            ("mutual_exclusion_violations", "VIOL"), ("fence_regressions", "fence-regr")]:
+            if r.get(field):
+                bad.append(f"{r['workload'][0]}:{name}={r[field]}")
+    return " ".join(bad) or "ok"
+
+def tput(label, w):
+    r = runs.get((label, w))
+    return r["throughput_per_s"] if r else None
+
+fmt = lambda v: f"{v:.0f}" if v is not None else "n/a"
+n = next((r["clients"] for r in runs.values()), "?")
+dur = next((r["duration_s"] for r in runs.values()), "?")
+print(f"N={n}, {dur} s measured per run (+1 s warmup), one run each, same session; JSONL: {path}\n")
+print("| backend | uncontended pairs/s | contended grants/s | checks |")
+print("|---|---:|---:|---|")
+for label in order:
+    rs = [r for (l, _), r in runs.items() if l == label]
+    note = checks(rs) if rs else "no result"
+    if rs and len(rs) < 2:
+        note += " (a run is missing)"
+    print(f"| {label} | {fmt(tput(label, 'uncontended'))} | {fmt(tput(label, 'contended'))} | {note} |")
+
+def ratio(w):
+    a, b = tput("deadbolt", w), tput("etcd1", w)
+    return f"{a / b:.2f}x" if a is not None and b else "n/a"
+print(f"| **Deadbolt / etcd1** | {ratio('uncontended')} | {ratio('contended')} | |")
+PY
+say "results: $OUT  log: $LOG"
