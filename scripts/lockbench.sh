@@ -13,7 +13,8 @@
 #      (uncontended, then contended; warmup 1 s, ttl 10 s, hold 0, retry 5 ms), stops it;
 #   4. prints a markdown table: pairs/s, grants/s, and the ratio Deadbolt / etcd1.
 # Peers are started with lockbench's servers.sh (state in the scratch dir, stopped by PID).
-# Missing peer packages are installed with apt-get when running as root.
+# Missing peer packages (and protobuf-compiler, which lockbench's etcd-client needs to build)
+# are installed with apt-get when running as root.
 #
 # usage: scripts/lockbench.sh [--duration S] [--clients N] [--only deadbolt[,etcd1,redis,postgres]]
 # env:   LOCKBENCH_SRC      lockbench to copy    (default: <repo>/../shared/lockbench)
@@ -22,7 +23,7 @@
 #                           results/ (one JSONL + one log per invocation)
 set -euo pipefail
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 
 DUR=10
 N=16
@@ -81,6 +82,8 @@ have_peer() {
 peer_pkgs() { case $1 in etcd1) echo etcd-server etcd-client ;; redis) echo redis-server ;; postgres) echo postgresql ;; esac; }
 
 missing=()
+# lockbench's etcd-client compiles its protos at build time, with or without etcd in the run
+[[ -n ${PROTOC:-} ]] || command -v protoc >/dev/null || missing+=(protobuf-compiler)
 for b in $BACKENDS; do
   [[ $b == deadbolt ]] && continue
   have_peer "$b" || missing+=($(peer_pkgs "$b"))
@@ -89,9 +92,9 @@ if ((${#missing[@]})); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     say "installing ${missing[*]}"
     { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; } >>"$LOG" 2>&1 ||
-      say "apt-get failed (see $LOG); peers that are still missing are skipped"
+      say "apt-get failed (see $LOG); what is still missing is skipped"
   else
-    say "missing ${missing[*]} and not root (or no apt-get): those peers are skipped"
+    say "missing ${missing[*]} and not root (or no apt-get): those peers are skipped (protoc is needed to build lockbench)"
   fi
 fi
 RUN=""
@@ -232,7 +235,7 @@ start_deadbolt() {
     return 1
   fi
   rm -rf "$SCRATCH/deadbolt-data"
-  "$DEADBOLT" server --listen "$DEADBOLT_ADDR" --data-dir "$SCRATCH/deadbolt-data" \
+  "$DEADBOLT" server --listen "$DEADBOLT_ADDR" --data-dir "$SCRATCH/deadbolt-data" --log-json \
     >"$RES/deadbolt-server-$STAMP.log" 2>&1 &
   DEADBOLT_PID=$!
   for _ in $(seq 1 100); do
