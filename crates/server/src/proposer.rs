@@ -13,10 +13,11 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 /// Commands per log entry. Bounds the entry size and the apply pause.
 const MAX_BATCH: usize = 1024;
-/// Batches in flight at once: one being fsync'd while the next is applied
-/// keeps the disk busy without reordering any single client's requests
-/// (a client waits for each reply before its next request).
-const MAX_IN_FLIGHT: usize = 2;
+/// Batches in flight at once. One is fastest: while it is being fsync'd and
+/// applied, everything that arrives forms the next batch, so batches grow with
+/// load. (Measured with `deadbolt bench uncontended`, 16 clients: 1 in flight
+/// gave 6.3k pairs/s, 2 gave 5.6k, 4 gave 3.2k.)
+const MAX_IN_FLIGHT: usize = 1;
 
 /// Why a command could not be committed. The command may or may not have
 /// taken effect only for `Fatal`; the others never reached the log.

@@ -7,14 +7,13 @@ use super::{At, OrStorageError, LOG, META};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, Vote};
-use redb::{Database, Durability, ReadableTable};
+use redb::{Database, ReadableTable};
 use serde::{de::DeserializeOwned, Serialize};
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
 const VOTE_KEY: &str = "vote";
-const COMMITTED_KEY: &str = "committed";
 const PURGED_KEY: &str = "last_purged";
 
 #[derive(Clone)]
@@ -42,18 +41,31 @@ impl LogStore {
         key: &str,
         value: &T,
         subject: ErrorSubject<NodeId>,
-        durability: Durability,
     ) -> Result<(), StorageError> {
         let at = At(subject.clone(), ErrorVerb::Write);
         let bytes = bincode::serialize(value).at(&at)?;
-        let mut txn = self.db.begin_write().at(&at)?;
-        txn.set_durability(durability);
+        let txn = self.db.begin_write().at(&at)?;
         txn.open_table(META)
             .at(&at)?
             .insert(key, bytes.as_slice())
             .at(&at)?;
         txn.commit().at(&at)
     }
+}
+
+/// Appends entries in one redb transaction, committed with
+/// `Durability::Immediate`: fsync'd when this returns `Ok`.
+fn write_entries(db: &Database, entries: &[Entry<TypeConfig>]) -> Result<(), StorageError> {
+    let at = At(ErrorSubject::Logs, ErrorVerb::Write);
+    let txn = db.begin_write().at(&at)?;
+    {
+        let mut table = txn.open_table(LOG).at(&at)?;
+        for entry in entries {
+            let bytes = bincode::serialize(entry).at(&at)?;
+            table.insert(entry.log_id.index, bytes.as_slice()).at(&at)?;
+        }
+    }
+    txn.commit().at(&at)
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -99,35 +111,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.write_meta(VOTE_KEY, vote, ErrorSubject::Vote, Durability::Immediate)
+        self.write_meta(VOTE_KEY, vote, ErrorSubject::Vote)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
         self.read_meta(VOTE_KEY)
     }
 
-    /// Only an optimisation (how far to re-apply at start), so it is not
-    /// fsync'd on its own: the next durable append carries it to disk. A
-    /// lost value means re-applying less at start and catching up from the
-    /// leader's commit index instead.
-    async fn save_committed(
-        &mut self,
-        committed: Option<LogId<NodeId>>,
-    ) -> Result<(), StorageError> {
-        self.write_meta(
-            COMMITTED_KEY,
-            &committed,
-            ErrorSubject::Store,
-            Durability::None,
-        )
-    }
-
-    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError> {
-        Ok(self
-            .read_meta::<Option<LogId<NodeId>>>(COMMITTED_KEY)?
-            .flatten())
-    }
-
+    /// Writes on a blocking thread: the commit waits for the disk, and a
+    /// tokio worker stalled on fsync could not serve the network meanwhile.
+    /// openraft waits for the callback before its next log operation, so
+    /// appends never overlap.
     async fn append<I>(
         &mut self,
         entries: I,
@@ -137,27 +131,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let at = At(ErrorSubject::Logs, ErrorVerb::Write);
-        let txn = self.db.begin_write().at(&at)?;
-        {
-            let mut table = txn.open_table(LOG).at(&at)?;
-            for entry in entries {
-                let bytes = bincode::serialize(&entry).at(&at)?;
-                table.insert(entry.log_id.index, bytes.as_slice()).at(&at)?;
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || {
+            let written = write_entries(&db, &entries);
+            if let Err(err) = &written {
+                tracing::error!(%err, "appending to the raft log failed");
             }
-        }
-        // Durability::Immediate: fsync'd when commit returns, and only then
-        // may openraft count these entries as persisted.
-        match txn.commit() {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(e).at(&at)
-            }
-        }
+            // Only after the commit (fsync) returned may openraft count
+            // these entries as persisted.
+            callback.log_io_completed(written.map_err(|e| std::io::Error::other(e.to_string())));
+        });
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
