@@ -17,6 +17,9 @@ pub struct ServerArgs {
     /// This node's id in the cluster.
     #[arg(long, default_value_t = 1)]
     node_id: u64,
+    /// Snapshot the lock table and compact the Raft log every N entries.
+    #[arg(long, default_value_t = ServerConfig::DEFAULT_SNAPSHOT_EVERY, value_parser = clap::value_parser!(u64).range(10..))]
+    snapshot_every: u64,
     /// Log as JSON lines instead of human-readable text.
     #[arg(long)]
     log_json: bool,
@@ -28,6 +31,7 @@ pub async fn main(args: ServerArgs) -> i32 {
         node_id: args.node_id,
         listen: args.listen,
         data_dir: args.data_dir,
+        snapshot_every: args.snapshot_every,
     };
     let server = match Server::start(config).await {
         Ok(server) => server,

@@ -210,3 +210,57 @@ async fn clean_restart_keeps_holders_queues_and_tokens() {
     let granted_second = second_wait.await.unwrap().unwrap();
     assert!(granted_second.token() > first_token);
 }
+
+/// With frequent snapshots the log is compacted, and a crash restarts from
+/// snapshot + remaining log with every holder, waiter and token intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_from_a_compacted_log_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let flags = ["--snapshot-every", "20"];
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let mut server = TestServer::start_with(&data, addr, &flags);
+    let client = server.client().await;
+    let ttl = Duration::from_secs(30);
+    let (holder, waiter) = (
+        client.open_session(ttl).await.unwrap(),
+        client.open_session(ttl).await.unwrap(),
+    );
+    let mut last_token = 0;
+    for round in 0..150 {
+        let guard = holder.lock(&format!("churn-{}", round % 7)).await.unwrap();
+        assert!(guard.token() > last_token);
+        last_token = guard.token();
+        guard.release().await.unwrap();
+    }
+    let kept = holder.lock("kept").await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move { waiter.lock("kept").await }
+    });
+    wait_for_waiters(&client, "kept", 1).await;
+    let before = client.health().await.unwrap();
+    assert!(
+        before.purged_index > 0,
+        "the log was never compacted: {before:?}"
+    );
+
+    server.kill9();
+    let server = TestServer::start_with(&data, addr, &flags);
+    let client = server.client().await;
+    let after = client.health().await.unwrap();
+    assert_eq!(after.next_token, before.next_token);
+    assert!(after.snapshot_index > 0);
+    let state = client.lock_status("kept").await.unwrap().unwrap();
+    assert_eq!(
+        (state.holder_session_id, state.token),
+        (holder.id(), kept.token())
+    );
+    assert_eq!(state.waiter_session_ids, vec![waiter.id()]);
+
+    let kept_token = kept.token();
+    kept.release().await.unwrap();
+    let granted = waiting.await.unwrap().unwrap();
+    assert!(granted.token() > kept_token);
+    assert_eq!(granted.token(), before.next_token);
+}

@@ -85,6 +85,12 @@ pub enum Event {
         session: SessionId,
         token: Token,
     },
+    /// A session joined the wait queue of a lock (not emitted when a retried
+    /// acquire finds it already queued).
+    Queued {
+        lock: String,
+        session: SessionId,
+    },
     /// A queued session stopped waiting without being granted.
     WaitEnded {
         lock: String,

@@ -220,6 +220,10 @@ impl LockTable {
         lock.queue.push_back(session);
         let position = lock.queue.len();
         self.session_mut(session).waiting.insert(name.to_owned());
+        events.push(Event::Queued {
+            lock: name.to_owned(),
+            session,
+        });
         Ok(AcquireOutcome::Queued { position })
     }
 
@@ -362,6 +366,14 @@ impl LockTable {
         self.sessions
             .iter()
             .map(|(id, s)| (*id, Duration::from_millis(s.ttl_ms)))
+    }
+
+    /// Every (session, lock) wait, for observers that rebuild their view
+    /// after the table was replaced by a snapshot.
+    pub fn waits(&self) -> impl Iterator<Item = (SessionId, &str)> + '_ {
+        self.sessions
+            .iter()
+            .flat_map(|(id, s)| s.waiting.iter().map(move |lock| (*id, lock.as_str())))
     }
 
     pub fn session_count(&self) -> usize {

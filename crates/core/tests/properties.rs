@@ -104,6 +104,8 @@ impl Observed {
                         "{session} was not waiting on {lock}"
                     );
                 }
+                // Checked against the outcome in `run`.
+                Event::Queued { .. } => {}
                 Event::SessionOpened { session, .. } => self.opened.push(*session),
                 Event::SessionEnded { session, .. } => {
                     assert!(self.ended.insert(*session));
@@ -164,13 +166,25 @@ fn run(
                 unreachable!()
             };
             let queue = seen.queues.entry(lock.clone()).or_default();
+            let queued_event = Event::Queued {
+                lock: lock.clone(),
+                session: *session,
+            };
             match queue.iter().position(|s| s == session) {
-                Some(index) => assert_eq!(index + 1, *position, "retry moved the queue position"),
+                Some(index) => {
+                    assert_eq!(index + 1, *position, "retry moved the queue position");
+                    assert!(
+                        applied.events.is_empty(),
+                        "a retried acquire changed something"
+                    );
+                }
                 None => {
                     queue.push_back(*session);
                     assert_eq!(queue.len(), *position);
+                    assert_eq!(applied.events, vec![queued_event]);
                 }
             }
+            return applied.outcome;
         }
         Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) => {
             let Command::Acquire { session, lock, .. } = command else {

@@ -128,6 +128,8 @@ impl From<crate::node::Health> for HealthResponse {
             sessions: health.sessions as u64,
             locks: health.locks as u64,
             next_token: health.next_token.0,
+            snapshot_index: health.snapshot_index,
+            purged_index: health.purged_index,
         }
     }
 }

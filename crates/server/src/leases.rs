@@ -177,7 +177,7 @@ pub async fn follow_leadership(
             }
         } else if !leading_now && led_term.is_some() {
             leases.stop_leading();
-            waits.drop_all();
+            waits.drop_subscribers();
             led_term = None;
             tracing::info!(node_id, ?state, "no longer leading");
         }

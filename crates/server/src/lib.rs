@@ -43,20 +43,26 @@ pub struct ServerConfig {
     /// Serves gRPC and HTTP on the same port.
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// Snapshot the lock table and compact the log every this many entries.
+    pub snapshot_every: u64,
+}
+
+impl ServerConfig {
+    pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
 }
 
 /// Raft timing. A single node elects itself within one election timeout of
 /// starting; the values matter more once there are peers.
-fn raft_config() -> anyhow::Result<Arc<Config>> {
+fn raft_config(snapshot_every: u64) -> anyhow::Result<Arc<Config>> {
     let config = Config {
         cluster_name: "deadbolt".into(),
         heartbeat_interval: 50,
         election_timeout_min: 150,
         election_timeout_max: 300,
-        // Snapshot every 10k entries and keep 1k behind it, so the log stays
-        // bounded and a restart re-applies at most ~11k entries.
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(10_000),
-        max_in_snapshot_log_to_keep: 1_000,
+        // The log stays bounded: a restart re-applies at most about
+        // `snapshot_every` entries plus the ones kept behind the snapshot.
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(snapshot_every),
+        max_in_snapshot_log_to_keep: (snapshot_every / 10).min(1_000),
         ..Default::default()
     };
     Ok(Arc::new(config.validate().context("invalid raft config")?))
@@ -90,7 +96,7 @@ impl Server {
         let table = state_machine.shared();
         let raft = openraft::Raft::new(
             config.node_id,
-            raft_config()?,
+            raft_config(config.snapshot_every)?,
             network::PeerNetwork,
             log_store,
             state_machine,
@@ -160,7 +166,7 @@ impl Server {
                 tracing::info!("shutting down");
                 let _ = stop.send(true);
                 // Blocked acquires would hold the graceful shutdown open forever.
-                waits.drop_all();
+                waits.drop_subscribers();
             })
             .await
             .context("server failed")?;

@@ -8,10 +8,10 @@ use crate::leases::{KeepAliveError, Leases};
 use crate::proposer::{ProposeError, Proposer};
 use crate::raft_types::{NodeId, Raft};
 use crate::store::{EventSink, SharedTable};
-use crate::waits::{Ticket, WaitEnd, Waits};
+use crate::waits::{Subscription, WaitEnd, Waits};
 use deadbolt_core::{
-    validate_lock_name, validate_ttl, AcquireOutcome, Command, Event, LockError, LockInfo, Outcome,
-    SessionId, Token,
+    validate_lock_name, validate_ttl, AcquireOutcome, Command, Event, LockError, LockInfo,
+    LockTable, Outcome, SessionId, Token,
 };
 use deadbolt_proto::ErrorKind;
 use std::sync::Arc;
@@ -72,6 +72,8 @@ pub struct Health {
     pub sessions: usize,
     pub locks: usize,
     pub next_token: Token,
+    pub snapshot_index: u64,
+    pub purged_index: u64,
 }
 
 /// Wakes waiters and tracks leases as the state machine applies commands.
@@ -83,15 +85,19 @@ pub(crate) struct Observers {
 impl EventSink for Observers {
     fn on_events(&self, events: Vec<Event>) {
         for event in &events {
+            self.waits.on_event(event);
             match event {
-                Event::Granted { .. } | Event::WaitEnded { .. } => self.waits.on_event(event),
                 Event::SessionOpened { session, ttl_ms } => {
                     self.leases.opened(*session, Duration::from_millis(*ttl_ms))
                 }
                 Event::SessionEnded { session, .. } => self.leases.ended(*session),
-                Event::Released { .. } => {}
+                _ => {}
             }
         }
+    }
+
+    fn on_reset(&self, table: &LockTable) {
+        self.waits.reset(table);
     }
 }
 
@@ -155,37 +161,24 @@ impl Node {
         timeout: Option<Duration>,
     ) -> Result<Token, ApiError> {
         validate_lock_name(lock)?;
-        let ticket = wait.then(|| self.waits.register(session, lock));
         let command = Command::Acquire {
             session,
             lock: lock.to_owned(),
             wait,
         };
-        let queued = match self.propose(command).await {
-            Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) => {
-                if let Some(ticket) = &ticket {
-                    self.waits.forget(ticket);
-                }
-                return Ok(token);
+        match self.propose(command).await? {
+            Outcome::Acquire(AcquireOutcome::Granted { token }) => Ok(token),
+            Outcome::Acquire(AcquireOutcome::Queued { .. }) => {
+                let mut queued = QueuedAcquire {
+                    node: self.clone(),
+                    session,
+                    subscription: Some(self.waits.subscribe(session, lock)),
+                    lock: lock.to_owned(),
+                };
+                queued.wait(timeout).await
             }
-            Ok(Outcome::Acquire(AcquireOutcome::Queued { .. })) => {
-                ticket.expect("queued only when waiting")
-            }
-            Ok(other) => unreachable!("acquire answered {other:?}"),
-            Err(err) => {
-                if let Some(ticket) = &ticket {
-                    self.waits.forget(ticket);
-                }
-                return Err(err);
-            }
-        };
-        let mut waiting = QueuedAcquire {
-            node: self.clone(),
-            session,
-            lock: lock.to_owned(),
-            ticket: Some(queued),
-        };
-        waiting.wait(timeout).await
+            other => unreachable!("acquire answered {other:?}"),
+        }
     }
 
     pub async fn release(
@@ -257,6 +250,8 @@ impl Node {
             sessions: applied.table.session_count(),
             locks: applied.table.lock_count(),
             next_token: applied.table.next_token(),
+            snapshot_index: metrics.snapshot.map_or(0, |id| id.index),
+            purged_index: metrics.purged.map_or(0, |id| id.index),
         }
     }
 }
@@ -267,18 +262,20 @@ struct QueuedAcquire {
     node: Node,
     session: SessionId,
     lock: String,
-    ticket: Option<Ticket>,
+    subscription: Option<Subscription>,
 }
 
 impl QueuedAcquire {
     async fn wait(&mut self, timeout: Option<Duration>) -> Result<Token, ApiError> {
-        let ticket = self.ticket.as_mut().expect("waited once");
+        let subscription = self.subscription.as_mut().expect("waited once");
         let ended = match timeout {
-            Some(limit) => tokio::time::timeout(limit, &mut ticket.ended).await.ok(),
-            None => Some((&mut ticket.ended).await),
+            Some(limit) => tokio::time::timeout(limit, &mut subscription.ended)
+                .await
+                .ok(),
+            None => Some((&mut subscription.ended).await),
         };
-        let ticket = self.ticket.take().expect("waited once");
-        let others_waiting = self.node.waits.forget(&ticket);
+        let subscription = self.subscription.take().expect("waited once");
+        let others_waiting = self.node.waits.unsubscribe(&subscription);
         match ended {
             Some(Ok(WaitEnd::Granted(token))) => Ok(token),
             Some(Ok(WaitEnd::Dropped)) => Err(ApiError::new(
@@ -312,10 +309,10 @@ fn timed_out(lock: &str) -> ApiError {
 
 impl Drop for QueuedAcquire {
     fn drop(&mut self) {
-        let Some(ticket) = self.ticket.take() else {
+        let Some(subscription) = self.subscription.take() else {
             return;
         };
-        if self.node.waits.forget(&ticket) {
+        if self.node.waits.unsubscribe(&subscription) {
             return;
         }
         let node = self.node.clone();

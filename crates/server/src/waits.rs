@@ -1,10 +1,14 @@
-//! [`Waits`]: blocked acquire calls, waiting for the state machine to grant
-//! them the lock (or to drop them from the queue).
+//! [`Waits`]: what became of each queued (session, lock) wait, derived from
+//! the state machine's events, and the blocked acquire calls watching them.
 //!
-//! A caller registers *before* proposing its acquire, so a grant applied a
-//! moment later can never be missed.
+//! The record of a wait is created by the `Queued` event itself, while the
+//! entry is applied, and updated by the `Granted` / `WaitEnded` events that
+//! follow. An acquire call subscribes only after its own acquire came back
+//! `Queued`, so it can only ever see the outcome of *that* wait: never a
+//! grant from an older entry (say, one re-applied after a restart), and never
+//! miss a grant that came before it subscribed.
 
-use deadbolt_core::{Event, SessionId, Token};
+use deadbolt_core::{Event, LockTable, SessionId, Token};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -18,75 +22,145 @@ pub enum WaitEnd {
     Dropped,
 }
 
-type Key = (SessionId, String);
-/// A ticket id and where to send the outcome.
-type Waiter = (u64, oneshot::Sender<WaitEnd>);
+/// The latest wait of one session on one lock.
+#[derive(Default)]
+struct Wait {
+    ended: Option<WaitEnd>,
+    subscribers: Vec<(u64, oneshot::Sender<WaitEnd>)>,
+}
+
+impl Wait {
+    fn end(&mut self, end: WaitEnd) {
+        self.ended = Some(end);
+        for (_, subscriber) in self.subscribers.drain(..) {
+            let _ = subscriber.send(end);
+        }
+    }
+}
 
 #[derive(Default)]
 pub struct Waits {
-    waiting: Mutex<HashMap<Key, Vec<Waiter>>>,
-    next_ticket: AtomicU64,
+    /// By session, then lock: a session's waits go away together with it.
+    waits: Mutex<HashMap<SessionId, HashMap<String, Wait>>>,
+    next_subscription: AtomicU64,
 }
 
-/// One registered waiter. Hand it back to [`Waits::forget`] when done.
-pub struct Ticket {
-    key: Key,
+/// One blocked acquire call. Hand it back to [`Waits::unsubscribe`].
+pub struct Subscription {
+    session: SessionId,
+    lock: String,
     id: u64,
     pub ended: oneshot::Receiver<WaitEnd>,
 }
 
 impl Waits {
-    pub fn register(&self, session: SessionId, lock: &str) -> Ticket {
-        let id = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        let (sender, ended) = oneshot::channel();
-        let key = (session, lock.to_owned());
-        self.waiting
-            .lock()
-            .expect("waits lock poisoned")
-            .entry(key.clone())
-            .or_default()
-            .push((id, sender));
-        Ticket { key, id, ended }
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, HashMap<String, Wait>>> {
+        self.waits.lock().expect("waits lock poisoned")
     }
 
-    /// Unregisters a ticket. Returns whether other callers still wait on the
-    /// same (session, lock): a retried acquire shares the queue place, so
-    /// the place must not be given up while one of them still wants it.
-    pub fn forget(&self, ticket: &Ticket) -> bool {
-        let mut waiting = self.waiting.lock().expect("waits lock poisoned");
-        let Some(tickets) = waiting.get_mut(&ticket.key) else {
+    /// Watches the wait that an acquire just reported as `Queued`. If it
+    /// already ended, the subscription resolves at once.
+    pub fn subscribe(&self, session: SessionId, lock: &str) -> Subscription {
+        let id = self.next_subscription.fetch_add(1, Ordering::Relaxed);
+        let (sender, ended) = oneshot::channel();
+        let mut waits = self.lock();
+        match waits
+            .get_mut(&session)
+            .and_then(|locks| locks.get_mut(lock))
+        {
+            Some(Wait {
+                ended: Some(end), ..
+            }) => {
+                let _ = sender.send(*end);
+            }
+            Some(wait) => wait.subscribers.push((id, sender)),
+            // Gone: the session ended (or released the lock) since.
+            None => {
+                let _ = sender.send(WaitEnd::Dropped);
+            }
+        }
+        Subscription {
+            session,
+            lock: lock.to_owned(),
+            id,
+            ended,
+        }
+    }
+
+    /// Stops watching. Returns whether other calls still watch the same
+    /// wait: a retried acquire shares the queue place, so the place must not
+    /// be given up while one of them still wants it.
+    pub fn unsubscribe(&self, subscription: &Subscription) -> bool {
+        let mut waits = self.lock();
+        let Some(wait) = waits
+            .get_mut(&subscription.session)
+            .and_then(|locks| locks.get_mut(&subscription.lock))
+        else {
             return false;
         };
-        tickets.retain(|(id, _)| *id != ticket.id);
-        let others = !tickets.is_empty();
-        if !others {
-            waiting.remove(&ticket.key);
-        }
-        others
+        wait.subscribers.retain(|(id, _)| *id != subscription.id);
+        !wait.subscribers.is_empty()
     }
 
+    /// Follows the table. Called with the events of each applied entry, in
+    /// order.
     pub fn on_event(&self, event: &Event) {
-        let (key, end) = match event {
+        let mut waits = self.lock();
+        match event {
+            Event::Queued { lock, session } => {
+                waits
+                    .entry(*session)
+                    .or_default()
+                    .insert(lock.clone(), Wait::default());
+            }
             Event::Granted {
                 lock,
                 session,
                 token,
-            } => ((*session, lock.clone()), WaitEnd::Granted(*token)),
-            Event::WaitEnded { lock, session } => ((*session, lock.clone()), WaitEnd::Dropped),
-            _ => return,
-        };
-        let woken = self
-            .waiting
-            .lock()
-            .expect("waits lock poisoned")
-            .remove(&key);
-        for (_, sender) in woken.into_iter().flatten() {
-            let _ = sender.send(end);
+            } => {
+                if let Some(wait) = waits.get_mut(session).and_then(|locks| locks.get_mut(lock)) {
+                    wait.end(WaitEnd::Granted(*token));
+                }
+            }
+            Event::WaitEnded { lock, session } => {
+                if let Some(wait) = waits.get_mut(session).and_then(|locks| locks.get_mut(lock)) {
+                    wait.end(WaitEnd::Dropped);
+                }
+            }
+            Event::Released { lock, session, .. } => {
+                if let Some(locks) = waits.get_mut(session) {
+                    locks.remove(lock);
+                }
+            }
+            Event::SessionEnded { session, .. } => {
+                // Dropping the senders ends any remaining subscriptions.
+                waits.remove(session);
+            }
+            Event::SessionOpened { .. } => {}
         }
     }
 
-    /// Ends every wait: the node is shutting down or lost leadership.
-    pub fn drop_all(&self) {
-        self.waiting.lock().expect("waits lock poisoned").clear();
+    /// The table was replaced wholesale (a snapshot was loaded): start over
+    /// from the waits it holds.
+    pub fn reset(&self, table: &LockTable) {
+        let mut waits = self.lock();
+        waits.clear();
+        for (session, lock) in table.waits() {
+            waits
+                .entry(session)
+                .or_default()
+                .insert(lock.to_owned(), Wait::default());
+        }
+    }
+
+    /// Ends every blocked acquire call (they answer "unavailable, retry"),
+    /// keeping the record of the waits: the node is shutting down or stopped
+    /// leading, and the queue places themselves are untouched.
+    pub fn drop_subscribers(&self) {
+        for locks in self.lock().values_mut() {
+            for wait in locks.values_mut() {
+                wait.subscribers.clear();
+            }
+        }
     }
 }

@@ -39,10 +39,16 @@ impl TestServer {
     }
 
     pub fn start_on(data_dir: &Path, addr: SocketAddr) -> TestServer {
+        Self::start_with(data_dir, addr, &[])
+    }
+
+    /// Like `start_on`, with extra `deadbolt server` flags.
+    pub fn start_with(data_dir: &Path, addr: SocketAddr, flags: &[&str]) -> TestServer {
         let log = data_dir.with_extension(format!("{}.log", addr.port()));
         let child = Command::new(BIN)
             .args(["server", "--listen", &addr.to_string(), "--data-dir"])
             .arg(data_dir)
+            .args(flags)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

@@ -25,6 +25,9 @@ const SNAPSHOT_KEY: &str = "snapshot";
 /// or stops lease tracking from here.
 pub trait EventSink: Send + Sync + 'static {
     fn on_events(&self, events: Vec<Event>);
+    /// The table was replaced by a snapshot: no events lead from the old
+    /// state to the new one, so observers must rebuild from the table.
+    fn on_reset(&self, table: &LockTable);
 }
 
 /// The lock table and how far into the log it reflects.
@@ -66,6 +69,7 @@ impl StateMachineStore {
             state.last_applied = stored.meta.last_log_id;
             state.membership = stored.meta.last_membership;
             state.table = table;
+            store.sink.on_reset(&state.table);
         }
         Ok(store)
     }
@@ -214,6 +218,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         state.last_applied = meta.last_log_id;
         state.membership = meta.last_membership.clone();
         state.table = table;
+        self.sink.on_reset(&state.table);
         Ok(())
     }
 
