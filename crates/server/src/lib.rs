@@ -90,7 +90,7 @@ impl Server {
             waits: waits.clone(),
             leases: leases.clone(),
         });
-        let log_store = LogStore::new(db.clone());
+        let log_store = LogStore::new(db.clone()).context("cannot read the raft log")?;
         let state_machine = StateMachineStore::open(db, observers)
             .context("cannot load the snapshot from the data directory")?;
         let table = state_machine.shared();

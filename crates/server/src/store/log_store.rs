@@ -2,6 +2,11 @@
 //!
 //! `append` commits one redb transaction (fsync) and only then tells openraft
 //! the entries are durable, so nothing is acknowledged before it is on disk.
+//!
+//! Purging is split in two: `purge` durably moves the purge marker (cheap),
+//! and a background [`Compactor`] thread deletes the entries below it a few
+//! hundred at a time. Deleting ten thousand entries in one transaction would
+//! stall every append behind it for over 100 ms.
 
 use super::{At, OrStorageError, LOG, META};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
@@ -19,11 +24,20 @@ const PURGED_KEY: &str = "last_purged";
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    compactor: Compactor,
 }
 
 impl LogStore {
-    pub fn new(db: Arc<Database>) -> Self {
-        LogStore { db }
+    pub fn new(db: Arc<Database>) -> Result<Self, StorageError> {
+        let store = LogStore {
+            compactor: Compactor::start(db.clone()),
+            db,
+        };
+        // Finish deletions a crash interrupted.
+        if let Some(purged) = store.read_meta::<LogId<NodeId>>(PURGED_KEY)? {
+            store.compactor.delete_up_to(purged.index);
+        }
+        Ok(store)
     }
 
     fn read_meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StorageError> {
@@ -100,9 +114,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             None => None,
         };
+        // Entries at or below the purge marker may still await deletion by
+        // the compactor; they never count as the end of the log.
+        let last_log_id = match (last, last_purged_log_id) {
+            (Some(last), Some(purged)) if last.index <= purged.index => Some(purged),
+            (last, purged) => last.or(purged),
+        };
         Ok(LogState {
             last_purged_log_id,
-            last_log_id: last.or(last_purged_log_id),
+            last_log_id,
         })
     }
 
@@ -156,19 +176,117 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
-        let at = At(ErrorSubject::Logs, ErrorVerb::Delete);
-        let bytes = bincode::serialize(&log_id).at(&at)?;
-        // The purge marker and the deletion commit together, so a crash
-        // never leaves a gap that get_log_state does not know about.
-        let txn = self.db.begin_write().at(&at)?;
-        txn.open_table(META)
-            .at(&at)?
-            .insert(PURGED_KEY, bytes.as_slice())
-            .at(&at)?;
-        txn.open_table(LOG)
-            .at(&at)?
-            .retain_in(..=log_id.index, |_, _| false)
-            .at(&at)?;
-        txn.commit().at(&at)
+        // Durable before returning: from now on `get_log_state` reports the
+        // entries up to here as gone, whether or not they are deleted yet.
+        self.write_meta(PURGED_KEY, &log_id, ErrorSubject::Logs)?;
+        self.compactor.delete_up_to(log_id.index);
+        Ok(())
+    }
+}
+
+/// Deletes purged log entries in small transactions on its own thread. The
+/// thread ends when the last `LogStore` clone is dropped.
+#[derive(Clone)]
+struct Compactor {
+    targets: std::sync::mpsc::Sender<u64>,
+}
+
+/// Entries deleted per transaction: small enough that an append waiting for
+/// the write lock waits only a few milliseconds.
+const DELETE_CHUNK: u64 = 256;
+
+impl Compactor {
+    fn start(db: Arc<Database>) -> Self {
+        let (targets, incoming) = std::sync::mpsc::channel::<u64>();
+        std::thread::Builder::new()
+            .name("log-compactor".into())
+            .spawn(move || {
+                while let Ok(mut target) = incoming.recv() {
+                    // Only the newest target matters.
+                    target = incoming.try_iter().fold(target, u64::max);
+                    if let Err(err) = delete_entries_up_to(&db, target) {
+                        // Leftover entries below the marker are harmless; the
+                        // next purge (or restart) tries again.
+                        tracing::warn!(%err, "compacting the raft log failed");
+                    }
+                }
+            })
+            .expect("cannot start the log compactor thread");
+        Compactor { targets }
+    }
+
+    fn delete_up_to(&self, index: u64) {
+        // The thread only stops when every sender is gone, so this succeeds.
+        let _ = self.targets.send(index);
+    }
+}
+
+fn delete_entries_up_to(db: &Database, target: u64) -> Result<(), redb::Error> {
+    loop {
+        let txn = db.begin_write()?;
+        let first = {
+            let table = txn.open_table(LOG)?;
+            let first = table.first()?.map(|(index, _)| index.value());
+            first
+        };
+        let Some(first) = first.filter(|&first| first <= target) else {
+            txn.abort()?;
+            return Ok(());
+        };
+        let end = first.saturating_add(DELETE_CHUNK - 1).min(target);
+        txn.open_table(LOG)?.retain_in(first..=end, |_, _| false)?;
+        txn.commit()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, EntryPayload};
+    use redb::ReadableTableMetadata;
+
+    fn entry(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    fn stored_indexes(db: &Database) -> (u64, u64) {
+        let txn = db.begin_read().unwrap();
+        let table = txn.open_table(LOG).unwrap();
+        let first = table.first().unwrap().map_or(0, |(k, _)| k.value());
+        (first, table.len().unwrap())
+    }
+
+    #[tokio::test]
+    async fn purge_moves_the_marker_at_once_and_deletes_in_the_background() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(super::super::open_data_dir(dir.path()).unwrap());
+        let mut store = LogStore::new(db.clone()).unwrap();
+        let entries: Vec<_> = (1..=1000).map(entry).collect();
+        write_entries(&db, &entries).unwrap();
+
+        store.purge(entry(900).log_id).await.unwrap();
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id.map(|id| id.index), Some(900));
+        assert_eq!(state.last_log_id.map(|id| id.index), Some(1000));
+
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while stored_indexes(&db) != (901, 100) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "compactor stuck at {:?}",
+                stored_indexes(&db)
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let kept = store.try_get_log_entries(901..=1000).await.unwrap();
+        assert_eq!(kept.len(), 100);
+
+        // Purging everything leaves the purge marker as the end of the log.
+        store.purge(entry(1000).log_id).await.unwrap();
+        let state = store.get_log_state().await.unwrap();
+        assert_eq!(state.last_log_id.map(|id| id.index), Some(1000));
     }
 }
