@@ -5,6 +5,7 @@
 
 mod bench;
 mod exit;
+mod guard;
 mod locks;
 mod run;
 mod server;
@@ -63,6 +64,9 @@ enum Command {
     Locks(locks::ListArgs),
     /// Measure throughput and latency against a running server.
     Bench(bench::BenchArgs),
+    /// Internal: the process `deadbolt run` puts between itself and CMD.
+    #[command(hide = true)]
+    Guard(guard::GuardArgs),
 }
 
 /// Parses human durations: `500ms`, `30s`, `5m`, `1h 30m`.
@@ -72,6 +76,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn main() {
     let cli = Cli::parse();
+    if let Command::Guard(args) = cli.command {
+        // No runtime, no threads: this process only waits and forwards.
+        std::process::exit(guard::main(args));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -86,6 +94,7 @@ fn main() {
             Command::Status(args) => locks::status(&cli.endpoint, args).await,
             Command::Locks(args) => locks::list(&cli.endpoint, args).await,
             Command::Bench(args) => bench::main(&cli.endpoint, args).await,
+            Command::Guard(_) => unreachable!("handled before the runtime starts"),
         }
     });
     // Do not wait for background tasks (a watchdog mid-backoff) on the way out.

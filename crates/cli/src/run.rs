@@ -117,86 +117,85 @@ async fn run_holding(
     let mut child = match spawn(&args.command, &guard) {
         Ok(child) => child,
         Err(err) => {
-            eprintln!("deadbolt run: cannot start {:?}: {err}", args.command[0]);
+            eprintln!("deadbolt run: cannot start the command: {err}");
             release(guard).await;
-            return 127;
+            return exit::FAILURE;
         }
     };
-    let pid = child.id().expect("a just-spawned child has a pid") as i32;
+    let group = child.id().expect("a just-spawned child has a pid") as i32;
     let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
     let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
     let at_risk = session.lost(margin + grace);
     tokio::pin!(at_risk);
-    loop {
+    let code = loop {
         tokio::select! {
-            status = child.wait() => {
-                let status = status.expect("waiting for the child failed");
-                release(guard).await;
-                return exit_code(status);
-            }
+            status = child.wait() => break exit_code(status.expect("waiting for the command failed")),
             reason = &mut at_risk => {
                 eprintln!(
-                    "deadbolt run: {}; stopping {:?} before the lease can end",
-                    describe(&reason),
+                    "deadbolt run: {reason}; stopping {:?} before the lock can pass on",
                     args.command[0]
                 );
-                stop_child(&mut child, pid, session, margin).await;
+                match reason {
+                    // Still ours until the deadline: time for a clean stop.
+                    LeaseLost::Expired => stop_gracefully(&mut child, group, session, margin).await,
+                    // The server already let go: the lock may be someone
+                    // else's right now.
+                    LeaseLost::Rejected(_) | LeaseLost::Closed => signal_group(group, libc::SIGKILL),
+                }
+                let _ = child.wait().await;
                 eprintln!("deadbolt run: lock {:?} lost while running", args.lock);
-                // The lock may still be held; releasing by token is safe
-                // either way (a stale token is refused).
-                release(guard).await;
-                return exit::LOCK_LOST;
+                break exit::LOCK_LOST;
             }
             // Forwarded to the whole process group; we exit when it does.
-            _ = terminate.recv() => signal_group(pid, libc::SIGTERM),
-            _ = interrupt.recv() => signal_group(pid, libc::SIGINT),
-            _ = hangup.recv() => signal_group(pid, libc::SIGHUP),
+            _ = terminate.recv() => signal_group(group, libc::SIGTERM),
+            _ = interrupt.recv() => signal_group(group, libc::SIGINT),
+            _ = hangup.recv() => signal_group(group, libc::SIGHUP),
         }
-    }
-}
-
-fn describe(reason: &LeaseLost) -> String {
-    match reason {
-        LeaseLost::Expired => "the lease could not be renewed in time".into(),
-        LeaseLost::Rejected(err) => format!("the server ended the session ({err})"),
-        LeaseLost::Closed => "the session was closed".into(),
-    }
+    };
+    // Whatever the command left running in the background is still working
+    // under the lock: it must not outlive the lock.
+    signal_group(group, libc::SIGKILL);
+    // The lock may already be lost; releasing by token is safe either way
+    // (a stale token is refused).
+    release(guard).await;
+    code
 }
 
 /// SIGTERM, then SIGKILL when the grace period is over, which is still
 /// `margin` before the conservative lease deadline.
-async fn stop_child(child: &mut Child, pid: i32, session: &Session, margin: Duration) {
-    signal_group(pid, libc::SIGTERM);
+async fn stop_gracefully(child: &mut Child, group: i32, session: &Session, margin: Duration) {
+    signal_group(group, libc::SIGTERM);
     let kill_at = session
         .lease_deadline()
         .checked_sub(margin)
         .unwrap_or_else(Instant::now);
-    let graceful = tokio::time::timeout_at(kill_at.into(), child.wait()).await;
-    if graceful.is_err() {
-        signal_group(pid, libc::SIGKILL);
-        let _ = child.wait().await;
+    if tokio::time::timeout_at(kill_at.into(), child.wait())
+        .await
+        .is_err()
+    {
+        signal_group(group, libc::SIGKILL);
     }
 }
 
+/// Starts CMD under `deadbolt guard`, which leads a new process group and
+/// kills that whole group if this process dies.
 fn spawn(command: &[String], guard: &LockGuard) -> std::io::Result<Child> {
-    let mut cmd = Command::new(&command[0]);
-    cmd.args(&command[1..])
+    let parent = std::process::id() as i32;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["guard", "--parent", &parent.to_string(), "--"])
+        .args(command)
         .env("DEADBOLT_LOCK", guard.name())
         .env("DEADBOLT_TOKEN", guard.token().to_string())
         .env("DEADBOLT_SESSION", guard.session().id().to_string())
-        // Its own process group, so that stopping it reaches the grandchildren
-        // a shell script starts.
         .process_group(0);
     // SAFETY: prctl and getppid are async-signal-safe, as pre_exec requires.
     unsafe {
-        cmd.pre_exec(|| {
-            // If `deadbolt run` itself is killed (kill -9), the command must
-            // not run on unguarded: the kernel kills it with us.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::getppid() == 1 {
+            if libc::getppid() != parent {
                 return Err(std::io::Error::other(
                     "deadbolt run exited before the command started",
                 ));
@@ -207,10 +206,10 @@ fn spawn(command: &[String], guard: &LockGuard) -> std::io::Result<Child> {
     cmd.spawn()
 }
 
-fn signal_group(pid: i32, signal: i32) {
+fn signal_group(group: i32, signal: i32) {
     // SAFETY: kill has no memory-safety preconditions.
     unsafe {
-        libc::kill(-pid, signal);
+        libc::kill(-group, signal);
     }
 }
 

@@ -6,6 +6,38 @@ use common::{deadbolt, signal, TestServer, BIN};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Whether `pid` is still running (zombies count as gone).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| !stat.split(' ').nth(2).is_some_and(|state| state == "Z"))
+        .unwrap_or(false)
+}
+
+/// Waits a little for a killed process to disappear.
+fn gone_soon(pid: i32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    true
+}
+
+/// Waits until the command under test has written a pid to `path`.
+async fn read_pid(path: &std::path::Path) -> i32 {
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn stdout(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
@@ -127,25 +159,15 @@ async fn killed_holder_loses_the_lock_after_its_ttl_not_before() {
     let marker = dir.path().join("child.pid");
     let mut holder = Command::new(BIN)
         .args(["run", "--lock", "nightly", "--ttl", "2s", "--", "sh", "-c"])
-        .arg(format!("echo $$ > {}; exec sleep 60", marker.display()))
+        // The pid recorded is a grandchild of `deadbolt run`: a background job.
+        .arg(format!("sleep 60 & echo $! > {}; wait", marker.display()))
         .env("DEADBOLT_ENDPOINT", server.endpoint())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
     let client = server.client().await;
-    let held = loop {
-        if let Some(state) = client.lock_status("nightly").await.unwrap() {
-            if marker.exists() {
-                break state;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let child_pid: i32 = std::fs::read_to_string(&marker)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let child_pid = read_pid(&marker).await;
+    let held = client.lock_status("nightly").await.unwrap().expect("held");
     // Give the holder's watchdog time to renew at least once, so the test
     // exercises a renewed lease, not only the first one.
     tokio::time::sleep(ttl / 2).await;
@@ -169,11 +191,9 @@ async fn killed_holder_loses_the_lock_after_its_ttl_not_before() {
         handed_over >= ttl * 2 / 3,
         "lock passed on after only {handed_over:?}"
     );
-    // SAFETY: signal 0 only checks that the process exists.
-    let child_alive = unsafe { libc::kill(child_pid, 0) } == 0;
     assert!(
-        !child_alive,
-        "the command outlived its killed `deadbolt run`"
+        gone_soon(child_pid),
+        "the command's background job outlived its killed `deadbolt run`"
     );
     guard.release().await.unwrap();
 }
@@ -188,23 +208,19 @@ async fn command_is_killed_before_the_lease_can_end_when_renewal_fails() {
     let marker = dir.path().join("child.pid");
     let runner = Command::new(BIN)
         .args(["run", "--lock", "frozen", "--ttl", "2s", "--", "sh", "-c"])
-        .arg(format!("echo $$ > {}; exec sleep 60", marker.display()))
+        // A background job that ignores SIGTERM: only SIGKILL stops it.
+        .arg(format!(
+            "(trap '' TERM; exec sleep 60) & echo $! > {}; wait",
+            marker.display()
+        ))
         .env("DEADBOLT_ENDPOINT", server.endpoint())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    while !marker.exists() || std::fs::read_to_string(&marker).unwrap().is_empty() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let child_pid: i32 = std::fs::read_to_string(&marker)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let child_pid = read_pid(&marker).await;
     signal(server.pid(), libc::SIGSTOP);
     let frozen_at = Instant::now();
-    // SAFETY: signal 0 only checks that the process exists.
-    while unsafe { libc::kill(child_pid, 0) } == 0 {
+    while alive(child_pid) {
         assert!(
             frozen_at.elapsed() < ttl * 3,
             "the command was never stopped"
@@ -224,5 +240,27 @@ async fn command_is_killed_before_the_lease_can_end_when_renewal_fails() {
     assert!(
         stopped_after < ttl,
         "command stopped {stopped_after:?} after the freeze"
+    );
+}
+
+#[test]
+fn background_jobs_do_not_outlive_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let marker = dir.path().join("job.pid");
+    let script = format!("sleep 60 & echo $! > {}", marker.display());
+    let output = deadbolt(
+        &server.endpoint(),
+        &["run", "--lock", "leaky", "--", "sh", "-c", &script],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let job: i32 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        gone_soon(job),
+        "a background job kept running after the lock was released"
     );
 }
