@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// Whether `pid` is still running (zombies count as gone).
 fn alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| !stat.split(' ').nth(2).is_some_and(|state| state == "Z"))
+        .map(|stat| stat.split(' ').nth(2).is_none_or(|state| state != "Z"))
         .unwrap_or(false)
 }
 
