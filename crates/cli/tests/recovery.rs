@@ -264,3 +264,66 @@ async fn restart_from_a_compacted_log_keeps_everything() {
     assert!(granted.token() > kept_token);
     assert_eq!(granted.token(), before.next_token);
 }
+
+/// A blocking acquire whose connection drops (a flaky network) keeps its
+/// queue place for a retry, instead of going to the back of the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_wait_keeps_its_place_for_the_retry() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let client = server.client().await;
+    let ttl = Duration::from_secs(30);
+    let (holder, flaky, patient) = (
+        client.open_session(ttl).await.unwrap(),
+        client.open_session(ttl).await.unwrap(),
+        client.open_session(ttl).await.unwrap(),
+    );
+    let held = holder.lock("fifo").await.unwrap();
+
+    // The flaky client queues over raw HTTP, then its connection dies.
+    let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
+    let body = format!(
+        r#"{{"session_id":{},"lock":"fifo","wait":true}}"#,
+        flaky.id()
+    );
+    write!(
+        stream,
+        "POST /v1/lock/acquire HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    wait_for_waiters(&client, "fifo", 1).await;
+    drop(stream);
+
+    let patient_wait = tokio::spawn({
+        let patient = patient.clone();
+        async move { patient.lock("fifo").await }
+    });
+    while !client
+        .lock_status("fifo")
+        .await
+        .unwrap()
+        .unwrap()
+        .waiter_session_ids
+        .contains(&patient.id())
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The retry comes back well within the grace period.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let flaky_wait = tokio::spawn({
+        let flaky = flaky.clone();
+        async move { flaky.lock("fifo").await }
+    });
+    tokio::time::sleep(Duration::from_secs(4)).await; // past the grace period
+    let state = client.lock_status("fifo").await.unwrap().unwrap();
+    assert_eq!(state.waiter_session_ids, vec![flaky.id(), patient.id()]);
+
+    held.release().await.unwrap();
+    let first = flaky_wait.await.unwrap().unwrap();
+    let first_token = first.token();
+    first.release().await.unwrap();
+    let second = patient_wait.await.unwrap().unwrap();
+    assert!(second.token() > first_token);
+}

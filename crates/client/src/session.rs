@@ -242,7 +242,8 @@ impl Session {
         wait: bool,
         timeout: Option<Duration>,
     ) -> Result<LockGuard, Error> {
-        let give_up = timeout.map(|timeout| Instant::now() + timeout);
+        // A timeout too long to represent is no timeout at all.
+        let give_up = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         let (client, id) = (&self.inner.client, self.id());
         // Acquire is idempotent, so a retry after an ambiguous failure gets
         // the same grant or queue place. Each retry asks the server to wait
@@ -384,10 +385,10 @@ async fn watchdog(
     }
 }
 
-/// A request the watchdog gave up waiting for.
 /// How long `close` keeps trying when the lease is (nearly) over anyway.
 const CLOSE_AT_LEAST: Duration = Duration::from_secs(1);
 
+/// A request given up on after waiting `waited` for an answer.
 fn no_answer(what: &str, waited: Duration) -> Error {
     Error::new(
         ErrorKind::Unavailable,

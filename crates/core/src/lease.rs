@@ -110,13 +110,13 @@ impl LeaseTracker {
     }
 
     /// An expiry handed out by `take_expired` could not be committed (say,
-    /// leadership was lost mid-way): try again from `now`.
-    pub fn retry_expiry(&mut self, session: SessionId, now: Instant) {
+    /// leadership was lost mid-way): try again at `retry_at`.
+    pub fn retry_expiry(&mut self, session: SessionId, retry_at: Instant) {
         if let Some(lease) = self.leases.get_mut(&session) {
             if lease.expiring {
                 lease.expiring = false;
-                lease.deadline = now;
-                self.by_deadline.insert((now, session));
+                lease.deadline = retry_at;
+                self.by_deadline.insert((retry_at, session));
             }
         }
     }
@@ -124,14 +124,6 @@ impl LeaseTracker {
     /// The earliest deadline still pending, for sleeping until it.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.by_deadline.first().map(|(deadline, _)| *deadline)
-    }
-
-    pub fn len(&self) -> usize {
-        self.leases.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.leases.is_empty()
     }
 }
 

@@ -20,7 +20,7 @@ pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};
 pub use error::LockError;
 pub use lease::{LeaseTracker, RenewError};
 pub use limits::{validate_lock_name, validate_ttl, Limits};
-pub use table::{LockInfo, LockTable, SessionInfo};
+pub use table::{LockInfo, LockTable};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

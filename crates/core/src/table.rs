@@ -53,15 +53,6 @@ pub struct LockInfo {
     pub waiters: Vec<SessionId>,
 }
 
-/// A read-only view of one session.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionInfo {
-    pub id: SessionId,
-    pub ttl: Duration,
-    pub held: Vec<String>,
-    pub waiting: Vec<String>,
-}
-
 impl Default for LockTable {
     fn default() -> Self {
         Self::new()
@@ -199,15 +190,17 @@ impl LockTable {
         if lock.holder == session {
             return Ok(AcquireOutcome::Granted { token: lock.token });
         }
-        if let Some(index) = lock.queue.iter().position(|s| *s == session) {
-            return Ok(AcquireOutcome::Queued {
-                position: index + 1,
-            });
-        }
+        // A non-blocking acquire never reports "queued", even for a session
+        // that is already waiting: the caller asked not to wait.
         if !wait {
             return Err(LockError::Busy {
                 lock: name.to_owned(),
                 holder_token: lock.token,
+            });
+        }
+        if let Some(index) = lock.queue.iter().position(|s| *s == session) {
+            return Ok(AcquireOutcome::Queued {
+                position: index + 1,
             });
         }
         let limit = Limits::STANDARD.max_waiters_per_lock;
@@ -352,13 +345,8 @@ impl LockTable {
             .map(|(name, _)| self.lock(name).expect("listed lock exists"))
     }
 
-    pub fn session(&self, id: SessionId) -> Option<SessionInfo> {
-        self.sessions.get(&id).map(|s| SessionInfo {
-            id,
-            ttl: Duration::from_millis(s.ttl_ms),
-            held: s.held.iter().cloned().collect(),
-            waiting: s.waiting.iter().cloned().collect(),
-        })
+    pub fn has_session(&self, id: SessionId) -> bool {
+        self.sessions.contains_key(&id)
     }
 
     /// Live sessions and their TTLs, for a new leader to start tracking.

@@ -320,3 +320,29 @@ fn release_errors_name_the_problem() {
         assert!(matches!(bad.outcome, Err(LockError::TtlOutOfRange { .. })));
     }
 }
+
+#[test]
+fn a_queued_session_asking_not_to_wait_hears_busy() {
+    let mut table = LockTable::new();
+    let mut open = || match table.apply(&Command::OpenSession { ttl_ms: 5000 }).outcome {
+        Ok(Outcome::SessionOpened { session, .. }) => session,
+        other => panic!("{other:?}"),
+    };
+    let (a, b) = (open(), open());
+    let acquire = |session, wait| Command::Acquire {
+        session,
+        lock: "x".into(),
+        wait,
+    };
+    assert!(table.apply(&acquire(a, false)).outcome.is_ok());
+    assert!(matches!(
+        table.apply(&acquire(b, true)).outcome,
+        Ok(Outcome::Acquire(AcquireOutcome::Queued { position: 1 }))
+    ));
+    assert!(matches!(
+        table.apply(&acquire(b, false)).outcome,
+        Err(LockError::Busy { .. })
+    ));
+    // ...and keeps its place.
+    assert_eq!(table.lock("x").unwrap().waiters, vec![b]);
+}

@@ -99,9 +99,12 @@ impl ErrorKind {
             .and_then(|v| v.to_str().ok())
             .and_then(ErrorKind::parse)
             .unwrap_or(match status.code() {
-                tonic::Code::Unavailable | tonic::Code::Unknown => ErrorKind::Unavailable,
+                // A bare Cancelled comes from the transport (a reset
+                // stream), not from the server: worth a retry.
+                tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
+                    ErrorKind::Unavailable
+                }
                 tonic::Code::DeadlineExceeded => ErrorKind::WaitTimeout,
-                tonic::Code::Cancelled => ErrorKind::WaitCancelled,
                 tonic::Code::InvalidArgument | tonic::Code::OutOfRange => {
                     ErrorKind::InvalidArgument
                 }

@@ -19,6 +19,9 @@ use tokio::sync::{watch, Notify};
 /// How often the expiry task wakes even without a deadline due. Bounds the
 /// delay after a missed notification.
 const IDLE_TICK: Duration = Duration::from_millis(250);
+/// Pause before retrying an expiry that could not be committed, so a broken
+/// Raft log does not turn into a busy loop.
+const EXPIRY_RETRY: Duration = Duration::from_millis(500);
 
 #[derive(Default)]
 pub struct Leases {
@@ -130,7 +133,10 @@ pub async fn expire_sessions(
                     Ok(_) => tracing::info!(session = session.0, "session expired"),
                     Err(err) => {
                         tracing::warn!(session = session.0, %err, "could not commit expiry; will retry");
-                        leases.state().tracker.retry_expiry(session, Instant::now());
+                        leases
+                            .state()
+                            .tracker
+                            .retry_expiry(session, Instant::now() + EXPIRY_RETRY);
                     }
                 }
             });

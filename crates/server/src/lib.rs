@@ -36,6 +36,9 @@ use store::{LogStore, StateMachineStore};
 use tokio::sync::watch;
 use waits::Waits;
 
+/// How long a graceful shutdown waits for open requests to finish.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Everything `deadbolt server` needs to start.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -59,8 +62,8 @@ fn raft_config(snapshot_every: u64) -> anyhow::Result<Arc<Config>> {
         heartbeat_interval: 50,
         election_timeout_min: 150,
         election_timeout_max: 300,
-        // The log stays bounded: a restart re-applies at most about
-        // `snapshot_every` entries plus the ones kept behind the snapshot.
+        // The log stays bounded: at most about `snapshot_every` entries past
+        // the latest snapshot, plus a few kept behind it for slow followers.
         snapshot_policy: SnapshotPolicy::LogsSinceLast(snapshot_every),
         max_in_snapshot_log_to_keep: (snapshot_every / 10).min(1_000),
         ..Default::default()
@@ -159,17 +162,27 @@ impl Server {
         let app = grpc.merge(http::router(node.clone()));
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
-        axum::serve(listener, app)
+        let mut stopping = stop.subscribe();
+        let serving = axum::serve(listener, app)
             .tcp_nodelay(true)
             .with_graceful_shutdown(async move {
                 shutdown.await;
                 tracing::info!("shutting down");
                 let _ = stop.send(true);
                 // Blocked acquires would hold the graceful shutdown open forever.
-                waits.drop_subscribers();
-            })
-            .await
-            .context("server failed")?;
+                waits.close();
+            });
+        // Connections get a moment to finish their requests, not forever.
+        let overdue = async move {
+            let _ = stopping.wait_for(|stopping| *stopping).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            served = serving => served.context("server failed")?,
+            () = overdue => tracing::warn!(
+                "connections still open {SHUTDOWN_GRACE:?} after the shutdown signal; stopping anyway"
+            ),
+        }
         node.raft
             .shutdown()
             .await

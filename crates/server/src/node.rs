@@ -200,13 +200,21 @@ impl Node {
     /// Waits until this node's state machine reflects every write committed
     /// before the call (a read-index barrier through openraft).
     async fn linearizable(&self) -> Result<(), ApiError> {
-        self.raft.ensure_linearizable().await.map_err(|err| {
-            ApiError::new(
+        use openraft::error::{CheckIsLeaderError, RaftError};
+        match self.raft.ensure_linearizable().await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(
+                err @ (CheckIsLeaderError::ForwardToLeader(_)
+                | CheckIsLeaderError::QuorumNotEnough(_)),
+            )) => Err(ApiError::new(
                 ErrorKind::NotLeader,
-                format!("cannot serve a linearizable read: {err}"),
-            )
-        })?;
-        Ok(())
+                format!("cannot serve a linearizable read here: {err}"),
+            )),
+            Err(RaftError::Fatal(fatal)) => Err(ApiError::new(
+                ErrorKind::Internal,
+                format!("raft has stopped: {fatal}"),
+            )),
+        }
     }
 
     pub async fn lock_status(&self, lock: &str) -> Result<Option<LockInfo>, ApiError> {
@@ -278,18 +286,7 @@ impl QueuedAcquire {
         let others_waiting = self.node.waits.unsubscribe(&subscription);
         match ended {
             Some(Ok(WaitEnd::Granted(token))) => Ok(token),
-            Some(Ok(WaitEnd::Dropped)) => Err(ApiError::new(
-                ErrorKind::WaitCancelled,
-                format!(
-                    "the wait for lock {:?} ended without a grant: the session closed or expired, \
-                     or the wait was cancelled",
-                    self.lock
-                ),
-            )),
-            Some(Err(_)) => Err(ApiError::new(
-                ErrorKind::Unavailable,
-                "this node stopped leading or is shutting down; retry the acquire to keep the queue place",
-            )),
+            Some(Ok(WaitEnd::Dropped)) | Some(Err(_)) => Err(self.ended_without_grant()),
             None if others_waiting => Err(timed_out(&self.lock)),
             None => match self.node.cancel_wait(self.session, &self.lock).await? {
                 // The grant won the race with the timeout: it stands.
@@ -297,6 +294,36 @@ impl QueuedAcquire {
                 None => Err(timed_out(&self.lock)),
             },
         }
+    }
+
+    /// Why a wait ended without a grant, as the caller should hear it.
+    fn ended_without_grant(&self) -> ApiError {
+        let session_alive = self
+            .node
+            .table
+            .read()
+            .expect("state lock poisoned")
+            .table
+            .has_session(self.session);
+        if !session_alive {
+            return ApiError::new(
+                ErrorKind::UnknownSession,
+                format!(
+                    "unknown session {}: it ended (closed or expired) while waiting for lock {:?}",
+                    self.session, self.lock
+                ),
+            );
+        }
+        if self.node.waits.is_closed() || !self.node.leases.is_leading() {
+            return ApiError::new(
+                ErrorKind::Unavailable,
+                "this node stopped leading or is shutting down; retry the acquire to keep the queue place",
+            );
+        }
+        ApiError::new(
+            ErrorKind::WaitCancelled,
+            format!("the wait for lock {:?} was cancelled", self.lock),
+        )
     }
 }
 
@@ -306,6 +333,11 @@ fn timed_out(lock: &str) -> ApiError {
         format!("timed out waiting for lock {lock:?}"),
     )
 }
+
+/// How long an abandoned wait keeps its queue place. A client whose
+/// connection dropped retries within this time (its backoff is capped at
+/// 1s) and finds its place, instead of being sent to the back of the queue.
+const ABANDON_GRACE: Duration = Duration::from_secs(3);
 
 impl Drop for QueuedAcquire {
     fn drop(&mut self) {
@@ -318,6 +350,10 @@ impl Drop for QueuedAcquire {
         let node = self.node.clone();
         let (session, lock) = (self.session, std::mem::take(&mut self.lock));
         tokio::spawn(async move {
+            tokio::time::sleep(ABANDON_GRACE).await;
+            if node.waits.is_watched(session, &lock) {
+                return;
+            }
             if let Err(err) = node.cancel_wait(session, &lock).await {
                 tracing::debug!(session = session.0, lock, message = %err.message, "abandoned wait not cancelled");
             }

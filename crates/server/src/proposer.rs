@@ -19,8 +19,11 @@ const MAX_BATCH: usize = 1024;
 /// gave 6.3k pairs/s, 2 gave 5.6k, 4 gave 3.2k.)
 const MAX_IN_FLIGHT: usize = 1;
 
-/// Why a command could not be committed. The command may or may not have
-/// taken effect only for `Fatal`; the others never reached the log.
+/// Why a command's outcome is unknown to the caller. The command may still
+/// have taken effect (a reply lost to a shutdown, or, once there are peers, a
+/// write that a new leader commits): callers retry, and every command is
+/// safe to repeat (acquire and cancel are idempotent; a repeated release or
+/// close reports that there is nothing left to do).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProposeError {
     #[error("this node is not the leader (leader: {leader:?})")]

@@ -10,7 +10,7 @@
 
 use deadbolt_core::{Event, LockTable, SessionId, Token};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use tokio::sync::oneshot;
 
@@ -43,6 +43,8 @@ pub struct Waits {
     /// By session, then lock: a session's waits go away together with it.
     waits: Mutex<HashMap<SessionId, HashMap<String, Wait>>>,
     next_subscription: AtomicU64,
+    /// Set at shutdown: no acquire call may start waiting any more.
+    closed: AtomicBool,
 }
 
 /// One blocked acquire call. Hand it back to [`Waits::unsubscribe`].
@@ -64,17 +66,20 @@ impl Waits {
         let id = self.next_subscription.fetch_add(1, Ordering::Relaxed);
         let (sender, ended) = oneshot::channel();
         let mut waits = self.lock();
-        match waits
+        let wait = waits
             .get_mut(&session)
-            .and_then(|locks| locks.get_mut(lock))
-        {
+            .and_then(|locks| locks.get_mut(lock));
+        match wait {
+            // Shutting down: dropping the sender ends the subscription as
+            // "unavailable, retry".
+            _ if self.closed.load(Ordering::Relaxed) => drop(sender),
             Some(Wait {
                 ended: Some(end), ..
             }) => {
                 let _ = sender.send(*end);
             }
             Some(wait) => wait.subscribers.push((id, sender)),
-            // Gone: the session ended (or released the lock) since.
+            // Gone: the wait ended without a grant, or the session ended.
             None => {
                 let _ = sender.send(WaitEnd::Dropped);
             }
@@ -123,7 +128,10 @@ impl Waits {
                 }
             }
             Event::WaitEnded { lock, session } => {
-                if let Some(wait) = waits.get_mut(session).and_then(|locks| locks.get_mut(lock)) {
+                // Nothing to remember: a later subscriber that finds no
+                // record hears "dropped" all the same.
+                if let Some(mut wait) = waits.get_mut(session).and_then(|locks| locks.remove(lock))
+                {
                     wait.end(WaitEnd::Dropped);
                 }
             }
@@ -151,6 +159,24 @@ impl Waits {
                 .or_default()
                 .insert(lock.to_owned(), Wait::default());
         }
+    }
+
+    /// Whether some acquire call is blocked on this wait right now.
+    pub fn is_watched(&self, session: SessionId, lock: &str) -> bool {
+        self.lock()
+            .get(&session)
+            .and_then(|locks| locks.get(lock))
+            .is_some_and(|wait| !wait.subscribers.is_empty())
+    }
+
+    /// Shutdown: ends every blocked acquire call, and any that arrives later.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.drop_subscribers();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
     }
 
     /// Ends every blocked acquire call (they answer "unavailable, retry"),

@@ -53,7 +53,8 @@ pub fn open_data_dir(dir: &Path) -> Result<Database, DataDirError> {
             })?
             .filter_map(|entry| entry.ok())
             .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            .next();
+            // A fresh file system's mount point is a fine place for data.
+            .find(|name| name != "lost+found");
         if let Some(found) = found {
             return Err(DataDirError::Foreign {
                 path: dir.to_owned(),

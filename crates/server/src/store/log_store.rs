@@ -11,7 +11,9 @@
 use super::{At, OrStorageError, LOG, META};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, Vote};
+use openraft::{
+    Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, StorageIOError, Vote,
+};
 use redb::{Database, ReadableTable};
 use serde::{de::DeserializeOwned, Serialize};
 use std::fmt::Debug;
@@ -140,8 +142,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// Writes on a blocking thread: the commit waits for the disk, and a
     /// tokio worker stalled on fsync could not serve the network meanwhile.
-    /// openraft waits for the callback before its next log operation, so
-    /// appends never overlap.
+    /// Returns once the entries are written and readable, as the storage
+    /// contract requires.
     async fn append<I>(
         &mut self,
         entries: I,
@@ -153,16 +155,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || {
-            let written = write_entries(&db, &entries);
-            if let Err(err) = &written {
-                tracing::error!(%err, "appending to the raft log failed");
-            }
-            // Only after the commit (fsync) returned may openraft count
-            // these entries as persisted.
-            callback.log_io_completed(written.map_err(|e| std::io::Error::other(e.to_string())));
-        });
-        Ok(())
+        let written = tokio::task::spawn_blocking(move || write_entries(&db, &entries))
+            .await
+            .unwrap_or_else(|panic| Err(StorageIOError::write_logs(&panic).into()));
+        // Only after the commit (fsync) returned may openraft count these
+        // entries as persisted.
+        match &written {
+            Ok(()) => callback.log_io_completed(Ok(())),
+            Err(err) => callback.log_io_completed(Err(std::io::Error::other(err.to_string()))),
+        }
+        written
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
@@ -223,7 +225,7 @@ impl Compactor {
 
 fn delete_entries_up_to(db: &Database, target: u64) -> Result<(), redb::Error> {
     loop {
-        let txn = db.begin_write()?;
+        let mut txn = db.begin_write()?;
         let first = {
             let table = txn.open_table(LOG)?;
             let first = table.first()?.map(|(index, _)| index.value());
@@ -235,6 +237,9 @@ fn delete_entries_up_to(db: &Database, target: u64) -> Result<(), redb::Error> {
         };
         let end = first.saturating_add(DELETE_CHUNK - 1).min(target);
         txn.open_table(LOG)?.retain_in(first..=end, |_, _| false)?;
+        // No fsync of its own: a deletion lost in a crash only leaves
+        // entries below the purge marker, which are ignored and deleted again.
+        txn.set_durability(redb::Durability::None);
         txn.commit()?;
     }
 }

@@ -205,16 +205,31 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             data: snapshot.into_inner(),
         };
         let table = decode_table(&stored)?;
+        // Tokens are a function of the log prefix, so a snapshot may only
+        // move the counter forward. One that would move it back is refused
+        // before anything is written; openraft then stops this node, which
+        // is the right answer to a snapshot that cannot be.
+        let current = self
+            .state
+            .read()
+            .expect("state lock poisoned")
+            .table
+            .next_token();
+        if table.next_token() < current {
+            let reason = format!(
+                "snapshot {} would move the token counter back from {} to {}",
+                meta.snapshot_id,
+                current,
+                table.next_token()
+            );
+            return Err(openraft::StorageIOError::write_snapshot(
+                Some(meta.signature()),
+                openraft::AnyError::error(reason),
+            )
+            .into());
+        }
         self.write_snapshot(&stored)?;
         let mut state = self.state.write().expect("state lock poisoned");
-        // Tokens are a function of the log prefix: a snapshot further along
-        // the log can never carry a smaller counter.
-        if meta.last_log_id >= state.last_applied {
-            assert!(
-                table.next_token() >= state.table.next_token(),
-                "installing a snapshot would move the token counter back"
-            );
-        }
         state.last_applied = meta.last_log_id;
         state.membership = meta.last_membership.clone();
         state.table = table;
