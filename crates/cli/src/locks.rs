@@ -9,19 +9,28 @@ use crate::{exit, parse_duration};
 use deadbolt_client::{Client, Error, ErrorKind, LockState};
 use std::time::Duration;
 
+/// Which lock to take and how long to wait for it: shared by `run` and
+/// `acquire`.
 #[derive(clap::Args)]
-pub struct AcquireArgs {
+pub struct LockArgs {
+    /// Name of the lock.
     #[arg(long)]
-    lock: String,
-    /// Lease of the new session.
+    pub lock: String,
+    /// Session lease: how long the lock outlives this process if it dies.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    ttl: Duration,
+    pub ttl: Duration,
     /// Wait at most this long (default: wait as long as it takes).
     #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
-    wait: Option<Duration>,
+    pub wait: Option<Duration>,
     /// Fail at once (exit 75) if the lock is held.
     #[arg(long)]
-    no_wait: bool,
+    pub no_wait: bool,
+}
+
+#[derive(clap::Args)]
+pub struct AcquireArgs {
+    #[command(flatten)]
+    target: LockArgs,
 }
 
 #[derive(clap::Args)]
@@ -73,6 +82,7 @@ fn outcome(result: Result<(), Error>) -> i32 {
 }
 
 pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
+    let args = args.target;
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,

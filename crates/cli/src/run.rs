@@ -11,6 +11,7 @@
 //! exclusive: a command paused (or a `deadbolt run` SIGSTOP'd) past its lease
 //! can still act late. Resources that matter must check `$DEADBOLT_TOKEN`.
 
+use crate::locks::LockArgs;
 use crate::{exit, parse_duration};
 use deadbolt_client::{Client, ErrorKind, LeaseLost, LockGuard, Session};
 use std::process::ExitStatus;
@@ -20,18 +21,8 @@ use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// Name of the lock to hold while CMD runs.
-    #[arg(long)]
-    lock: String,
-    /// Session lease: how long the lock outlives this process if it dies.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    ttl: Duration,
-    /// Wait at most this long for the lock (default: wait as long as it takes).
-    #[arg(long, value_parser = parse_duration, conflicts_with = "no_wait")]
-    wait: Option<Duration>,
-    /// Fail at once (exit 75) if the lock is held.
-    #[arg(long)]
-    no_wait: bool,
+    #[command(flatten)]
+    target: LockArgs,
     /// Time between SIGTERM and SIGKILL when the lease is at risk
     /// (default: a quarter of the TTL, at most 5s).
     #[arg(long, value_parser = parse_duration)]
@@ -53,14 +44,14 @@ fn default_grace(ttl: Duration) -> Duration {
 }
 
 pub async fn main(endpoints: &[String], args: RunArgs) -> i32 {
-    let margin = drift_margin(args.ttl);
-    let grace = args.grace.unwrap_or_else(|| default_grace(args.ttl));
-    if grace + margin >= args.ttl / 2 {
+    let margin = drift_margin(args.target.ttl);
+    let grace = args.grace.unwrap_or_else(|| default_grace(args.target.ttl));
+    if grace + margin >= args.target.ttl / 2 {
         eprintln!(
             "deadbolt run: --grace {} is too long for --ttl {}: the command must be stopped well \
              within the lease",
             humantime::format_duration(grace),
-            humantime::format_duration(args.ttl)
+            humantime::format_duration(args.target.ttl)
         );
         return exit::FAILURE;
     }
@@ -68,7 +59,7 @@ pub async fn main(endpoints: &[String], args: RunArgs) -> i32 {
         Ok(client) => client,
         Err(err) => return exit::report(&err),
     };
-    let session = match client.open_session(args.ttl).await {
+    let session = match client.open_session(args.target.ttl).await {
         Ok(session) => session,
         Err(err) => return exit::report(&err),
     };
@@ -83,23 +74,26 @@ pub async fn main(endpoints: &[String], args: RunArgs) -> i32 {
 }
 
 async fn take_lock(session: &Session, args: &RunArgs) -> Result<LockGuard, i32> {
-    let taken = if args.no_wait {
-        match session.try_lock(&args.lock).await {
+    let taken = if args.target.no_wait {
+        match session.try_lock(&args.target.lock).await {
             Ok(Some(guard)) => Ok(guard),
             Ok(None) => {
-                eprintln!("deadbolt run: lock {:?} is busy", args.lock);
+                eprintln!("deadbolt run: lock {:?} is busy", args.target.lock);
                 return Err(exit::BUSY);
             }
             Err(err) => Err(err),
         }
-    } else if let Some(wait) = args.wait {
-        session.lock_timeout(&args.lock, wait).await
+    } else if let Some(wait) = args.target.wait {
+        session.lock_timeout(&args.target.lock, wait).await
     } else {
-        session.lock(&args.lock).await
+        session.lock(&args.target.lock).await
     };
     taken.map_err(|err| {
         if err.kind() == ErrorKind::WaitTimeout {
-            eprintln!("deadbolt run: timed out waiting for lock {:?}", args.lock);
+            eprintln!(
+                "deadbolt run: timed out waiting for lock {:?}",
+                args.target.lock
+            );
             exit::BUSY
         } else {
             exit::report(&err)
@@ -144,7 +138,7 @@ async fn run_holding(
                     LeaseLost::Rejected(_) | LeaseLost::Closed => signal_group(group, libc::SIGKILL),
                 }
                 let _ = child.wait().await;
-                eprintln!("deadbolt run: lock {:?} lost while running", args.lock);
+                eprintln!("deadbolt run: lock {:?} lost while running", args.target.lock);
                 break exit::LOCK_LOST;
             }
             // Forwarded to the whole process group; we exit when it does.

@@ -2,8 +2,8 @@
 //! and field names as gRPC: the bodies are the protobuf messages in JSON.
 //! Errors are `{"error": {"kind": ..., "message": ...}}` with a fitting status.
 
-use crate::grpc::lock_state;
-use crate::node::{ApiError, Node};
+use crate::api::Api;
+use crate::node::ApiError;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{FromRequest, Query, Request, State};
@@ -11,12 +11,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use deadbolt_core::{SessionId, Token};
 use deadbolt_proto::v1::*;
 use deadbolt_proto::ErrorKind;
-use std::time::Duration;
 
-pub fn router(node: Node) -> Router {
+pub fn router(api: Api) -> Router {
     Router::new()
         .route("/v1/session/open", post(open_session))
         .route("/v1/session/keepalive", post(keep_alive))
@@ -26,7 +24,7 @@ pub fn router(node: Node) -> Router {
         .route("/v1/lock/status", get(lock_status))
         .route("/v1/locks", get(list_locks))
         .route("/health", get(health))
-        .with_state(node)
+        .with_state(api)
 }
 
 fn http_status(kind: ErrorKind) -> StatusCode {
@@ -107,92 +105,59 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody
 }
 
 async fn open_session(
-    State(node): State<Node>,
+    State(api): State<Api>,
     JsonBody(request): JsonBody<OpenSessionRequest>,
 ) -> Reply<OpenSessionResponse> {
-    let (session, ttl) = node
-        .open_session(Duration::from_millis(request.ttl_ms))
-        .await?;
-    Ok(Json(OpenSessionResponse {
-        session_id: session.0,
-        ttl_ms: ttl.as_millis() as u64,
-    }))
+    Ok(Json(api.open_session(request).await?))
 }
 
 async fn keep_alive(
-    State(node): State<Node>,
+    State(api): State<Api>,
     JsonBody(request): JsonBody<KeepAliveRequest>,
 ) -> Reply<KeepAliveResponse> {
-    let ttl = node.keep_alive(SessionId(request.session_id))?;
-    Ok(Json(KeepAliveResponse {
-        ttl_ms: ttl.as_millis() as u64,
-    }))
+    Ok(Json(api.keep_alive(request)?))
 }
 
 async fn close_session(
-    State(node): State<Node>,
+    State(api): State<Api>,
     JsonBody(request): JsonBody<CloseSessionRequest>,
 ) -> Reply<CloseSessionResponse> {
-    node.close_session(SessionId(request.session_id)).await?;
-    Ok(Json(CloseSessionResponse {}))
+    Ok(Json(api.close_session(request).await?))
 }
 
 async fn acquire(
-    State(node): State<Node>,
+    State(api): State<Api>,
     JsonBody(request): JsonBody<AcquireRequest>,
 ) -> Reply<AcquireResponse> {
-    let token = node
-        .acquire(
-            SessionId(request.session_id),
-            &request.lock,
-            request.wait,
-            request.timeout_ms.map(Duration::from_millis),
-        )
-        .await?;
-    Ok(Json(AcquireResponse { token: token.0 }))
+    Ok(Json(api.acquire(request).await?))
 }
 
 async fn release(
-    State(node): State<Node>,
+    State(api): State<Api>,
     JsonBody(request): JsonBody<ReleaseRequest>,
 ) -> Reply<ReleaseResponse> {
-    node.release(
-        SessionId(request.session_id),
-        &request.lock,
-        Token(request.token),
-    )
-    .await?;
-    Ok(Json(ReleaseResponse {}))
+    Ok(Json(api.release(request).await?))
 }
 
 async fn lock_status(
-    State(node): State<Node>,
+    State(api): State<Api>,
     query: Result<Query<LockStatusRequest>, QueryRejection>,
 ) -> Reply<LockStatusResponse> {
     let Query(request) = query?;
-    let info = node.lock_status(&request.lock).await?;
-    Ok(Json(LockStatusResponse {
-        state: info.map(lock_state),
-    }))
+    Ok(Json(api.lock_status(request).await?))
 }
 
 async fn list_locks(
-    State(node): State<Node>,
+    State(api): State<Api>,
     query: Result<Query<ListLocksRequest>, QueryRejection>,
 ) -> Reply<ListLocksResponse> {
     let Query(request) = query?;
-    let (locks, more) = node
-        .list_locks(&request.after, request.limit as usize)
-        .await?;
-    Ok(Json(ListLocksResponse {
-        locks: locks.into_iter().map(lock_state).collect(),
-        more,
-    }))
+    Ok(Json(api.list_locks(request).await?))
 }
 
 /// 200 while this node leads and serves; 503 otherwise (for load balancers).
-async fn health(State(node): State<Node>) -> (StatusCode, Json<HealthResponse>) {
-    let health: HealthResponse = node.health().into();
+async fn health(State(api): State<Api>) -> (StatusCode, Json<HealthResponse>) {
+    let health = api.health();
     let status = if health.leader {
         StatusCode::OK
     } else {

@@ -10,6 +10,7 @@
 //!
 //! [`run`] wires them together and serves until the shutdown future resolves.
 
+mod api;
 mod grpc;
 mod http;
 mod leases;
@@ -154,12 +155,13 @@ impl Server {
             node.proposer.clone(),
             stopped,
         ));
+        let api = api::Api::new(node.clone());
         let grpc =
             tonic::service::Routes::new(deadbolt_proto::v1::deadbolt_server::DeadboltServer::new(
-                grpc::GrpcApi::new(node.clone()),
+                grpc::GrpcApi::new(api.clone()),
             ))
             .into_axum_router();
-        let app = grpc.merge(http::router(node.clone()));
+        let app = grpc.merge(http::router(api));
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
         let mut stopping = stop.subscribe();

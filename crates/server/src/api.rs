@@ -1,0 +1,125 @@
+//! [`Api`]: every call of the Deadbolt API, on the protobuf messages, once.
+//!
+//! The gRPC and HTTP front ends only move these messages on and off their
+//! wire, so the two APIs cannot drift apart.
+
+use crate::node::{ApiError, Health, Node};
+use deadbolt_core::{LockInfo, SessionId, Token};
+use deadbolt_proto::v1::*;
+use std::time::Duration;
+
+#[derive(Clone)]
+pub struct Api {
+    node: Node,
+}
+
+type Reply<T> = Result<T, ApiError>;
+
+impl Api {
+    pub fn new(node: Node) -> Self {
+        Api { node }
+    }
+
+    pub async fn open_session(&self, request: OpenSessionRequest) -> Reply<OpenSessionResponse> {
+        let ttl = Duration::from_millis(request.ttl_ms);
+        let (session, ttl) = self.node.open_session(ttl).await?;
+        Ok(OpenSessionResponse {
+            session_id: session.0,
+            ttl_ms: millis(ttl),
+        })
+    }
+
+    pub fn keep_alive(&self, request: KeepAliveRequest) -> Reply<KeepAliveResponse> {
+        let ttl = self.node.keep_alive(SessionId(request.session_id))?;
+        Ok(KeepAliveResponse {
+            ttl_ms: millis(ttl),
+        })
+    }
+
+    pub async fn close_session(&self, request: CloseSessionRequest) -> Reply<CloseSessionResponse> {
+        self.node
+            .close_session(SessionId(request.session_id))
+            .await?;
+        Ok(CloseSessionResponse {})
+    }
+
+    pub async fn acquire(&self, request: AcquireRequest) -> Reply<AcquireResponse> {
+        let token = self
+            .node
+            .acquire(
+                SessionId(request.session_id),
+                &request.lock,
+                request.wait,
+                request.timeout_ms.map(Duration::from_millis),
+            )
+            .await?;
+        Ok(AcquireResponse { token: token.0 })
+    }
+
+    pub async fn release(&self, request: ReleaseRequest) -> Reply<ReleaseResponse> {
+        self.node
+            .release(
+                SessionId(request.session_id),
+                &request.lock,
+                Token(request.token),
+            )
+            .await?;
+        Ok(ReleaseResponse {})
+    }
+
+    pub async fn lock_status(&self, request: LockStatusRequest) -> Reply<LockStatusResponse> {
+        let info = self.node.lock_status(&request.lock).await?;
+        Ok(LockStatusResponse {
+            state: info.map(lock_state),
+        })
+    }
+
+    pub async fn list_locks(&self, request: ListLocksRequest) -> Reply<ListLocksResponse> {
+        let (locks, more) = self
+            .node
+            .list_locks(&request.after, request.limit as usize)
+            .await?;
+        Ok(ListLocksResponse {
+            locks: locks.into_iter().map(lock_state).collect(),
+            more,
+        })
+    }
+
+    pub fn health(&self) -> HealthResponse {
+        let Health {
+            node_id,
+            leader,
+            term,
+            last_applied_index,
+            sessions,
+            locks,
+            next_token,
+            snapshot_index,
+            purged_index,
+        } = self.node.health();
+        HealthResponse {
+            node_id,
+            leader,
+            term,
+            last_applied_index,
+            sessions: sessions as u64,
+            locks: locks as u64,
+            next_token: next_token.0,
+            snapshot_index,
+            purged_index,
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn lock_state(info: LockInfo) -> LockState {
+    LockState {
+        lock: info.name,
+        holder_session_id: info.holder.0,
+        token: info.token.0,
+        waiter_session_ids: info.waiters.into_iter().map(|s| s.0).collect(),
+    }
+}
