@@ -17,6 +17,10 @@
 //!   remembers the highest token it has seen can refuse a write from a
 //!   holder that was paused past its lease.
 //!
+//! Runnable versions of the examples below, against a local server:
+//! `cargo run -p deadbolt-client --example cron_dedupe` (also `long_task`,
+//! `fenced_write`).
+//!
 //! # Run a cron job on one host only
 //!
 //! Every host runs the job; whichever takes the lock first does the work and
