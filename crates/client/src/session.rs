@@ -248,20 +248,43 @@ impl Session {
         // Acquire is idempotent, so a retry after an ambiguous failure gets
         // the same grant or queue place. Each retry asks the server to wait
         // only for what is left of the caller's timeout.
-        let token = self
+        let acquired = self
             .retrying("acquiring a lock", give_up, || async move {
                 let remaining = give_up.map(|at| at.saturating_duration_since(Instant::now()));
                 client.acquire_raw(id, lock, wait, remaining).await
             })
-            .await?;
+            .await;
+        let token = match acquired {
+            // The caller's time ran out while the server was unreachable:
+            // to the caller that is a timeout, not an outage.
+            Err(error)
+                if error.is_transient() && give_up.is_some_and(|at| Instant::now() >= at) =>
+            {
+                return Err(Error::new(
+                    ErrorKind::WaitTimeout,
+                    format!("timed out waiting for lock {lock:?} (last error: {error})"),
+                ));
+            }
+            acquired => acquired?,
+        };
         tracing::debug!(session = id, lock, token, "acquired lock");
         Ok(LockGuard::new(self.clone(), lock.to_owned(), token))
     }
 
     pub(crate) async fn release(&self, lock: &str, token: u64) -> Result<(), Error> {
         let (client, id) = (&self.inner.client, self.id());
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let attempts = &attempts;
         self.retrying("releasing a lock", None, || async move {
-            client.release_raw(id, lock, token).await
+            let attempt = attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match client.release_raw(id, lock, token).await {
+                // A live session holds its locks until it releases them, so
+                // "not holder" on a retry means the first attempt went through
+                // and only its reply was lost. (A lost lease is reported by
+                // `retrying` itself, ahead of any reply.)
+                Err(error) if attempt > 0 && error.kind() == ErrorKind::NotHolder => Ok(()),
+                result => result,
+            }
         })
         .await?;
         tracing::debug!(session = id, lock, token, "released lock");
