@@ -181,6 +181,20 @@ impl Node {
         }
     }
 
+    /// Leaves the queue of `lock`; returns the token if the grant came first.
+    async fn cancel_wait(&self, session: SessionId, lock: &str) -> Result<Option<Token>, ApiError> {
+        match self
+            .propose(Command::CancelWait {
+                session,
+                lock: lock.to_owned(),
+            })
+            .await?
+        {
+            Outcome::WaitCancelled { granted } => Ok(granted),
+            other => unreachable!("cancel wait answered {other:?}"),
+        }
+    }
+
     pub async fn release(
         &self,
         session: SessionId,
@@ -358,21 +372,5 @@ impl Drop for QueuedAcquire {
                 tracing::debug!(session = session.0, lock, message = %err.message, "abandoned wait not cancelled");
             }
         });
-    }
-}
-
-impl Node {
-    /// Leaves the queue of `lock`; returns the token if the grant came first.
-    async fn cancel_wait(&self, session: SessionId, lock: &str) -> Result<Option<Token>, ApiError> {
-        match self
-            .propose(Command::CancelWait {
-                session,
-                lock: lock.to_owned(),
-            })
-            .await?
-        {
-            Outcome::WaitCancelled { granted } => Ok(granted),
-            other => unreachable!("cancel wait answered {other:?}"),
-        }
     }
 }
