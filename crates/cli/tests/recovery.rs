@@ -327,3 +327,39 @@ async fn a_dropped_wait_keeps_its_place_for_the_retry() {
     let second = patient_wait.await.unwrap().unwrap();
     assert!(second.token() > first_token);
 }
+
+/// A caller that gives up on a blocking acquire (drops the future) must not
+/// leave its live session holding a lock nobody knows about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_given_up_by_its_caller_does_not_leak_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let client = server.client().await;
+    let ttl = Duration::from_secs(30);
+    let (holder, impatient, next) = (
+        client.open_session(ttl).await.unwrap(),
+        client.open_session(ttl).await.unwrap(),
+        client.open_session(ttl).await.unwrap(),
+    );
+    let held = holder.lock("leak").await.unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(300), impatient.lock("leak")).await;
+    assert!(
+        gave_up.is_err(),
+        "the lock was held, the wait should not have finished"
+    );
+    // Freed within the grace period: the grant goes to the impatient
+    // session, whose caller is gone...
+    held.release().await.unwrap();
+    let state = client.lock_status("leak").await.unwrap().unwrap();
+    assert_eq!(state.holder_session_id, impatient.id());
+    // ...and is handed back once the grace period is over.
+    let taken = tokio::time::timeout(Duration::from_secs(15), next.lock("leak"))
+        .await
+        .expect("the abandoned grant was never given back")
+        .unwrap();
+    assert!(taken.token() > state.token);
+    assert!(
+        !impatient.is_lost(),
+        "only the grant is given back, not the session"
+    );
+}

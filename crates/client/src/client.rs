@@ -201,6 +201,10 @@ impl Client {
             lock: lock.to_owned(),
             wait,
             timeout_ms: timeout.map(millis),
+            // A fresh id per request: if this call is abandoned (the future
+            // dropped, the connection lost), the server gives back what it
+            // would have answered, unless a later attempt took over.
+            attempt: rand::random::<u64>().max(1),
         };
         let response = self
             .call(|mut grpc| async move { grpc.acquire(request).await })

@@ -23,6 +23,10 @@ pub enum Command {
         session: SessionId,
         lock: String,
         wait: bool,
+        /// Identifies this request (a retry gets a new one); 0 for none.
+        /// The latest attempt of a session on a lock is remembered, so that
+        /// [`Command::Abandon`] can tell whether anyone still wants the grant.
+        attempt: u64,
     },
     /// Give up `lock`, which `session` must hold with `token`.
     Release {
@@ -30,9 +34,17 @@ pub enum Command {
         lock: String,
         token: Token,
     },
-    /// Leave the wait queue of `lock` (a blocking acquire timed out or its
-    /// caller went away). Reports the grant if it arrived first.
+    /// Leave the wait queue of `lock` (a blocking acquire timed out). Reports
+    /// the grant if it arrived first.
     CancelWait { session: SessionId, lock: String },
+    /// The caller of acquire `attempt` went away without an answer. If no
+    /// later acquire of this session on `lock` has come since, nobody will
+    /// ever learn of the wait or the grant: leave the queue, or release.
+    Abandon {
+        session: SessionId,
+        lock: String,
+        attempt: u64,
+    },
 }
 
 /// The reply to the command's submitter.
@@ -48,6 +60,10 @@ pub enum Outcome {
     /// `granted` is the token if the lock was granted before the cancel.
     WaitCancelled {
         granted: Option<Token>,
+    },
+    /// `released` is the token of the grant nobody received, if there was one.
+    Abandoned {
+        released: Option<Token>,
     },
 }
 

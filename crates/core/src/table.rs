@@ -34,6 +34,8 @@ struct Session {
     ttl_ms: u64,
     held: BTreeSet<String>,
     waiting: BTreeSet<String>,
+    /// The latest acquire attempt on each lock held or waited on.
+    attempts: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,15 +86,28 @@ impl LockTable {
                 session,
                 lock,
                 wait,
+                attempt,
             } => self
                 .acquire(*session, lock, *wait, &mut events)
-                .map(Outcome::Acquire),
+                .map(|outcome| {
+                    // Every acquire that got an answer supersedes the ones
+                    // before it, whose callers may have gone away.
+                    self.session_mut(*session)
+                        .attempts
+                        .insert(lock.clone(), *attempt);
+                    Outcome::Acquire(outcome)
+                }),
             Command::Release {
                 session,
                 lock,
                 token,
             } => self.release(*session, lock, *token, &mut events),
             Command::CancelWait { session, lock } => self.cancel_wait(*session, lock, &mut events),
+            Command::Abandon {
+                session,
+                lock,
+                attempt,
+            } => self.abandon(*session, lock, *attempt, &mut events),
         };
         debug_assert!(outcome.is_ok() || events.is_empty());
         Applied { outcome, events }
@@ -112,6 +127,7 @@ impl LockTable {
                 ttl_ms,
                 held: BTreeSet::new(),
                 waiting: BTreeSet::new(),
+                attempts: BTreeMap::new(),
             },
         );
         events.push(Event::SessionOpened { session, ttl_ms });
@@ -247,7 +263,9 @@ impl LockTable {
                 current: lock.token,
             });
         }
-        self.session_mut(session).held.remove(name);
+        let holder = self.session_mut(session);
+        holder.held.remove(name);
+        holder.attempts.remove(name);
         events.push(Event::Released {
             lock: name.to_owned(),
             session,
@@ -268,6 +286,7 @@ impl LockTable {
             .get_mut(&session)
             .ok_or(LockError::UnknownSession(session))?;
         if state.waiting.remove(name) {
+            state.attempts.remove(name);
             let lock = self.locks.get_mut(name).expect("waited-on lock exists");
             lock.queue.retain(|s| *s != session);
             events.push(Event::WaitEnded {
@@ -282,6 +301,33 @@ impl LockTable {
             .filter(|lock| lock.holder == session)
             .map(|lock| lock.token);
         Ok(Outcome::WaitCancelled { granted })
+    }
+
+    fn abandon(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        attempt: u64,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, LockError> {
+        let state = self
+            .sessions
+            .get(&session)
+            .ok_or(LockError::UnknownSession(session))?;
+        let nobody_else_asked = attempt != 0 && state.attempts.get(name) == Some(&attempt);
+        if !nobody_else_asked {
+            return Ok(Outcome::Abandoned { released: None });
+        }
+        if state.waiting.contains(name) {
+            self.cancel_wait(session, name, events)?;
+            return Ok(Outcome::Abandoned { released: None });
+        }
+        let token = self.locks[name].token;
+        debug_assert_eq!(self.locks[name].holder, session);
+        self.release(session, name, token, events)?;
+        Ok(Outcome::Abandoned {
+            released: Some(token),
+        })
     }
 
     /// The holder of `name` is gone (already unlinked from its session):
@@ -413,6 +459,12 @@ impl LockTable {
             }
             for name in &session.waiting {
                 assert!(self.locks[name].queue.contains(id));
+            }
+            for name in session.attempts.keys() {
+                assert!(
+                    session.held.contains(name) || session.waiting.contains(name),
+                    "session {id} remembers an attempt on {name:?}, which it neither holds nor waits on"
+                );
             }
         }
     }

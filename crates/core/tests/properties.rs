@@ -15,7 +15,9 @@ enum Step {
     Open,
     Close(usize),
     Expire(usize),
-    Acquire(usize, usize, bool),
+    Acquire(usize, usize, bool, u64),
+    /// The caller of an acquire attempt went away.
+    Abandon(usize, usize, u64),
     /// Release with the right token, or with a wrong one.
     Release(usize, usize, bool),
     Cancel(usize, usize),
@@ -28,7 +30,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => Just(Step::Open),
         1 => (0..8usize).prop_map(Step::Close),
         1 => (0..8usize).prop_map(Step::Expire),
-        6 => (0..8usize, 0..3usize, any::<bool>()).prop_map(|(s, l, w)| Step::Acquire(s, l, w)),
+        6 => (0..8usize, 0..3usize, any::<bool>(), 0..4u64).prop_map(|(s, l, w, a)| Step::Acquire(s, l, w, a)),
+        1 => (0..8usize, 0..3usize, 0..4u64).prop_map(|(s, l, a)| Step::Abandon(s, l, a)),
         4 => (0..8usize, 0..3usize, prop::bool::weighted(0.85)).prop_map(|(s, l, ok)| Step::Release(s, l, ok)),
         1 => (0..8usize, 0..3usize).prop_map(|(s, l)| Step::Cancel(s, l)),
         1 => (1000..1010u64).prop_map(Step::Bogus),
@@ -126,10 +129,16 @@ fn command(step: &Step, seen: &Observed) -> Command {
         Step::Expire(s) => Command::ExpireSession {
             session: seen.session(s),
         },
-        Step::Acquire(s, l, wait) => Command::Acquire {
+        Step::Acquire(s, l, wait, attempt) => Command::Acquire {
             session: seen.session(s),
             lock: LOCKS[l].into(),
             wait,
+            attempt,
+        },
+        Step::Abandon(s, l, attempt) => Command::Abandon {
+            session: seen.session(s),
+            lock: LOCKS[l].into(),
+            attempt,
         },
         Step::Release(s, l, right_token) => {
             let held = seen.holders.get(LOCKS[l]).map_or(Token(1), |(_, t)| *t);
@@ -147,6 +156,7 @@ fn command(step: &Step, seen: &Observed) -> Command {
             session: SessionId(id),
             lock: "a".into(),
             wait: true,
+            attempt: 1,
         },
     }
 }
@@ -255,7 +265,7 @@ proptest! {
         // The restored table never re-issues a token.
         let open = restored.apply(&Command::OpenSession { ttl_ms: 1000 });
         let Ok(Outcome::SessionOpened { session, .. }) = open.outcome else { panic!() };
-        let grant = restored.apply(&Command::Acquire { session, lock: "fresh".into(), wait: false });
+        let grant = restored.apply(&Command::Acquire { session, lock: "fresh".into(), wait: false, attempt: 0 });
         let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else { panic!() };
         prop_assert!(seen.last_token.is_none_or(|last| token > last));
     }
@@ -273,6 +283,7 @@ fn release_errors_name_the_problem() {
         session: a,
         lock: "x".into(),
         wait: false,
+        attempt: 0,
     });
     let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else {
         panic!()
@@ -301,6 +312,7 @@ fn release_errors_name_the_problem() {
         session: b,
         lock: "x".into(),
         wait: false,
+        attempt: 0,
     });
     assert!(
         matches!(busy.outcome, Err(LockError::Busy { holder_token, .. }) if holder_token == token)
@@ -310,6 +322,7 @@ fn release_errors_name_the_problem() {
         session: b,
         lock: long,
         wait: false,
+        attempt: 0,
     });
     assert!(matches!(
         too_long.outcome,
@@ -333,6 +346,7 @@ fn a_queued_session_asking_not_to_wait_hears_busy() {
         session,
         lock: "x".into(),
         wait,
+        attempt: 0,
     };
     assert!(table.apply(&acquire(a, false)).outcome.is_ok());
     assert!(matches!(
@@ -345,4 +359,49 @@ fn a_queued_session_asking_not_to_wait_hears_busy() {
     ));
     // ...and keeps its place.
     assert_eq!(table.lock("x").unwrap().waiters, vec![b]);
+}
+
+#[test]
+fn abandon_gives_back_only_what_no_later_attempt_asked_for() {
+    let mut table = LockTable::new();
+    let mut open = || match table.apply(&Command::OpenSession { ttl_ms: 5000 }).outcome {
+        Ok(Outcome::SessionOpened { session, .. }) => session,
+        other => panic!("{other:?}"),
+    };
+    let (a, b) = (open(), open());
+    let acquire = |session, attempt| Command::Acquire {
+        session,
+        lock: "x".into(),
+        wait: true,
+        attempt,
+    };
+    let abandon = |session, attempt| Command::Abandon {
+        session,
+        lock: "x".into(),
+        attempt,
+    };
+    table.apply(&acquire(a, 1));
+    table.apply(&acquire(b, 7));
+    // A retry (attempt 8) came after attempt 7: abandoning 7 changes nothing.
+    table.apply(&acquire(b, 8));
+    let stale = table.apply(&abandon(b, 7));
+    assert_eq!(stale.outcome, Ok(Outcome::Abandoned { released: None }));
+    assert!(stale.events.is_empty());
+    assert_eq!(table.lock("x").unwrap().waiters, vec![b]);
+    // Attempt 1 got its grant; nobody asked since: abandoning releases it,
+    // and the lock passes to the next waiter.
+    let token = table.lock("x").unwrap().token;
+    let given_back = table.apply(&abandon(a, 1));
+    assert_eq!(
+        given_back.outcome,
+        Ok(Outcome::Abandoned {
+            released: Some(token)
+        })
+    );
+    assert_eq!(table.lock("x").unwrap().holder, b);
+    // Attempt 0 means "no id": never abandoned.
+    table.apply(&acquire(a, 0));
+    let anonymous = table.apply(&abandon(a, 0));
+    assert!(anonymous.events.is_empty());
+    assert_eq!(table.lock("x").unwrap().waiters, vec![a]);
 }

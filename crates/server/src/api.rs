@@ -51,6 +51,7 @@ impl Api {
                 &request.lock,
                 request.wait,
                 request.timeout_ms.map(Duration::from_millis),
+                request.attempt,
             )
             .await?;
         Ok(AcquireResponse { token: token.0 })

@@ -150,35 +150,30 @@ impl Node {
         Ok(())
     }
 
-    /// Takes `lock`. With `wait`, blocks until granted, until `timeout`
-    /// passes, or until the returned future is dropped (then the queue place
-    /// is given up, unless a retry of the same acquire still waits on it).
+    /// Takes `lock`. With `wait`, blocks until granted or until `timeout`
+    /// passes. If the returned future is dropped first (the caller went
+    /// away), the wait or grant is abandoned after a grace period, unless a
+    /// retry of the acquire has come since (see [`AcquireCall`]).
     pub async fn acquire(
         &self,
         session: SessionId,
         lock: &str,
         wait: bool,
         timeout: Option<Duration>,
+        attempt: u64,
     ) -> Result<Token, ApiError> {
         validate_lock_name(lock)?;
-        let command = Command::Acquire {
+        let mut call = AcquireCall {
+            node: self.clone(),
             session,
             lock: lock.to_owned(),
-            wait,
+            attempt,
+            subscription: None,
+            answered: false,
         };
-        match self.propose(command).await? {
-            Outcome::Acquire(AcquireOutcome::Granted { token }) => Ok(token),
-            Outcome::Acquire(AcquireOutcome::Queued { .. }) => {
-                let mut queued = QueuedAcquire {
-                    node: self.clone(),
-                    session,
-                    subscription: Some(self.waits.subscribe(session, lock)),
-                    lock: lock.to_owned(),
-                };
-                queued.wait(timeout).await
-            }
-            other => unreachable!("acquire answered {other:?}"),
-        }
+        let answer = call.run(wait, timeout).await;
+        call.answered = true;
+        answer
     }
 
     /// Leaves the queue of `lock`; returns the token if the grant came first.
@@ -278,25 +273,44 @@ impl Node {
     }
 }
 
-/// A blocking acquire that is in the queue. If it is dropped before it
-/// finishes (the client went away), it gives the queue place up.
-struct QueuedAcquire {
+/// One acquire request in progress. Dropped before it has an answer (the
+/// client disconnected or gave up), it hands its wait or grant back.
+struct AcquireCall {
     node: Node,
     session: SessionId,
     lock: String,
+    attempt: u64,
     subscription: Option<Subscription>,
+    answered: bool,
 }
 
-impl QueuedAcquire {
+impl AcquireCall {
+    async fn run(&mut self, wait: bool, timeout: Option<Duration>) -> Result<Token, ApiError> {
+        let command = Command::Acquire {
+            session: self.session,
+            lock: self.lock.clone(),
+            wait,
+            attempt: self.attempt,
+        };
+        match self.node.propose(command).await? {
+            Outcome::Acquire(AcquireOutcome::Granted { token }) => Ok(token),
+            Outcome::Acquire(AcquireOutcome::Queued { .. }) => {
+                self.subscription = Some(self.node.waits.subscribe(self.session, &self.lock));
+                self.wait(timeout).await
+            }
+            other => unreachable!("acquire answered {other:?}"),
+        }
+    }
+
     async fn wait(&mut self, timeout: Option<Duration>) -> Result<Token, ApiError> {
-        let subscription = self.subscription.as_mut().expect("waited once");
+        let subscription = self.subscription.as_mut().expect("subscribed");
         let ended = match timeout {
             Some(limit) => tokio::time::timeout(limit, &mut subscription.ended)
                 .await
                 .ok(),
             None => Some((&mut subscription.ended).await),
         };
-        let subscription = self.subscription.take().expect("waited once");
+        let subscription = self.subscription.take().expect("subscribed");
         let others_waiting = self.node.waits.unsubscribe(&subscription);
         match ended {
             Some(Ok(WaitEnd::Granted(token))) => Ok(token),
@@ -348,28 +362,56 @@ fn timed_out(lock: &str) -> ApiError {
     )
 }
 
-/// How long an abandoned wait keeps its queue place. A client whose
-/// connection dropped retries within this time (its backoff is capped at
-/// 1s) and finds its place, instead of being sent to the back of the queue.
+/// How long an abandoned acquire keeps its queue place (or grant). A client
+/// whose connection dropped retries within this time (its backoff is capped
+/// at 1s) and finds its place, instead of being sent to the back of the queue.
 const ABANDON_GRACE: Duration = Duration::from_secs(3);
 
-impl Drop for QueuedAcquire {
+impl Drop for AcquireCall {
     fn drop(&mut self) {
-        let Some(subscription) = self.subscription.take() else {
-            return;
-        };
-        if self.node.waits.unsubscribe(&subscription) {
+        if let Some(subscription) = self.subscription.take() {
+            self.node.waits.unsubscribe(&subscription);
+        }
+        if self.answered {
             return;
         }
         let node = self.node.clone();
-        let (session, lock) = (self.session, std::mem::take(&mut self.lock));
+        let (session, lock, attempt) = (self.session, std::mem::take(&mut self.lock), self.attempt);
         tokio::spawn(async move {
             tokio::time::sleep(ABANDON_GRACE).await;
             if node.waits.is_watched(session, &lock) {
                 return;
             }
-            if let Err(err) = node.cancel_wait(session, &lock).await {
-                tracing::debug!(session = session.0, lock, message = %err.message, "abandoned wait not cancelled");
+            // With an attempt id the state machine knows whether a later
+            // acquire took over, and can release a grant nobody received.
+            // Without one, only the queue place can safely be given up.
+            let command = if attempt != 0 {
+                Command::Abandon {
+                    session,
+                    lock: lock.clone(),
+                    attempt,
+                }
+            } else {
+                Command::CancelWait {
+                    session,
+                    lock: lock.clone(),
+                }
+            };
+            match node.propose(command).await {
+                Ok(Outcome::Abandoned {
+                    released: Some(token),
+                }) => {
+                    tracing::info!(
+                        session = session.0,
+                        lock,
+                        token = token.0,
+                        "released a grant whose requester went away"
+                    )
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::debug!(session = session.0, lock, message = %err.message, "abandoned acquire not cleaned up")
+                }
             }
         });
     }
