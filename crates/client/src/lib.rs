@@ -100,6 +100,7 @@
 
 mod backoff;
 mod client;
+mod clock;
 mod error;
 mod lock;
 mod session;

@@ -10,6 +10,7 @@
 //! it.
 
 use crate::backoff::retry;
+use crate::clock::BootInstant;
 use crate::{Client, Error, ErrorKind, LockGuard};
 use std::fmt;
 use std::future::Future;
@@ -39,7 +40,7 @@ struct Inner {
 #[derive(Debug, Clone)]
 struct Lease {
     /// When the lease ends at the latest, as far as the client can tell.
-    deadline: Instant,
+    deadline: BootInstant,
     /// Set once the lease is over for a reason other than time passing.
     ended: Option<LeaseLost>,
 }
@@ -86,7 +87,7 @@ impl LeaseLost {
 
 impl Session {
     pub(crate) async fn open(client: Client, ttl: Duration) -> Result<Session, Error> {
-        let sent = Instant::now();
+        let sent = BootInstant::now();
         let (id, ttl) = client.open_session_raw(ttl).await?;
         let (lease, _) = watch::channel(Lease {
             deadline: sent + ttl,
@@ -117,16 +118,18 @@ impl Session {
     }
 
     /// The latest instant the lease is certain to last until: the send time
-    /// of the last successful keepalive (or of the open) plus the TTL.
+    /// of the last successful keepalive (or of the open) plus the TTL. Read
+    /// it afresh rather than keeping it: it accounts for time the machine
+    /// spent suspended up to the moment of the call.
     pub fn lease_deadline(&self) -> Instant {
-        self.inner.lease.borrow().deadline
+        self.inner.lease.borrow().deadline.to_instant()
     }
 
     /// Whether the lease is over: its deadline passed, the server ended the
     /// session, or it was closed.
     pub fn is_lost(&self) -> bool {
         let lease = self.inner.lease.borrow();
-        lease.ended.is_some() || Instant::now() >= lease.deadline
+        lease.ended.is_some() || BootInstant::now() >= lease.deadline
     }
 
     /// Completes once the lease is lost, or is within `margin` of its
@@ -151,11 +154,17 @@ impl Session {
                         None => return LeaseLost::Expired,
                     }
                 };
+                if BootInstant::now() >= alarm {
+                    return LeaseLost::Expired;
+                }
+                // Wake at the alarm, and now and then before it: a suspend
+                // delays tokio's timers but not the lease.
+                let wake = alarm.to_instant().min(Instant::now() + SUSPEND_CHECK);
                 tokio::select! {
-                    () = tokio::time::sleep_until(alarm.into()) => {
+                    () = tokio::time::sleep_until(wake.into()) => {
                         // A renewal that landed as the alarm went off still
-                        // counts: look at the new deadline first.
-                        if !lease.has_changed().unwrap_or(false) {
+                        // counts: the loop looks at the new deadline first.
+                        if BootInstant::now() >= alarm && !lease.has_changed().unwrap_or(false) {
                             return LeaseLost::Expired;
                         }
                     }
@@ -348,14 +357,14 @@ async fn watchdog(
     client: Client,
     id: u64,
     ttl: Duration,
-    mut last_sent: Instant,
+    mut last_sent: BootInstant,
     lease: watch::Sender<Lease>,
 ) {
     let interval = ttl / 3;
     let client = &client;
     let reason = loop {
-        tokio::time::sleep_until((last_sent + interval).into()).await;
-        let deadline = lease.borrow().deadline;
+        tokio::time::sleep_until((last_sent + interval).to_instant().into()).await;
+        let deadline = lease.borrow().deadline.to_instant();
         // Anything short of the server disowning the session is worth
         // retrying while the lease lasts; an attempt that hangs is abandoned
         // after `interval` so a fresh one can go out.
@@ -365,7 +374,7 @@ async fn watchdog(
             Some(deadline),
             |error| !error.ends_session(),
             || async move {
-                let sent = Instant::now();
+                let sent = BootInstant::now();
                 match tokio::time::timeout(interval, client.keep_alive_raw(id)).await {
                     Ok(granted) => granted.map(|granted| (sent, granted)),
                     Err(_) => Err(no_answer("keepalive", interval)),
@@ -408,6 +417,9 @@ async fn watchdog(
     }
 }
 
+/// How often a waiter on the lease re-checks the suspend-aware clock.
+const SUSPEND_CHECK: Duration = Duration::from_secs(1);
+
 /// How long `close` keeps trying when the lease is (nearly) over anyway.
 const CLOSE_AT_LEAST: Duration = Duration::from_secs(1);
 
@@ -428,7 +440,7 @@ fn end_lease(lease: &watch::Sender<Lease>, reason: LeaseLost) {
 /// The deadline after a keepalive sent at `sent` was granted `granted`. The
 /// server counts from when it received the keepalive, which is no earlier
 /// than `sent`; and it never shortens a lease, so neither does this.
-fn renewed_deadline(current: Instant, sent: Instant, granted: Duration) -> Instant {
+fn renewed_deadline(current: BootInstant, sent: BootInstant, granted: Duration) -> BootInstant {
     current.max(sent + granted)
 }
 
@@ -440,14 +452,14 @@ mod tests {
 
     #[test]
     fn renewal_counts_from_the_send_time() {
-        let opened = Instant::now();
+        let opened = BootInstant::now();
         let sent = opened + Duration::from_secs(3);
         assert_eq!(renewed_deadline(opened + TTL, sent, TTL), sent + TTL);
     }
 
     #[test]
     fn renewal_never_shortens_the_lease() {
-        let opened = Instant::now();
+        let opened = BootInstant::now();
         let deadline = opened + TTL;
         // A smaller TTL granted soon after opening would end before the
         // deadline already known.
