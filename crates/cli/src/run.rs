@@ -176,7 +176,8 @@ async fn stop_gracefully(child: &mut Child, group: i32, session: &Session, margi
 /// kills that whole group if this process dies.
 fn spawn(command: &[String], guard: &LockGuard) -> std::io::Result<Child> {
     let parent = std::process::id() as i32;
-    let mut cmd = Command::new(std::env::current_exe()?);
+    // This very binary, even if its file was replaced or removed since.
+    let mut cmd = Command::new("/proc/self/exe");
     cmd.args(["guard", "--parent", &parent.to_string(), "--"])
         .args(command)
         .env("DEADBOLT_LOCK", guard.name())

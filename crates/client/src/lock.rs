@@ -6,6 +6,7 @@
 //! that record the highest token they have seen can refuse writes carrying
 //! an older one.
 
+use crate::session::Claim;
 use crate::{Error, Session};
 
 /// A lock held by a [`Session`]. Release it with [`release`](Self::release)
@@ -17,15 +18,19 @@ pub struct LockGuard {
     lock: String,
     token: u64,
     released: bool,
+    /// Held until the release is done, so that no new acquire of the same
+    /// lock through this session can overtake it.
+    claim: Option<Claim>,
 }
 
 impl LockGuard {
-    pub(crate) fn new(session: Session, lock: String, token: u64) -> Self {
+    pub(crate) fn new(session: Session, claim: Claim, token: u64) -> Self {
         Self {
             session,
-            lock,
+            lock: claim.lock().to_owned(),
             token,
             released: false,
+            claim: Some(claim),
         }
     }
 
@@ -62,14 +67,16 @@ impl Drop for LockGuard {
         if self.released || self.session.is_closed() {
             return;
         }
-        let (session, lock, token) = (
+        let (session, lock, token, claim) = (
             self.session.clone(),
             std::mem::take(&mut self.lock),
             self.token,
+            self.claim.take(),
         );
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
+                    let _claim = claim;
                     if let Err(error) = session.release(&lock, token).await {
                         tracing::warn!(
                             session = session.id(),

@@ -34,6 +34,34 @@ struct Inner {
     ttl: Duration,
     lease: watch::Sender<Lease>,
     watchdog: AbortHandle,
+    /// Locks held, or being acquired, through this session. The server
+    /// knows only the session, so two callers taking one lock through one
+    /// session would both be told they hold it: that is refused here.
+    in_use: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+/// One caller's exclusive use of a lock name within a session, from the
+/// start of an acquire until its release has finished.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    session: Arc<Inner>,
+    lock: String,
+}
+
+impl Claim {
+    pub(crate) fn lock(&self) -> &str {
+        &self.lock
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.session
+            .in_use
+            .lock()
+            .expect("in-use lock poisoned")
+            .remove(&self.lock);
+    }
 }
 
 /// What the client knows about its lease.
@@ -103,6 +131,7 @@ impl Session {
                 ttl,
                 lease,
                 watchdog,
+                in_use: Default::default(),
             }),
         })
     }
@@ -251,6 +280,7 @@ impl Session {
         wait: bool,
         timeout: Option<Duration>,
     ) -> Result<LockGuard, Error> {
+        let claim = self.claim(lock)?;
         // A timeout too long to represent is no timeout at all.
         let give_up = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         let (client, id) = (&self.inner.client, self.id());
@@ -264,11 +294,9 @@ impl Session {
             })
             .await;
         let token = match acquired {
-            // The caller's time ran out while the server was unreachable:
-            // to the caller that is a timeout, not an outage.
-            Err(error)
-                if error.is_transient() && give_up.is_some_and(|at| Instant::now() >= at) =>
-            {
+            // With a timeout, transient errors are retried until it (nearly)
+            // runs out: to the caller that is a timeout, not an outage.
+            Err(error) if error.is_transient() && give_up.is_some() => {
                 return Err(Error::new(
                     ErrorKind::WaitTimeout,
                     format!("timed out waiting for lock {lock:?} (last error: {error})"),
@@ -277,22 +305,57 @@ impl Session {
             acquired => acquired?,
         };
         tracing::debug!(session = id, lock, token, "acquired lock");
-        Ok(LockGuard::new(self.clone(), lock.to_owned(), token))
+        Ok(LockGuard::new(self.clone(), claim, token))
+    }
+
+    fn claim(&self, lock: &str) -> Result<Claim, Error> {
+        let fresh = self
+            .inner
+            .in_use
+            .lock()
+            .expect("in-use lock poisoned")
+            .insert(lock.to_owned());
+        if !fresh {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "lock {lock:?} is already held or being acquired through session {}; \
+                     use one session per holder",
+                    self.id()
+                ),
+            ));
+        }
+        Ok(Claim {
+            session: self.inner.clone(),
+            lock: lock.to_owned(),
+        })
     }
 
     pub(crate) async fn release(&self, lock: &str, token: u64) -> Result<(), Error> {
         let (client, id) = (&self.inner.client, self.id());
-        let attempts = std::sync::atomic::AtomicU32::new(0);
-        let attempts = &attempts;
+        // Whether an earlier attempt may have been applied without its reply
+        // reaching us (a transport failure, not a refusal like NotLeader).
+        let maybe_applied = std::sync::atomic::AtomicBool::new(false);
+        let maybe_applied = &maybe_applied;
         self.retrying("releasing a lock", None, || async move {
-            let attempt = attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match client.release_raw(id, lock, token).await {
                 // A live session holds its locks until it releases them, so
-                // "not holder" on a retry means the first attempt went through
-                // and only its reply was lost. (A lost lease is reported by
-                // `retrying` itself, ahead of any reply.)
-                Err(error) if attempt > 0 && error.kind() == ErrorKind::NotHolder => Ok(()),
-                result => result,
+                // "not holder" after a lost reply means that release went
+                // through. (A lost lease is reported by `retrying` itself,
+                // ahead of any reply.)
+                Err(error)
+                    if error.kind() == ErrorKind::NotHolder
+                        && maybe_applied.load(std::sync::atomic::Ordering::Relaxed) =>
+                {
+                    Ok(())
+                }
+                Err(error) => {
+                    if error.kind() == ErrorKind::Unavailable {
+                        maybe_applied.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(error)
+                }
+                ok => ok,
             }
         })
         .await?;

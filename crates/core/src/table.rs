@@ -90,11 +90,7 @@ impl LockTable {
             } => self
                 .acquire(*session, lock, *wait, &mut events)
                 .map(|outcome| {
-                    // Every acquire that got an answer supersedes the ones
-                    // before it, whose callers may have gone away.
-                    self.session_mut(*session)
-                        .attempts
-                        .insert(lock.clone(), *attempt);
+                    self.note_attempt(*session, lock, *attempt);
                     Outcome::Acquire(outcome)
                 }),
             Command::Release {
@@ -301,6 +297,20 @@ impl LockTable {
             .filter(|lock| lock.holder == session)
             .map(|lock| lock.token);
         Ok(Outcome::WaitCancelled { granted })
+    }
+
+    /// Remembers the latest acquire attempt of a session on a lock. Attempt
+    /// ids grow with time, so a late-arriving older request does not take
+    /// over from its retry; an anonymous attempt (0) disables abandoning
+    /// until the lock is released, since its caller can never be told apart.
+    fn note_attempt(&mut self, session: SessionId, lock: &str, attempt: u64) {
+        let attempts = &mut self.session_mut(session).attempts;
+        let latest = match (attempts.get(lock), attempt) {
+            (_, 0) | (Some(0), _) => 0,
+            (Some(&known), attempt) => known.max(attempt),
+            (None, attempt) => attempt,
+        };
+        attempts.insert(lock.to_owned(), latest);
     }
 
     fn abandon(

@@ -172,7 +172,14 @@ impl Node {
             answered: false,
         };
         let answer = call.run(wait, timeout).await;
-        call.answered = true;
+        // An outage answer leaves the request's effect unknown to the caller,
+        // who may never retry: treat it like a caller that went away.
+        call.answered = !answer.as_ref().is_err_and(|err| {
+            matches!(
+                err.kind,
+                ErrorKind::Unavailable | ErrorKind::NotLeader | ErrorKind::Internal
+            )
+        });
         answer
     }
 
