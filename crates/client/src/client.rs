@@ -315,6 +315,23 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Acquire attempt ids: strictly increasing within this process and, being
+/// microseconds of wall-clock time, roughly across processes, so that the
+/// server can tell a retry from the older request it replaces.
+fn next_attempt() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64);
+    let previous = LAST
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(last.saturating_add(1).max(now))
+        })
+        .expect("the update always succeeds");
+    previous.saturating_add(1).max(now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,21 +369,4 @@ mod tests {
         assert_eq!(millis(Duration::from_micros(2_500)), 2);
         assert_eq!(millis(Duration::MAX), u64::MAX);
     }
-}
-
-/// Acquire attempt ids: strictly increasing within this process and, being
-/// microseconds of wall-clock time, roughly across processes, so that the
-/// server can tell a retry from the older request it replaces.
-fn next_attempt() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_micros() as u64);
-    let previous = LAST
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
-            Some(last.saturating_add(1).max(now))
-        })
-        .expect("the update always succeeds");
-    previous.saturating_add(1).max(now)
 }
