@@ -116,12 +116,14 @@ async fn run_holding(
             return exit::FAILURE;
         }
     };
-    let group = child.id().expect("a just-spawned child has a pid") as i32;
+    let keeper = child.id().expect("a just-spawned child has a pid") as i32;
     let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
     let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
     let at_risk = session.lost(margin + grace);
     tokio::pin!(at_risk);
+    // The guard exits only once the command and everything it started are
+    // dead, so its exit is what allows the release below.
     let code = loop {
         tokio::select! {
             status = child.wait() => break exit_code(status.expect("waiting for the command failed")),
@@ -132,34 +134,34 @@ async fn run_holding(
                 );
                 match reason {
                     // Still ours until the deadline: time for a clean stop.
-                    LeaseLost::Expired => stop_gracefully(&mut child, group, session, margin).await,
+                    LeaseLost::Expired => stop_gracefully(&mut child, keeper, session, margin).await,
                     // The server already let go: the lock may be someone
                     // else's right now.
-                    LeaseLost::Rejected(_) | LeaseLost::Closed => signal_group(group, libc::SIGKILL),
+                    LeaseLost::Rejected(_) | LeaseLost::Closed => signal_guard(keeper, KILL_ALL),
                 }
                 let _ = child.wait().await;
                 eprintln!("deadbolt run: lock {:?} lost while running", args.target.lock);
                 break exit::LOCK_LOST;
             }
-            // Forwarded to the whole process group; we exit when it does.
-            _ = terminate.recv() => signal_group(group, libc::SIGTERM),
-            _ = interrupt.recv() => signal_group(group, libc::SIGINT),
-            _ = hangup.recv() => signal_group(group, libc::SIGHUP),
+            // Forwarded by the guard to the command's process group.
+            _ = terminate.recv() => signal_guard(keeper, libc::SIGTERM),
+            _ = interrupt.recv() => signal_guard(keeper, libc::SIGINT),
+            _ = hangup.recv() => signal_guard(keeper, libc::SIGHUP),
         }
     };
-    // Whatever the command left running in the background is still working
-    // under the lock: it must not outlive the lock.
-    signal_group(group, libc::SIGKILL);
     // The lock may already be lost; releasing by token is safe either way
     // (a stale token is refused).
     release(guard).await;
     code
 }
 
+/// Asks the guard to SIGKILL the command's process group.
+const KILL_ALL: i32 = libc::SIGUSR2;
+
 /// SIGTERM, then SIGKILL when the grace period is over, which is still
 /// `margin` before the conservative lease deadline.
-async fn stop_gracefully(child: &mut Child, group: i32, session: &Session, margin: Duration) {
-    signal_group(group, libc::SIGTERM);
+async fn stop_gracefully(child: &mut Child, keeper: i32, session: &Session, margin: Duration) {
+    signal_guard(keeper, libc::SIGTERM);
     let kill_at = session
         .lease_deadline()
         .checked_sub(margin)
@@ -168,12 +170,12 @@ async fn stop_gracefully(child: &mut Child, group: i32, session: &Session, margi
         .await
         .is_err()
     {
-        signal_group(group, libc::SIGKILL);
+        signal_guard(keeper, KILL_ALL);
     }
 }
 
-/// Starts CMD under `deadbolt guard`, which leads a new process group and
-/// kills that whole group if this process dies.
+/// Starts CMD under `deadbolt guard` (see guard.rs), in a process group of
+/// its own so that terminal signals reach only us, and we decide.
 fn spawn(command: &[String], guard: &LockGuard) -> std::io::Result<Child> {
     let parent = std::process::id() as i32;
     // This very binary, even if its file was replaced or removed since.
@@ -201,10 +203,10 @@ fn spawn(command: &[String], guard: &LockGuard) -> std::io::Result<Child> {
     cmd.spawn()
 }
 
-fn signal_group(group: i32, signal: i32) {
+fn signal_guard(keeper: i32, signal: i32) {
     // SAFETY: kill has no memory-safety preconditions.
     unsafe {
-        libc::kill(-group, signal);
+        libc::kill(keeper, signal);
     }
 }
 

@@ -264,3 +264,28 @@ fn background_jobs_do_not_outlive_the_lock() {
         "a background job kept running after the lock was released"
     );
 }
+
+#[test]
+fn a_job_that_leaves_the_process_group_still_dies_before_the_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let marker = dir.path().join("escaped.pid");
+    // `setsid` moves the job into a session (and group) of its own, out of
+    // reach of a process-group kill.
+    let script = format!(
+        "setsid sleep 60 >/dev/null 2>&1 </dev/null & echo $! > {}; sleep 0.3",
+        marker.display()
+    );
+    let output = deadbolt(
+        &server.endpoint(),
+        &["run", "--lock", "escape", "--", "sh", "-c", &script],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let job: i32 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // No waiting: by the time `deadbolt run` has exited, it must be gone.
+    assert!(!alive(job), "a job that called setsid outlived the lock");
+}
