@@ -154,6 +154,15 @@ async fn kill9_under_load_loses_no_acknowledged_grant_and_never_reissues_a_token
     assert!(guard.token() > max_token);
 }
 
+/// Sessions whose leases outlast any test.
+async fn long_sessions<const N: usize>(client: &Client) -> [Session; N] {
+    let mut sessions = Vec::with_capacity(N);
+    for _ in 0..N {
+        sessions.push(client.open_session(Duration::from_secs(30)).await.unwrap());
+    }
+    sessions.try_into().expect("N sessions")
+}
+
 async fn wait_for_waiters(client: &Client, lock: &str, count: usize) {
     loop {
         let state = client.lock_status(lock).await.unwrap();
@@ -170,12 +179,7 @@ async fn clean_restart_keeps_holders_queues_and_tokens() {
     let data = dir.path().join("data");
     let mut server = TestServer::start(&data);
     let client = Client::connect([server.endpoint()]).await.unwrap();
-    let ttl = Duration::from_secs(30);
-    let (holder, first, second) = (
-        client.open_session(ttl).await.unwrap(),
-        client.open_session(ttl).await.unwrap(),
-        client.open_session(ttl).await.unwrap(),
-    );
+    let [holder, first, second] = long_sessions(&client).await;
     let held = holder.lock("queue").await.unwrap();
     let first_wait = tokio::spawn({
         let first = first.clone();
@@ -221,11 +225,7 @@ async fn restart_from_a_compacted_log_keeps_everything() {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], common::free_port()));
     let mut server = TestServer::start_with(&data, addr, &flags);
     let client = server.client().await;
-    let ttl = Duration::from_secs(30);
-    let (holder, waiter) = (
-        client.open_session(ttl).await.unwrap(),
-        client.open_session(ttl).await.unwrap(),
-    );
+    let [holder, waiter] = long_sessions(&client).await;
     let mut last_token = 0;
     for round in 0..150 {
         let guard = holder.lock(&format!("churn-{}", round % 7)).await.unwrap();
@@ -273,12 +273,7 @@ async fn a_dropped_wait_keeps_its_place_for_the_retry() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(&dir.path().join("data"));
     let client = server.client().await;
-    let ttl = Duration::from_secs(30);
-    let (holder, flaky, patient) = (
-        client.open_session(ttl).await.unwrap(),
-        client.open_session(ttl).await.unwrap(),
-        client.open_session(ttl).await.unwrap(),
-    );
+    let [holder, flaky, patient] = long_sessions(&client).await;
     let held = holder.lock("fifo").await.unwrap();
 
     // The flaky client queues over raw HTTP, then its connection dies.
@@ -335,12 +330,7 @@ async fn an_acquire_given_up_by_its_caller_does_not_leak_the_lock() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(&dir.path().join("data"));
     let client = server.client().await;
-    let ttl = Duration::from_secs(30);
-    let (holder, impatient, next) = (
-        client.open_session(ttl).await.unwrap(),
-        client.open_session(ttl).await.unwrap(),
-        client.open_session(ttl).await.unwrap(),
-    );
+    let [holder, impatient, next] = long_sessions(&client).await;
     let held = holder.lock("leak").await.unwrap();
     let gave_up = tokio::time::timeout(Duration::from_millis(300), impatient.lock("leak")).await;
     assert!(

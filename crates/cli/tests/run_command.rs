@@ -243,22 +243,28 @@ async fn command_is_killed_before_the_lease_can_end_when_renewal_fails() {
     );
 }
 
-#[test]
-fn background_jobs_do_not_outlive_the_lock() {
+/// Runs `script` (which writes a background job's pid to `$MARKER`) under
+/// `deadbolt run` to completion, and returns that job's pid.
+fn run_leaving_a_job(lock: &str, script: &str) -> i32 {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(&dir.path().join("data"));
     let marker = dir.path().join("job.pid");
-    let script = format!("sleep 60 & echo $! > {}", marker.display());
+    let script = script.replace("$MARKER", &marker.display().to_string());
     let output = deadbolt(
         &server.endpoint(),
-        &["run", "--lock", "leaky", "--", "sh", "-c", &script],
+        &["run", "--lock", lock, "--", "sh", "-c", &script],
     );
     assert!(output.status.success(), "{output:?}");
-    let job: i32 = std::fs::read_to_string(&marker)
+    std::fs::read_to_string(&marker)
         .unwrap()
         .trim()
         .parse()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn background_jobs_do_not_outlive_the_lock() {
+    let job = run_leaving_a_job("leaky", "sleep 60 & echo $! > $MARKER");
     assert!(
         gone_soon(job),
         "a background job kept running after the lock was released"
@@ -267,25 +273,12 @@ fn background_jobs_do_not_outlive_the_lock() {
 
 #[test]
 fn a_job_that_leaves_the_process_group_still_dies_before_the_release() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(&dir.path().join("data"));
-    let marker = dir.path().join("escaped.pid");
     // `setsid` moves the job into a session (and group) of its own, out of
     // reach of a process-group kill.
-    let script = format!(
-        "setsid sleep 60 >/dev/null 2>&1 </dev/null & echo $! > {}; sleep 0.3",
-        marker.display()
+    let job = run_leaving_a_job(
+        "escape",
+        "setsid sleep 60 >/dev/null 2>&1 </dev/null & echo $! > $MARKER; sleep 0.3",
     );
-    let output = deadbolt(
-        &server.endpoint(),
-        &["run", "--lock", "escape", "--", "sh", "-c", &script],
-    );
-    assert!(output.status.success(), "{output:?}");
-    let job: i32 = std::fs::read_to_string(&marker)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
     // No waiting: by the time `deadbolt run` has exited, it must be gone.
     assert!(!alive(job), "a job that called setsid outlived the lock");
 }

@@ -271,14 +271,17 @@ proptest! {
     }
 }
 
+fn open_session(table: &mut LockTable) -> SessionId {
+    match table.apply(&Command::OpenSession { ttl_ms: 5000 }).outcome {
+        Ok(Outcome::SessionOpened { session, .. }) => session,
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn release_errors_name_the_problem() {
     let mut table = LockTable::new();
-    let open = |t: &mut LockTable| match t.apply(&Command::OpenSession { ttl_ms: 5000 }).outcome {
-        Ok(Outcome::SessionOpened { session, .. }) => session,
-        other => panic!("{other:?}"),
-    };
-    let (a, b) = (open(&mut table), open(&mut table));
+    let (a, b) = (open_session(&mut table), open_session(&mut table));
     let grant = table.apply(&Command::Acquire {
         session: a,
         lock: "x".into(),
@@ -337,11 +340,7 @@ fn release_errors_name_the_problem() {
 #[test]
 fn a_queued_session_asking_not_to_wait_hears_busy() {
     let mut table = LockTable::new();
-    let mut open = || match table.apply(&Command::OpenSession { ttl_ms: 5000 }).outcome {
-        Ok(Outcome::SessionOpened { session, .. }) => session,
-        other => panic!("{other:?}"),
-    };
-    let (a, b) = (open(), open());
+    let (a, b) = (open_session(&mut table), open_session(&mut table));
     let acquire = |session, wait| Command::Acquire {
         session,
         lock: "x".into(),
@@ -364,11 +363,7 @@ fn a_queued_session_asking_not_to_wait_hears_busy() {
 #[test]
 fn abandon_gives_back_only_what_no_later_attempt_asked_for() {
     let mut table = LockTable::new();
-    let mut open = || match table.apply(&Command::OpenSession { ttl_ms: 5000 }).outcome {
-        Ok(Outcome::SessionOpened { session, .. }) => session,
-        other => panic!("{other:?}"),
-    };
-    let (a, b) = (open(), open());
+    let (a, b) = (open_session(&mut table), open_session(&mut table));
     let acquire = |session, attempt| Command::Acquire {
         session,
         lock: "x".into(),
