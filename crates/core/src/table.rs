@@ -73,6 +73,7 @@ impl LockTable {
 
     /// Applies one command. On error nothing changed and `events` is empty.
     pub fn apply(&mut self, command: &Command) -> Applied {
+        let tokens_before = self.next_token;
         let mut events = Vec::new();
         let outcome = match command {
             Command::OpenSession { ttl_ms } => self.open_session(*ttl_ms, &mut events),
@@ -106,6 +107,11 @@ impl LockTable {
             } => self.abandon(*session, lock, *attempt, &mut events),
         };
         debug_assert!(outcome.is_ok() || events.is_empty());
+        // The one invariant everything rests on; a u64 compare per command.
+        assert!(
+            self.next_token >= tokens_before,
+            "the token counter went back"
+        );
         Applied { outcome, events }
     }
 
@@ -143,12 +149,7 @@ impl LockTable {
         // Drop the waits before handing locks over, so that no queue names
         // the ended session when its locks pass to the next waiters.
         for name in &ended.waiting {
-            let lock = self.locks.get_mut(name).expect("waited-on lock exists");
-            lock.queue.retain(|s| *s != session);
-            events.push(Event::WaitEnded {
-                lock: name.clone(),
-                session,
-            });
+            self.leave_queue(name, session, events);
         }
         for name in &ended.held {
             let token = self.locks[name].token;
@@ -283,12 +284,7 @@ impl LockTable {
             .ok_or(LockError::UnknownSession(session))?;
         if state.waiting.remove(name) {
             state.attempts.remove(name);
-            let lock = self.locks.get_mut(name).expect("waited-on lock exists");
-            lock.queue.retain(|s| *s != session);
-            events.push(Event::WaitEnded {
-                lock: name.to_owned(),
-                session,
-            });
+            self.leave_queue(name, session, events);
             return Ok(Outcome::WaitCancelled { granted: None });
         }
         let granted = self
@@ -338,6 +334,17 @@ impl LockTable {
         Ok(Outcome::Abandoned {
             released: Some(token),
         })
+    }
+
+    /// Takes `session` (already unlinked from the wait) out of the queue of
+    /// `name`. A waited-on lock always has a holder, so it stays.
+    fn leave_queue(&mut self, name: &str, session: SessionId, events: &mut Vec<Event>) {
+        let lock = self.locks.get_mut(name).expect("waited-on lock exists");
+        lock.queue.retain(|s| *s != session);
+        events.push(Event::WaitEnded {
+            lock: name.to_owned(),
+            session,
+        });
     }
 
     /// The holder of `name` is gone (already unlinked from its session):

@@ -8,14 +8,13 @@
 //! hundred at a time. Deleting ten thousand entries in one transaction would
 //! stall every append behind it for over 100 ms.
 
-use super::{At, OrStorageError, LOG, META};
+use super::{read_meta, write_meta, At, OrStorageError, LOG};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{
     Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, StorageIOError, Vote,
 };
 use redb::{Database, ReadableTable};
-use serde::{de::DeserializeOwned, Serialize};
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::Arc;
@@ -36,36 +35,11 @@ impl LogStore {
             db,
         };
         // Finish deletions a crash interrupted.
-        if let Some(purged) = store.read_meta::<LogId<NodeId>>(PURGED_KEY)? {
+        if let Some(purged) = read_meta::<LogId<NodeId>>(&store.db, PURGED_KEY, ErrorSubject::Logs)?
+        {
             store.compactor.delete_up_to(purged.index);
         }
         Ok(store)
-    }
-
-    fn read_meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, StorageError> {
-        let at = At(ErrorSubject::Store, ErrorVerb::Read);
-        let txn = self.db.begin_read().at(&at)?;
-        let table = txn.open_table(META).at(&at)?;
-        match table.get(key).at(&at)? {
-            Some(bytes) => Ok(Some(bincode::deserialize(bytes.value()).at(&at)?)),
-            None => Ok(None),
-        }
-    }
-
-    fn write_meta<T: Serialize>(
-        &self,
-        key: &str,
-        value: &T,
-        subject: ErrorSubject<NodeId>,
-    ) -> Result<(), StorageError> {
-        let at = At(subject.clone(), ErrorVerb::Write);
-        let bytes = bincode::serialize(value).at(&at)?;
-        let txn = self.db.begin_write().at(&at)?;
-        txn.open_table(META)
-            .at(&at)?
-            .insert(key, bytes.as_slice())
-            .at(&at)?;
-        txn.commit().at(&at)
     }
 }
 
@@ -106,7 +80,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let at = At(ErrorSubject::Logs, ErrorVerb::Read);
-        let last_purged_log_id: Option<LogId<NodeId>> = self.read_meta(PURGED_KEY)?;
+        let last_purged_log_id: Option<LogId<NodeId>> =
+            read_meta(&self.db, PURGED_KEY, ErrorSubject::Logs)?;
         let txn = self.db.begin_read().at(&at)?;
         let table = txn.open_table(LOG).at(&at)?;
         let last = match table.last().at(&at)? {
@@ -133,11 +108,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.write_meta(VOTE_KEY, vote, ErrorSubject::Vote)
+        write_meta(&self.db, VOTE_KEY, vote, ErrorSubject::Vote)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.read_meta(VOTE_KEY)
+        read_meta(&self.db, VOTE_KEY, ErrorSubject::Vote)
     }
 
     /// Writes on a blocking thread: the commit waits for the disk, and a
@@ -180,7 +155,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
         // Durable before returning: from now on `get_log_state` reports the
         // entries up to here as gone, whether or not they are deleted yet.
-        self.write_meta(PURGED_KEY, &log_id, ErrorSubject::Logs)?;
+        write_meta(&self.db, PURGED_KEY, &log_id, ErrorSubject::Logs)?;
         self.compactor.delete_up_to(log_id.index);
         Ok(())
     }

@@ -50,3 +50,36 @@ impl<T, E: std::error::Error + 'static> OrStorageError<T> for Result<T, E> {
         })
     }
 }
+
+/// Reads a bincode-encoded value from the `META` table.
+fn read_meta<T: serde::de::DeserializeOwned>(
+    db: &redb::Database,
+    key: &str,
+    subject: openraft::ErrorSubject<NodeId>,
+) -> Result<Option<T>, StorageError> {
+    let at = At(subject, openraft::ErrorVerb::Read);
+    let txn = db.begin_read().at(&at)?;
+    let table = txn.open_table(META).at(&at)?;
+    match table.get(key).at(&at)? {
+        Some(bytes) => Ok(Some(bincode::deserialize(bytes.value()).at(&at)?)),
+        None => Ok(None),
+    }
+}
+
+/// Writes a bincode-encoded value into the `META` table; fsync'd when this
+/// returns `Ok` (redb's default `Durability::Immediate`).
+fn write_meta<T: serde::Serialize>(
+    db: &redb::Database,
+    key: &str,
+    value: &T,
+    subject: openraft::ErrorSubject<NodeId>,
+) -> Result<(), StorageError> {
+    let at = At(subject, openraft::ErrorVerb::Write);
+    let bytes = bincode::serialize(value).at(&at)?;
+    let txn = db.begin_write().at(&at)?;
+    txn.open_table(META)
+        .at(&at)?
+        .insert(key, bytes.as_slice())
+        .at(&at)?;
+    txn.commit().at(&at)
+}

@@ -5,7 +5,7 @@
 //! A snapshot is written (fsync'd) before openraft may purge the log entries
 //! it covers, so the pair (snapshot, remaining log) always rebuilds the table.
 
-use super::{At, OrStorageError, META};
+use super::{read_meta, write_meta, At, OrStorageError};
 use crate::raft_types::{Batch, BatchOutcome, NodeId, StorageError, TypeConfig};
 use deadbolt_core::{Event, LockTable};
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -79,27 +79,12 @@ impl StateMachineStore {
     }
 
     fn read_snapshot(&self) -> Result<Option<StoredSnapshot>, StorageError> {
-        let at = At(ErrorSubject::Snapshot(None), ErrorVerb::Read);
-        let txn = self.db.begin_read().at(&at)?;
-        let table = txn.open_table(META).at(&at)?;
-        match table.get(SNAPSHOT_KEY).at(&at)? {
-            Some(bytes) => Ok(Some(bincode::deserialize(bytes.value()).at(&at)?)),
-            None => Ok(None),
-        }
+        read_meta(&self.db, SNAPSHOT_KEY, ErrorSubject::Snapshot(None))
     }
 
     fn write_snapshot(&self, snapshot: &StoredSnapshot) -> Result<(), StorageError> {
-        let at = At(
-            ErrorSubject::Snapshot(Some(snapshot.meta.signature())),
-            ErrorVerb::Write,
-        );
-        let bytes = bincode::serialize(snapshot).at(&at)?;
-        let txn = self.db.begin_write().at(&at)?;
-        txn.open_table(META)
-            .at(&at)?
-            .insert(SNAPSHOT_KEY, bytes.as_slice())
-            .at(&at)?;
-        txn.commit().at(&at)
+        let subject = ErrorSubject::Snapshot(Some(snapshot.meta.signature()));
+        write_meta(&self.db, SNAPSHOT_KEY, snapshot, subject)
     }
 }
 
