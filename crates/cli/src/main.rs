@@ -4,6 +4,7 @@
 //! them); see [`exit`].
 
 mod bench;
+mod cluster;
 mod exit;
 mod guard;
 mod locks;
@@ -46,8 +47,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a Deadbolt server node (single node, embedded store).
+    /// Run a Deadbolt server node (single node by default, or a member of a
+    /// 3- or 5-node cluster with --initial-cluster).
     Server(server::ServerArgs),
+    /// Show or change the cluster's members.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// Run a command while holding a lock (distributed cron dedupe).
     #[command(after_help = AFTER_HELP)]
     Run(run::RunArgs),
@@ -93,6 +98,7 @@ fn main() {
             Command::Keepalive(args) => locks::keepalive(&cli.endpoint, args).await,
             Command::Status(args) => locks::status(&cli.endpoint, args).await,
             Command::Locks(args) => locks::list(&cli.endpoint, args).await,
+            Command::Cluster(command) => cluster::main(&cli.endpoint, command).await,
             Command::Bench(args) => bench::main(&cli.endpoint, args).await,
             Command::Guard(_) => unreachable!("handled before the runtime starts"),
         }

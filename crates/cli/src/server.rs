@@ -1,7 +1,7 @@
 //! `deadbolt server`: starts a node and runs it until SIGTERM or ctrl-c.
 
 use crate::exit;
-use deadbolt_server::{Server, ServerConfig};
+use deadbolt_server::{InitialCluster, Server, ServerConfig, StartMembership};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -17,6 +17,18 @@ pub struct ServerArgs {
     /// This node's id in the cluster.
     #[arg(long, default_value_t = 1)]
     node_id: u64,
+    /// Form a new cluster of these nodes: `1=HOST:PORT,2=HOST:PORT,...`,
+    /// each node's address for clients and peers (this node's entry is the
+    /// address the others reach it at). Start every listed node with the
+    /// same list; the lowest id forms the cluster once all have started.
+    /// Ignored once the data directory holds a cluster. Without it (and
+    /// without --join) a node with empty data forms a single-node cluster.
+    #[arg(long, env = "DEADBOLT_INITIAL_CLUSTER", value_parser = parse_initial_cluster)]
+    initial_cluster: Option<InitialCluster>,
+    /// Start with an empty data directory and wait to be added to a running
+    /// cluster with `deadbolt cluster add ID HOST:PORT`.
+    #[arg(long, conflicts_with = "initial_cluster")]
+    join: bool,
     /// Snapshot the lock table and compact the Raft log every N entries.
     #[arg(long, default_value_t = ServerConfig::DEFAULT_SNAPSHOT_EVERY, value_parser = clap::value_parser!(u64).range(10..))]
     snapshot_every: u64,
@@ -32,6 +44,11 @@ pub async fn main(args: ServerArgs) -> i32 {
         listen: args.listen,
         data_dir: args.data_dir,
         snapshot_every: args.snapshot_every,
+        membership: match (args.initial_cluster, args.join) {
+            (Some(cluster), _) => StartMembership::Initial(cluster),
+            (None, true) => StartMembership::Join,
+            (None, false) => StartMembership::SingleNode,
+        },
     };
     let server = match Server::start(config).await {
         Ok(server) => server,
@@ -47,6 +64,10 @@ pub async fn main(args: ServerArgs) -> i32 {
             exit::FAILURE
         }
     }
+}
+
+fn parse_initial_cluster(text: &str) -> Result<InitialCluster, String> {
+    text.parse()
 }
 
 fn init_logging(json: bool) {

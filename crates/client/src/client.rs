@@ -11,10 +11,12 @@
 
 use crate::error::describe_chain;
 use crate::{Error, ErrorKind, HealthResponse, LockState, Session};
+use deadbolt_proto::v1::cluster_client::ClusterClient;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{
-    AcquireRequest, CloseSessionRequest, HealthRequest, KeepAliveRequest, ListLocksRequest,
-    LockStatusRequest, OpenSessionRequest, ReleaseRequest,
+    AcquireRequest, AddMemberRequest, CloseSessionRequest, ClusterStatusRequest,
+    ClusterStatusResponse, HealthRequest, KeepAliveRequest, ListLocksRequest, LockStatusRequest,
+    OpenSessionRequest, ReleaseRequest, RemoveMemberRequest,
 };
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -29,6 +31,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// instead of hanging.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause before asking again when no node knows a leader (an election is
+/// under way; it normally takes a few hundred milliseconds).
+const ELECTION_PAUSE: Duration = Duration::from_millis(150);
 
 /// A handle on a Deadbolt cluster. Cheap to clone; clones share connections.
 #[derive(Debug, Clone)]
@@ -56,7 +61,7 @@ struct Current {
     /// Bumped on every switch, so that many calls failing together move
     /// the client on by one endpoint rather than one each.
     generation: u64,
-    grpc: DeadboltClient<Channel>,
+    channel: Channel,
 }
 
 impl Client {
@@ -84,7 +89,7 @@ impl Client {
                     let current = Current {
                         index,
                         generation: 0,
-                        grpc: DeadboltClient::new(channel),
+                        channel,
                     };
                     return Ok(Client {
                         shared: Arc::new(Shared {
@@ -120,7 +125,9 @@ impl Client {
             lock: lock.to_owned(),
         };
         let response = self
-            .call(|mut grpc| async move { grpc.lock_status(request).await })
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).lock_status(request).await
+            })
             .await?;
         Ok(response.state)
     }
@@ -137,7 +144,9 @@ impl Client {
                 limit: 0,
             };
             let page = self
-                .call(|mut grpc| async move { grpc.list_locks(request).await })
+                .call(request, |channel, request| async move {
+                    DeadboltClient::new(channel).list_locks(request).await
+                })
                 .await?;
             // An empty page cannot advance `after`; stop rather than ask again.
             let done = !page.more || page.locks.is_empty();
@@ -150,8 +159,10 @@ impl Client {
 
     /// The answering node's view of itself and the cluster.
     pub async fn health(&self) -> Result<HealthResponse, Error> {
-        self.call(|mut grpc| async move { grpc.health(HealthRequest {}).await })
-            .await
+        self.call(HealthRequest {}, |channel, request| async move {
+            DeadboltClient::new(channel).health(request).await
+        })
+        .await
     }
 
     /// Opens a session with no renewal: it ends `ttl` after the last
@@ -162,7 +173,9 @@ impl Client {
             ttl_ms: millis(ttl),
         };
         let response = self
-            .call(|mut grpc| async move { grpc.open_session(request).await })
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).open_session(request).await
+            })
             .await?;
         Ok((response.session_id, Duration::from_millis(response.ttl_ms)))
     }
@@ -172,7 +185,9 @@ impl Client {
     pub async fn keep_alive_raw(&self, session_id: u64) -> Result<Duration, Error> {
         let request = KeepAliveRequest { session_id };
         let response = self
-            .call(|mut grpc| async move { grpc.keep_alive(request).await })
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).keep_alive(request).await
+            })
             .await?;
         Ok(Duration::from_millis(response.ttl_ms))
     }
@@ -180,8 +195,10 @@ impl Client {
     /// Ends a session, releasing every lock it holds.
     pub async fn close_session_raw(&self, session_id: u64) -> Result<(), Error> {
         let request = CloseSessionRequest { session_id };
-        self.call(|mut grpc| async move { grpc.close_session(request).await })
-            .await?;
+        self.call(request, |channel, request| async move {
+            DeadboltClient::new(channel).close_session(request).await
+        })
+        .await?;
         Ok(())
     }
 
@@ -207,7 +224,9 @@ impl Client {
             attempt: next_attempt(),
         };
         let response = self
-            .call(|mut grpc| async move { grpc.acquire(request).await })
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).acquire(request).await
+            })
             .await?;
         Ok(response.token)
     }
@@ -219,39 +238,98 @@ impl Client {
             lock: lock.to_owned(),
             token,
         };
-        self.call(|mut grpc| async move { grpc.release(request).await })
-            .await?;
+        self.call(request, |channel, request| async move {
+            DeadboltClient::new(channel).release(request).await
+        })
+        .await?;
         Ok(())
     }
 
-    /// Makes one call on the current endpoint, switching endpoints if it
-    /// turns out unreachable or not the leader.
-    async fn call<T, Fut>(
+    /// The answering node's role, log indexes, and view of the membership.
+    pub async fn cluster_status(&self) -> Result<ClusterStatusResponse, Error> {
+        self.call(ClusterStatusRequest {}, |channel, request| async move {
+            ClusterClient::new(channel).status(request).await
+        })
+        .await
+    }
+
+    /// Adds node `node_id`, serving at `address` (`host:port`), to the
+    /// cluster: as a learner until it has caught up, then as a voter.
+    /// Returns the leader's view of the cluster afterwards.
+    pub async fn add_member(
         &self,
-        request: impl FnOnce(DeadboltClient<Channel>) -> Fut,
+        node_id: u64,
+        address: &str,
+    ) -> Result<ClusterStatusResponse, Error> {
+        let request = AddMemberRequest {
+            node_id,
+            address: address.to_owned(),
+        };
+        self.call(request, |channel, request| async move {
+            ClusterClient::new(channel).add_member(request).await
+        })
+        .await
+    }
+
+    /// Removes node `node_id` from the cluster.
+    pub async fn remove_member(&self, node_id: u64) -> Result<ClusterStatusResponse, Error> {
+        let request = RemoveMemberRequest { node_id };
+        self.call(request, |channel, request| async move {
+            ClusterClient::new(channel).remove_member(request).await
+        })
+        .await
+    }
+
+    /// Makes a call on the current endpoint. An endpoint that is not the
+    /// leader did nothing with the request, so it is sent again, straight
+    /// away, to the leader it named or to the next endpoint; during an
+    /// election (no leader known anywhere) after a short pause. Anything
+    /// else, including an unreachable endpoint, is returned to the caller
+    /// (whether the request took effect is then unknown), and later calls go
+    /// to the next endpoint.
+    async fn call<Req, T, Fut>(
+        &self,
+        request: Req,
+        send: impl Fn(Channel, Req) -> Fut,
     ) -> Result<T, Error>
     where
+        Req: Clone,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let (index, generation, grpc) = {
-            let current = self.current();
-            (current.index, current.generation, current.grpc.clone())
-        };
-        match request(grpc).await {
-            Ok(response) => Ok(response.into_inner()),
-            Err(status) => {
-                let error = Error::from_status(&status, &self.shared.targets[index].address);
-                if error.is_transient() {
-                    self.rotate(generation);
-                }
-                Err(error)
+        let mut tries = 0;
+        loop {
+            let (index, generation, channel) = {
+                let current = self.current();
+                (current.index, current.generation, current.channel.clone())
+            };
+            let status = match send(channel, request.clone()).await {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) => status,
+            };
+            let error = Error::from_status(&status, &self.shared.targets[index].address);
+            if error.is_transient() {
+                self.move_on(generation, error.leader());
+            }
+            tries += 1;
+            if error.kind() != ErrorKind::NotLeader || tries >= self.not_leader_tries() {
+                return Err(error);
+            }
+            if error.leader().is_none() {
+                tokio::time::sleep(ELECTION_PAUSE).await;
             }
         }
     }
 
-    /// Points later calls at the next endpoint, unless another call already
-    /// moved on from the one that failed.
-    fn rotate(&self, failed_generation: u64) {
+    /// Enough tries to go round every endpoint a few times, which also covers
+    /// an election or two.
+    fn not_leader_tries(&self) -> usize {
+        3 * self.shared.targets.len().max(2)
+    }
+
+    /// Points later calls at the leader the failed call named, if it is one
+    /// of our endpoints, or else at the next endpoint; unless another call
+    /// already moved on from the one that failed.
+    fn move_on(&self, failed_generation: u64, leader: Option<&str>) {
         let targets = &self.shared.targets;
         // With a single endpoint there is nowhere to go; its channel
         // reconnects by itself on the next call.
@@ -262,11 +340,15 @@ impl Client {
         if current.generation != failed_generation {
             return;
         }
-        current.index = (current.index + 1) % targets.len();
+        let leader = leader.map(normalize_endpoint);
+        current.index = targets
+            .iter()
+            .position(|target| Some(&target.address) == leader.as_ref())
+            .unwrap_or((current.index + 1) % targets.len());
         current.generation += 1;
         // Lazy: dialling happens on the next call, which reports failure the
         // same way as any other call.
-        current.grpc = DeadboltClient::new(targets[current.index].endpoint.connect_lazy());
+        current.channel = targets[current.index].endpoint.connect_lazy();
         tracing::debug!(endpoint = %targets[current.index].address, "switched endpoint");
     }
 

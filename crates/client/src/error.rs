@@ -15,6 +15,7 @@ use std::error::Error as _;
 pub struct Error {
     kind: ErrorKind,
     message: String,
+    leader: Option<String>,
 }
 
 impl Error {
@@ -22,7 +23,14 @@ impl Error {
         Self {
             kind,
             message: message.into(),
+            leader: None,
         }
+    }
+
+    /// With [`ErrorKind::NotLeader`]: the leader's address (`host:port`),
+    /// when the answering node knew it.
+    pub fn leader(&self) -> Option<&str> {
+        self.leader.as_deref()
     }
 
     /// The machine-readable kind, as the server (or the transport) reported it.
@@ -47,7 +55,15 @@ impl Error {
             } else {
                 status.message().to_owned()
             };
-            return Self::new(kind, message);
+            let leader = status
+                .metadata()
+                .get(deadbolt_proto::LEADER_KEY)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
+            return Self {
+                leader,
+                ..Self::new(kind, message)
+            };
         }
         // No kind trailer: the status was made by the transport or by
         // something between us and the server, not by Deadbolt. Its

@@ -106,7 +106,7 @@ mod lock;
 mod session;
 
 pub use client::Client;
-pub use deadbolt_proto::v1::{HealthResponse, LockState};
+pub use deadbolt_proto::v1::{ClusterStatusResponse, HealthResponse, LockState, Member};
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;
 pub use lock::LockGuard;

@@ -8,6 +8,16 @@ pub mod v1 {
 /// Name of the gRPC trailer that carries a machine-readable error kind.
 pub const ERROR_KIND_KEY: &str = "deadbolt-error";
 
+/// Name of the gRPC trailer that comes with a `not_leader` error when the
+/// answering node knows the leader: that leader's address, where a client
+/// should send the request instead.
+pub const LEADER_KEY: &str = "deadbolt-leader";
+
+/// The largest gRPC message either side accepts. Raft appends carry batches
+/// of commands and snapshot chunks are a few MiB; tonic's 4 MiB default
+/// would cut them off.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
 /// The stable, machine-readable kinds of API error. Both the gRPC trailer
 /// and the HTTP error body carry one of these strings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

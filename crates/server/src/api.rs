@@ -29,8 +29,8 @@ impl Api {
         })
     }
 
-    pub fn keep_alive(&self, request: KeepAliveRequest) -> Reply<KeepAliveResponse> {
-        let ttl = self.node.keep_alive(SessionId(request.session_id))?;
+    pub async fn keep_alive(&self, request: KeepAliveRequest) -> Reply<KeepAliveResponse> {
+        let ttl = self.node.keep_alive(SessionId(request.session_id)).await?;
         Ok(KeepAliveResponse {
             ttl_ms: millis(ttl),
         })
@@ -109,6 +109,27 @@ impl Api {
             snapshot_index,
             purged_index,
         }
+    }
+}
+
+impl Api {
+    pub async fn cluster_status(&self) -> ClusterStatusResponse {
+        self.node.cluster_status().await
+    }
+
+    pub async fn add_member(&self, request: AddMemberRequest) -> Reply<ClusterStatusResponse> {
+        self.node
+            .add_member(request.node_id, &request.address)
+            .await?;
+        Ok(self.node.cluster_status().await)
+    }
+
+    pub async fn remove_member(
+        &self,
+        request: RemoveMemberRequest,
+    ) -> Reply<ClusterStatusResponse> {
+        self.node.remove_member(request.node_id).await?;
+        Ok(self.node.cluster_status().await)
     }
 }
 

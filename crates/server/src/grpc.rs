@@ -1,11 +1,29 @@
-//! The gRPC front end: `deadbolt.v1.Deadbolt` calls go to [`Api`], and
-//! [`ApiError`]s come back as statuses carrying a `deadbolt-error` kind.
+//! The gRPC front end: `deadbolt.v1.Deadbolt` and `deadbolt.v1.Cluster`
+//! calls go to [`Api`], and [`ApiError`]s come back as statuses carrying a
+//! `deadbolt-error` kind (and `deadbolt-leader` when the leader is known).
+//! The peers' `RaftPeer` service is mounted here too, on the same port.
 
 use crate::api::Api;
+use crate::network::PeerService;
 use crate::node::ApiError;
-use deadbolt_proto::v1::deadbolt_server::Deadbolt;
+use crate::raft_types::Raft;
+use deadbolt_proto::v1::cluster_server::{Cluster, ClusterServer};
+use deadbolt_proto::v1::deadbolt_server::{Deadbolt, DeadboltServer};
+use deadbolt_proto::v1::raft_peer_server::RaftPeerServer;
 use deadbolt_proto::v1::*;
+use deadbolt_proto::{LEADER_KEY, MAX_MESSAGE_BYTES};
 use tonic::{Request, Response, Status};
+
+/// Every gRPC service of a node, as one axum router.
+pub fn router(api: Api, raft: Raft) -> axum::Router {
+    let peers = RaftPeerServer::new(PeerService::new(raft))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    tonic::service::Routes::new(DeadboltServer::new(GrpcApi::new(api.clone())))
+        .add_service(ClusterServer::new(GrpcApi::new(api)))
+        .add_service(peers)
+        .into_axum_router()
+}
 
 pub struct GrpcApi {
     api: Api,
@@ -19,7 +37,14 @@ impl GrpcApi {
 
 impl From<ApiError> for Status {
     fn from(err: ApiError) -> Self {
-        err.kind.status(err.message)
+        let mut status = err.kind.status(err.message);
+        if let Some(leader) = err
+            .leader
+            .and_then(|address| tonic::metadata::MetadataValue::try_from(address).ok())
+        {
+            status.metadata_mut().insert(LEADER_KEY, leader);
+        }
+        status
     }
 }
 
@@ -37,7 +62,9 @@ impl Deadbolt for GrpcApi {
     }
 
     async fn keep_alive(&self, request: Request<KeepAliveRequest>) -> Reply<KeepAliveResponse> {
-        Ok(Response::new(self.api.keep_alive(request.into_inner())?))
+        Ok(Response::new(
+            self.api.keep_alive(request.into_inner()).await?,
+        ))
     }
 
     async fn close_session(
@@ -71,5 +98,30 @@ impl Deadbolt for GrpcApi {
 
     async fn health(&self, _request: Request<HealthRequest>) -> Reply<HealthResponse> {
         Ok(Response::new(self.api.health()))
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for GrpcApi {
+    async fn status(
+        &self,
+        _request: Request<ClusterStatusRequest>,
+    ) -> Reply<ClusterStatusResponse> {
+        Ok(Response::new(self.api.cluster_status().await))
+    }
+
+    async fn add_member(&self, request: Request<AddMemberRequest>) -> Reply<ClusterStatusResponse> {
+        Ok(Response::new(
+            self.api.add_member(request.into_inner()).await?,
+        ))
+    }
+
+    async fn remove_member(
+        &self,
+        request: Request<RemoveMemberRequest>,
+    ) -> Reply<ClusterStatusResponse> {
+        Ok(Response::new(
+            self.api.remove_member(request.into_inner()).await?,
+        ))
     }
 }

@@ -23,6 +23,9 @@ pub fn router(api: Api) -> Router {
         .route("/v1/lock/release", post(release))
         .route("/v1/lock/status", get(lock_status))
         .route("/v1/locks", get(list_locks))
+        .route("/v1/cluster/status", get(cluster_status))
+        .route("/v1/cluster/add", post(add_member))
+        .route("/v1/cluster/remove", post(remove_member))
         .route("/health", get(health))
         .with_state(api)
 }
@@ -73,9 +76,12 @@ impl From<QueryRejection> for HttpError {
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let HttpError(status, err) = self;
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "error": { "kind": err.kind.as_str(), "message": err.message }
         });
+        if let Some(leader) = err.leader {
+            body["error"]["leader"] = leader.into();
+        }
         (status, Json(body)).into_response()
     }
 }
@@ -115,7 +121,7 @@ async fn keep_alive(
     State(api): State<Api>,
     JsonBody(request): JsonBody<KeepAliveRequest>,
 ) -> Reply<KeepAliveResponse> {
-    Ok(Json(api.keep_alive(request)?))
+    Ok(Json(api.keep_alive(request).await?))
 }
 
 async fn close_session(
@@ -153,6 +159,24 @@ async fn list_locks(
 ) -> Reply<ListLocksResponse> {
     let Query(request) = query?;
     Ok(Json(api.list_locks(request).await?))
+}
+
+async fn cluster_status(State(api): State<Api>) -> Json<ClusterStatusResponse> {
+    Json(api.cluster_status().await)
+}
+
+async fn add_member(
+    State(api): State<Api>,
+    JsonBody(request): JsonBody<AddMemberRequest>,
+) -> Reply<ClusterStatusResponse> {
+    Ok(Json(api.add_member(request).await?))
+}
+
+async fn remove_member(
+    State(api): State<Api>,
+    JsonBody(request): JsonBody<RemoveMemberRequest>,
+) -> Reply<ClusterStatusResponse> {
+    Ok(Json(api.remove_member(request).await?))
 }
 
 /// 200 while this node leads and serves; 503 otherwise (for load balancers).

@@ -11,6 +11,7 @@
 //! [`run`] wires them together and serves until the shutdown future resolves.
 
 mod api;
+mod cluster;
 mod grpc;
 mod http;
 mod leases;
@@ -21,6 +22,7 @@ mod raft_types;
 mod store;
 mod waits;
 
+pub use cluster::InitialCluster;
 pub use store::DataDirError;
 
 use anyhow::Context;
@@ -37,6 +39,21 @@ use store::{LogStore, StateMachineStore};
 use tokio::sync::watch;
 use waits::Waits;
 
+/// Resolves if Raft stops by itself: a storage error (disk full, data
+/// directory gone) is fatal to it, and a node whose Raft has stopped can only
+/// answer errors, so it is better gone.
+async fn raft_stopped(raft: openraft::Raft<raft_types::TypeConfig>) {
+    let mut metrics = raft.metrics();
+    loop {
+        if metrics.borrow_and_update().state == openraft::ServerState::Shutdown {
+            return;
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// How long a graceful shutdown waits for open requests to finish.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -49,20 +66,41 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// Snapshot the lock table and compact the log every this many entries.
     pub snapshot_every: u64,
+    /// How a node with an empty data directory finds its cluster.
+    pub membership: StartMembership,
+}
+
+/// What a node with an empty data directory does. A node with data ignores
+/// this: it rejoins the cluster recorded in its log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartMembership {
+    /// Form a cluster of just this node (the default).
+    SingleNode,
+    /// Form the listed cluster together with the other listed nodes.
+    Initial(InitialCluster),
+    /// Wait to be added to a running cluster (`deadbolt cluster add`).
+    Join,
 }
 
 impl ServerConfig {
     pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
 }
 
-/// Raft timing. A single node elects itself within one election timeout of
-/// starting; the values matter more once there are peers.
+/// Raft timing (milliseconds). The leader sends a heartbeat every 50 ms; a
+/// follower that hears nothing for 150–300 ms (randomized, so that one
+/// candidate usually wins) starts an election. Failover after a leader crash
+/// therefore takes about 150–300 ms plus one election round. Raise all three
+/// together, keeping heartbeat well below the minimum timeout, on networks
+/// with slower round trips or disks with slow fsyncs.
 fn raft_config(snapshot_every: u64) -> anyhow::Result<Arc<Config>> {
     let config = Config {
         cluster_name: "deadbolt".into(),
         heartbeat_interval: 50,
         election_timeout_min: 150,
         election_timeout_max: 300,
+        // Each entry is a batch of up to 1024 commands: keep appends well
+        // under the gRPC message limit.
+        max_payload_entries: 64,
         // The log stays bounded: at most about `snapshot_every` entries past
         // the latest snapshot, plus a few kept behind it for slow followers.
         snapshot_policy: SnapshotPolicy::LogsSinceLast(snapshot_every),
@@ -107,17 +145,28 @@ impl Server {
         )
         .await
         .context("cannot start raft")?;
-        // A restart finds the cluster in its data; only a new one needs this.
+        // A restart finds the cluster in its data; only a new node needs this.
         if !raft.is_initialized().await? {
-            let address = listener.local_addr()?.to_string();
-            let members = BTreeMap::from([(config.node_id, BasicNode::new(address))]);
-            raft.initialize(members)
-                .await
-                .context("cannot initialize the cluster")?;
-            tracing::info!(
-                node_id = config.node_id,
-                "initialized a new single-node cluster"
-            );
+            match &config.membership {
+                StartMembership::SingleNode => {
+                    let address = listener.local_addr()?.to_string();
+                    let members = BTreeMap::from([(config.node_id, BasicNode::new(address))]);
+                    raft.initialize(members)
+                        .await
+                        .context("cannot initialize the cluster")?;
+                    tracing::info!(
+                        node_id = config.node_id,
+                        "initialized a new single-node cluster"
+                    );
+                }
+                StartMembership::Initial(cluster) => {
+                    cluster::form(&raft, config.node_id, cluster).await?
+                }
+                StartMembership::Join => tracing::info!(
+                    node_id = config.node_id,
+                    "empty data directory: waiting to be added with `deadbolt cluster add`"
+                ),
+            }
         }
         let node = Node {
             id: config.node_id,
@@ -156,12 +205,7 @@ impl Server {
             stopped,
         ));
         let api = api::Api::new(node.clone());
-        let grpc =
-            tonic::service::Routes::new(deadbolt_proto::v1::deadbolt_server::DeadboltServer::new(
-                grpc::GrpcApi::new(api.clone()),
-            ))
-            .into_axum_router();
-        let app = grpc.merge(http::router(api));
+        let app = grpc::router(api.clone(), node.raft.clone()).merge(http::router(api));
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
         let mut stopping = stop.subscribe();
@@ -179,10 +223,15 @@ impl Server {
             let _ = stopping.wait_for(|stopping| *stopping).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         };
+        let raft_stopped = raft_stopped(node.raft.clone());
         tokio::select! {
             served = serving => served.context("server failed")?,
             () = overdue => tracing::warn!(
                 "connections still open {SHUTDOWN_GRACE:?} after the shutdown signal; stopping anyway"
+            ),
+            () = raft_stopped => anyhow::bail!(
+                "raft stopped on a fatal error (see the log above, e.g. a full disk or an unwritable data directory); \
+                 this node serves nothing more"
             ),
         }
         node.raft

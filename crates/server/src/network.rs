@@ -1,69 +1,217 @@
-//! Raft transport between nodes.
+//! Raft transport between nodes: openraft's RPCs over gRPC.
 //!
-//! A single-node cluster never sends a Raft RPC, and clustering (peers,
-//! membership changes) is the next milestone; until then any attempt to reach
-//! a peer fails as "unreachable", which openraft treats as a down node.
+//! Peers talk on the same port as clients (the `deadbolt.v1.RaftPeer`
+//! service). Each payload is the openraft request or result, bincode-encoded,
+//! because both ends run the same Deadbolt build and openraft's own types
+//! already define what must cross the wire. [`PeerConnection`] is the sending
+//! side; [`PeerService`] the receiving one.
 
-use crate::raft_types::{NodeId, TypeConfig};
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use crate::raft_types::{NodeId, Raft, TypeConfig};
+use deadbolt_proto::v1::raft_peer_client::RaftPeerClient;
+use deadbolt_proto::v1::raft_peer_server::RaftPeer;
+use deadbolt_proto::v1::RaftPayload;
+use deadbolt_proto::MAX_MESSAGE_BYTES;
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
 use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::future::Future;
+use std::time::Duration;
+use tonic::transport::{Channel, Endpoint};
+
+/// A peer that does not accept a connection within this is reported
+/// unreachable; openraft then backs off before trying it again.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Creates connections to peers.
 pub struct PeerNetwork;
 
-/// A connection to one peer.
+/// A connection to one peer, dialled lazily and re-dialled by tonic after
+/// failures.
 pub struct PeerConnection {
     target: NodeId,
-}
-
-impl PeerConnection {
-    fn unreachable<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
-        let reason = std::io::Error::other(format!(
-            "node {} is not reachable: this build runs single-node clusters only",
-            self.target
-        ));
-        RPCError::Unreachable(Unreachable::new(&reason))
-    }
+    node: BasicNode,
+    /// `Err` holds why the peer's address is unusable; every call reports it.
+    client: Result<RaftPeerClient<Channel>, String>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
 
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Self::Network {
-        PeerConnection { target }
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        let client = peer_endpoint(&node.addr).map(|endpoint| {
+            RaftPeerClient::new(endpoint.connect_lazy())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        });
+        PeerConnection {
+            target,
+            node: node.clone(),
+            client,
+        }
     }
+}
+
+/// A node's address as members list it (`host:port`) as a gRPC endpoint.
+pub fn peer_endpoint(address: &str) -> Result<Endpoint, String> {
+    Endpoint::from_shared(format!("http://{address}"))
+        .map(|endpoint| endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true))
+        .map_err(|err| format!("invalid peer address {address:?}: {err}"))
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
+
+impl PeerConnection {
+    /// Sends one request and decodes the peer's `Result`. Transport trouble
+    /// becomes `Unreachable` (peer down: back off) or `Network` (anything
+    /// else); the peer's own refusal comes back as a `RemoteError`.
+    async fn send<Req, Resp, E, Fut>(
+        &mut self,
+        request: &Req,
+        option: &RPCOption,
+        call: impl FnOnce(RaftPeerClient<Channel>, RaftPayload) -> Fut,
+    ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+        Fut: Future<Output = Result<tonic::Response<RaftPayload>, tonic::Status>>,
+    {
+        let client = match &self.client {
+            Ok(client) => client.clone(),
+            Err(reason) => return Err(unreachable(self.target, reason)),
+        };
+        let data = bincode::serialize(request)
+            .map_err(|err| RPCError::Network(NetworkError::new(&err)))?;
+        let reply = tokio::time::timeout(option.hard_ttl(), call(client, RaftPayload { data }))
+            .await
+            .map_err(|_| {
+                unreachable(
+                    self.target,
+                    &format!("no answer within {:?}", option.hard_ttl()),
+                )
+            })?;
+        let payload = match reply {
+            Ok(response) => response.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                return Err(unreachable(
+                    self.target,
+                    &format!("{} ({})", status.message(), self.node.addr),
+                ))
+            }
+            Err(status) => return Err(RPCError::Network(NetworkError::new(&status))),
+        };
+        let result: Result<Resp, E> = bincode::deserialize(&payload.data)
+            .map_err(|err| RPCError::Network(NetworkError::new(&err)))?;
+        result.map_err(|err| {
+            RPCError::RemoteError(RemoteError::new_with_node(
+                self.target,
+                self.node.clone(),
+                err,
+            ))
+        })
+    }
+}
+
+fn unreachable<E: std::error::Error>(
+    target: NodeId,
+    reason: &str,
+) -> RPCError<NodeId, BasicNode, E> {
+    let reason = std::io::Error::other(format!("node {target} is not reachable: {reason}"));
+    RPCError::Unreachable(Unreachable::new(&reason))
 }
 
 impl RaftNetwork<TypeConfig> for PeerConnection {
     async fn append_entries(
         &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.unreachable())
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        self.send(&rpc, &option, |mut client, payload| async move {
+            client.append_entries(payload).await
+        })
+        .await
     }
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        Err(self.unreachable())
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
+        self.send(&rpc, &option, |mut client, payload| async move {
+            client.install_snapshot(payload).await
+        })
+        .await
     }
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<NodeId>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.unreachable())
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, RaftError<NodeId>> {
+        self.send(&rpc, &option, |mut client, payload| async move {
+            client.vote(payload).await
+        })
+        .await
+    }
+}
+
+/// The receiving side: decodes a peer's request, hands it to the local Raft,
+/// and returns its `Result` whole, refusals included.
+pub struct PeerService {
+    raft: Raft,
+}
+
+impl PeerService {
+    pub fn new(raft: Raft) -> Self {
+        PeerService { raft }
+    }
+}
+
+// The error is what tonic's handlers return anyway.
+#[allow(clippy::result_large_err)]
+fn decode<T: DeserializeOwned>(request: tonic::Request<RaftPayload>) -> Result<T, tonic::Status> {
+    bincode::deserialize(&request.into_inner().data).map_err(|err| {
+        tonic::Status::invalid_argument(format!(
+            "cannot decode the raft message (is the peer running the same Deadbolt version?): {err}"
+        ))
+    })
+}
+
+#[allow(clippy::result_large_err)]
+fn encode<T: Serialize>(result: &T) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+    let data = bincode::serialize(result)
+        .map_err(|err| tonic::Status::internal(format!("cannot encode the raft reply: {err}")))?;
+    Ok(tonic::Response::new(RaftPayload { data }))
+}
+
+#[tonic::async_trait]
+impl RaftPeer for PeerService {
+    async fn append_entries(
+        &self,
+        request: tonic::Request<RaftPayload>,
+    ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        encode(&self.raft.append_entries(decode(request)?).await)
+    }
+
+    async fn vote(
+        &self,
+        request: tonic::Request<RaftPayload>,
+    ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        encode(&self.raft.vote(decode(request)?).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: tonic::Request<RaftPayload>,
+    ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        encode(&self.raft.install_snapshot(decode(request)?).await)
     }
 }

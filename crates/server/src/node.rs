@@ -22,6 +22,8 @@ use std::time::Duration;
 pub struct ApiError {
     pub kind: ErrorKind,
     pub message: String,
+    /// With `not_leader`: the leader's address, when this node knows it.
+    pub leader: Option<String>,
 }
 
 impl ApiError {
@@ -29,6 +31,7 @@ impl ApiError {
         ApiError {
             kind,
             message: message.into(),
+            leader: None,
         }
     }
 }
@@ -55,10 +58,17 @@ impl From<ProposeError> for ApiError {
     fn from(err: ProposeError) -> Self {
         let kind = match err {
             ProposeError::NotLeader { .. } => ErrorKind::NotLeader,
-            ProposeError::ShuttingDown => ErrorKind::Unavailable,
+            ProposeError::ShuttingDown | ProposeError::NoQuorum(_) => ErrorKind::Unavailable,
             ProposeError::Fatal(_) => ErrorKind::Internal,
         };
-        ApiError::new(kind, err.to_string())
+        let leader = match &err {
+            ProposeError::NotLeader { leader } => leader.clone(),
+            _ => None,
+        };
+        ApiError {
+            leader,
+            ..ApiError::new(kind, err.to_string())
+        }
     }
 }
 
@@ -111,6 +121,11 @@ pub struct Node {
     pub(crate) leases: Arc<Leases>,
 }
 
+/// How long a read or keepalive waits for a quorum to confirm this node still
+/// leads, before answering `unavailable` (e.g. on the minority side of a
+/// partition, where it would otherwise wait until the partition heals).
+const QUORUM_WAIT: Duration = Duration::from_secs(2);
+
 /// Default and largest page of `list_locks`.
 pub const LIST_PAGE: usize = 1000;
 
@@ -130,13 +145,20 @@ impl Node {
         }
     }
 
-    /// Renews a lease. Not written to the log: only the leader's deadline moves.
-    pub fn keep_alive(&self, session: SessionId) -> Result<Duration, ApiError> {
+    /// Renews a lease. Not written to the log: only the leader's deadline
+    /// moves. But the leader must still *be* the leader when it renews: a
+    /// deposed leader cut off from the others would otherwise go on renewing
+    /// leases that the new leader is free to expire. The barrier below gets a
+    /// quorum's acknowledgement of a heartbeat sent after this keepalive
+    /// arrived, so any later leader was elected after the renewal and gives
+    /// the session a full TTL from its own (later) start.
+    pub async fn keep_alive(&self, session: SessionId) -> Result<Duration, ApiError> {
+        if !self.leases.is_leading() {
+            return Err(self.not_leader("this node is not (yet) the leader"));
+        }
+        self.linearizable().await?;
         self.leases.renew(session).map_err(|err| match err {
-            KeepAliveError::NotLeader => ApiError::new(
-                ErrorKind::NotLeader,
-                "this node is not (yet) the leader; retry",
-            ),
+            KeepAliveError::NotLeader => self.not_leader("this node is not (yet) the leader"),
             KeepAliveError::Unknown => LockError::UnknownSession(session).into(),
             KeepAliveError::Expiring => ApiError::new(
                 ErrorKind::SessionExpiring,
@@ -214,22 +236,48 @@ impl Node {
     }
 
     /// Waits until this node's state machine reflects every write committed
-    /// before the call (a read-index barrier through openraft).
+    /// before the call (a read-index barrier through openraft): proof from a
+    /// quorum that this node still leads.
     async fn linearizable(&self) -> Result<(), ApiError> {
         use openraft::error::{CheckIsLeaderError, RaftError};
-        match self.raft.ensure_linearizable().await {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(
-                err @ (CheckIsLeaderError::ForwardToLeader(_)
-                | CheckIsLeaderError::QuorumNotEnough(_)),
-            )) => Err(ApiError::new(
-                ErrorKind::NotLeader,
-                format!("cannot serve a linearizable read here: {err}"),
+        let barrier = tokio::time::timeout(QUORUM_WAIT, self.raft.ensure_linearizable());
+        match barrier.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
+                Err(self.not_leader("cannot serve a linearizable read here"))
+            }
+            Ok(Err(RaftError::APIError(err @ CheckIsLeaderError::QuorumNotEnough(_)))) => Err(
+                ApiError::new(ErrorKind::Unavailable, format!("no quorum: {err}")),
+            ),
+            Err(_) => Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!("no quorum answered within {QUORUM_WAIT:?}; this node may be cut off from the cluster"),
             )),
-            Err(RaftError::Fatal(fatal)) => Err(ApiError::new(
+            Ok(Err(RaftError::Fatal(fatal))) => Err(ApiError::new(
                 ErrorKind::Internal,
                 format!("raft has stopped: {fatal}"),
             )),
+        }
+    }
+
+    /// A `not_leader` refusal that names the leader, when this node knows it.
+    pub(crate) fn not_leader(&self, what: &str) -> ApiError {
+        let metrics = self.raft.metrics().borrow().clone();
+        let leader = metrics.current_leader.filter(|id| *id != self.id);
+        let address = leader.and_then(|id| {
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&id)
+                .map(|node| node.addr.clone())
+        });
+        let message = match (leader, &address) {
+            (Some(id), Some(address)) => format!("{what}; the leader is node {id} at {address}"),
+            _ => format!("{what}; no leader is known yet, retry"),
+        };
+        ApiError {
+            leader: address,
+            ..ApiError::new(ErrorKind::NotLeader, message)
         }
     }
 

@@ -5,10 +5,11 @@
 //! [`Batch`], so a burst of N acquires costs one fsync rather than N (group
 //! commit). Nothing is acknowledged before its batch is committed and applied.
 
-use crate::raft_types::{Batch, NodeId, Raft};
+use crate::raft_types::{Batch, Raft};
 use deadbolt_core::{Command, LockError, Outcome};
 use openraft::error::{ClientWriteError, RaftError};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 /// Commands per log entry. Bounds the entry size and the apply pause.
@@ -18,18 +19,26 @@ const MAX_BATCH: usize = 1024;
 /// load. (Measured with `deadbolt bench uncontended`, 16 clients: 1 in flight
 /// gave 6.3k pairs/s, 2 gave 5.6k, 4 gave 3.2k.)
 const MAX_IN_FLIGHT: usize = 1;
+/// How long a batch may take to commit before its callers hear `unavailable`.
+/// Long enough for an election and a slow disk; a leader cut off from its
+/// quorum never commits, and its callers should try another node.
+const COMMIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Why a command's outcome is unknown to the caller. The command may still
-/// have taken effect (a reply lost to a shutdown, or, once there are peers, a
-/// write that a new leader commits): callers retry, and every command is
+/// have taken effect (a reply lost to a shutdown, or a write that commits
+/// after its wait ran out or under a new leader): callers retry, and every command is
 /// safe to repeat (acquire and cancel are idempotent; a repeated release or
 /// close reports that there is nothing left to do).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProposeError {
-    #[error("this node is not the leader (leader: {leader:?})")]
-    NotLeader { leader: Option<NodeId> },
+    #[error("this node is not the leader (leader: {})", leader.as_deref().unwrap_or("not known yet"))]
+    NotLeader { leader: Option<String> },
     #[error("the lock service is shutting down")]
     ShuttingDown,
+    /// The write did not commit in time: no quorum answers (this node may be
+    /// on the minority side of a partition). It may still commit later.
+    #[error("the write was not committed within {0:?}: no quorum of the cluster answers")]
+    NoQuorum(Duration),
     #[error("raft failure: {0}")]
     Fatal(String),
 }
@@ -89,7 +98,18 @@ async fn batch_loop(raft: Raft, mut pending: mpsc::UnboundedReceiver<Pending>) {
             let (commands, replies): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|p| (p.command, p.reply)).unzip();
             let count = commands.len();
-            match raft.client_write(Batch(commands)).await {
+            let write = tokio::time::timeout(COMMIT_WAIT, raft.client_write(Batch(commands)));
+            let written = match write.await {
+                Ok(Ok(written)) => Ok(written),
+                Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {
+                    Err(ProposeError::NotLeader {
+                        leader: forward.leader_node.map(|node| node.addr),
+                    })
+                }
+                Ok(Err(other)) => Err(ProposeError::Fatal(other.to_string())),
+                Err(_) => Err(ProposeError::NoQuorum(COMMIT_WAIT)),
+            };
+            match written {
                 Ok(written) => {
                     let outcomes = written.data.0;
                     assert_eq!(outcomes.len(), count, "one outcome per command");
@@ -98,14 +118,6 @@ async fn batch_loop(raft: Raft, mut pending: mpsc::UnboundedReceiver<Pending>) {
                     }
                 }
                 Err(err) => {
-                    let err = match err {
-                        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
-                            ProposeError::NotLeader {
-                                leader: forward.leader_id,
-                            }
-                        }
-                        other => ProposeError::Fatal(other.to_string()),
-                    };
                     for reply in replies {
                         let _ = reply.send(Err(err.clone()));
                     }

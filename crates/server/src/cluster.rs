@@ -1,0 +1,319 @@
+//! Cluster membership: forming a cluster from `--initial-cluster`, and the
+//! status, add and remove operations behind `deadbolt cluster`.
+//!
+//! Forming has one rule that matters for safety: a node whose data directory
+//! is empty never joins an *existing* cluster as a voter on its own. Such a
+//! node has forgotten its votes and its log, and a voter with an empty log
+//! would vote for any candidate, even one missing committed writes (lost
+//! grants, a token handed out twice). It must come back as a new member:
+//! removed, then started with `--join` and added again, which makes it a
+//! learner until it has caught up.
+
+use crate::network::peer_endpoint;
+use crate::node::{ApiError, Node};
+use crate::raft_types::{NodeId, Raft};
+use anyhow::{bail, Context};
+use deadbolt_proto::v1::cluster_client::ClusterClient;
+use deadbolt_proto::v1::{ClusterStatusRequest, ClusterStatusResponse, Member};
+use deadbolt_proto::ErrorKind;
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, ServerState};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How long forming waits for one peer's answer.
+const PEER_QUERY_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause between rounds while the first node waits for the others to start.
+const FORMING_RETRY: Duration = Duration::from_millis(300);
+
+/// The members a new cluster starts with: `1=host:port,2=host:port,...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitialCluster {
+    members: BTreeMap<NodeId, String>,
+}
+
+impl InitialCluster {
+    pub fn address_of(&self, id: NodeId) -> Option<&str> {
+        self.members.get(&id).map(String::as_str)
+    }
+
+    /// The node that creates the cluster. Exactly one must, and the lowest id
+    /// is one every node can work out alone.
+    fn founder(&self) -> NodeId {
+        *self.members.keys().next().expect("never empty")
+    }
+
+    fn peers(&self, me: NodeId) -> impl Iterator<Item = (NodeId, &str)> {
+        self.members
+            .iter()
+            .filter(move |(id, _)| **id != me)
+            .map(|(id, address)| (*id, address.as_str()))
+    }
+}
+
+impl FromStr for InitialCluster {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut members = BTreeMap::new();
+        for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (id, address) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("{entry:?} is not ID=HOST:PORT"))?;
+            let id: NodeId = id
+                .trim()
+                .parse()
+                .map_err(|_| format!("{entry:?}: the node id must be a number"))?;
+            let address = address.trim();
+            match address.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+                _ => return Err(format!("{entry:?}: the address must be HOST:PORT")),
+            }
+            if members.insert(id, address.to_owned()).is_some() {
+                return Err(format!("node id {id} is listed twice"));
+            }
+        }
+        if members.is_empty() {
+            return Err("no members given (expected 1=HOST:PORT,2=HOST:PORT,...)".into());
+        }
+        Ok(InitialCluster { members })
+    }
+}
+
+impl fmt::Display for InitialCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let entries: Vec<String> = self
+            .members
+            .iter()
+            .map(|(id, address)| format!("{id}={address}"))
+            .collect();
+        f.write_str(&entries.join(","))
+    }
+}
+
+/// Takes a node with an empty data directory into a new cluster: the founder
+/// initializes it once every listed node is up and empty; the others wait to
+/// hear from it. Refuses if the cluster already exists (see the module docs).
+pub async fn form(raft: &Raft, me: NodeId, cluster: &InitialCluster) -> anyhow::Result<()> {
+    if cluster.address_of(me).is_none() {
+        bail!("--initial-cluster {cluster} does not list this node's id {me} (--node-id)");
+    }
+    // Peers answer only once they are past this same check, so a node that
+    // sees an initialized peer here is not racing a cluster being formed.
+    let answers = query_peers(cluster, me).await;
+    refuse_if_formed(me, &answers)?;
+    if me != cluster.founder() {
+        tracing::info!(
+            founder = cluster.founder(),
+            "empty data directory: waiting for the founding node to form the cluster"
+        );
+        return Ok(());
+    }
+    let mut last_report: Option<std::time::Instant> = None;
+    loop {
+        let answers = query_peers(cluster, me).await;
+        refuse_if_formed(me, &answers)?;
+        let missing: Vec<NodeId> = answers
+            .iter()
+            .filter(|(_, answer)| answer.is_err())
+            .map(|(id, _)| *id)
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        if last_report.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
+            tracing::info!(
+                ?missing,
+                "waiting for every listed node to start before forming the cluster"
+            );
+            last_report = Some(std::time::Instant::now());
+        }
+        tokio::time::sleep(FORMING_RETRY).await;
+    }
+    let members = cluster
+        .members
+        .iter()
+        .map(|(id, address)| (*id, BasicNode::new(address)))
+        .collect::<BTreeMap<_, _>>();
+    raft.initialize(members)
+        .await
+        .context("cannot initialize the cluster")?;
+    tracing::info!(members = %cluster, "formed a new cluster");
+    Ok(())
+}
+
+type PeerAnswers = Vec<(NodeId, Result<ClusterStatusResponse, String>)>;
+
+async fn query_peers(cluster: &InitialCluster, me: NodeId) -> PeerAnswers {
+    let queries = cluster
+        .peers(me)
+        .map(|(id, address)| async move { (id, query_status(address).await) });
+    futures::future::join_all(queries).await
+}
+
+/// One node's `Cluster.Status`, or why it could not be had.
+pub async fn query_status(address: &str) -> Result<ClusterStatusResponse, String> {
+    let endpoint = peer_endpoint(address)?.timeout(PEER_QUERY_TIMEOUT);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|err| format!("{address}: {err}"))?;
+    ClusterClient::new(channel)
+        .status(ClusterStatusRequest {})
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| format!("{address}: {}", status.message()))
+}
+
+fn refuse_if_formed(me: NodeId, answers: &PeerAnswers) -> anyhow::Result<()> {
+    let Some((peer, status)) = answers.iter().find_map(|(id, answer)| {
+        answer
+            .as_ref()
+            .ok()
+            .filter(|s| s.initialized)
+            .map(|s| (id, s))
+    }) else {
+        return Ok(());
+    };
+    bail!(
+        "this node's data directory is empty, but the cluster it is listed in already exists \
+         (node {peer} is a member, in term {}). A node that lost its data must not vote again: \
+         it could elect a leader that is missing committed writes. To bring node {me} back: \
+         `deadbolt cluster remove {me}`, restart it with `--join` instead of `--initial-cluster`, \
+         then `deadbolt cluster add {me} ADDRESS`",
+        status.term
+    )
+}
+
+impl Node {
+    /// This node's role and indexes, and the membership as it knows it.
+    pub async fn cluster_status(&self) -> ClusterStatusResponse {
+        let metrics = self.raft.metrics().borrow().clone();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, node)| Member {
+                node_id: *id,
+                address: node.addr.clone(),
+                voter: voters.contains(id),
+            })
+            .collect();
+        let role = match metrics.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        ClusterStatusResponse {
+            node_id: self.id,
+            initialized: self.raft.is_initialized().await.unwrap_or(false),
+            role: role.to_owned(),
+            leader_id: metrics.current_leader,
+            term: metrics.current_term,
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+            applied_index: metrics.last_applied.map_or(0, |id| id.index),
+            members,
+        }
+    }
+
+    /// Adds `id` as a learner, waits until it has caught up, then makes it
+    /// a voter.
+    pub async fn add_member(&self, id: NodeId, address: &str) -> Result<(), ApiError> {
+        if let Err(reason) = peer_endpoint(address) {
+            return Err(ApiError::new(ErrorKind::InvalidArgument, reason));
+        }
+        self.raft
+            .add_learner(id, BasicNode::new(address), true)
+            .await
+            .map_err(|err| self.membership_error(err))?;
+        self.raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await
+            .map_err(|err| self.membership_error(err))?;
+        tracing::info!(node_id = id, address, "added a voter");
+        Ok(())
+    }
+
+    /// Removes `id` from the cluster altogether.
+    pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
+        let metrics = self.raft.metrics().borrow().clone();
+        if metrics
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .is_none()
+        {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("node {id} is not a member of this cluster"),
+            ));
+        }
+        self.raft
+            .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+            .await
+            .map_err(|err| self.membership_error(err))?;
+        tracing::info!(node_id = id, "removed a member");
+        Ok(())
+    }
+
+    fn membership_error(
+        &self,
+        err: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+    ) -> ApiError {
+        match err {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => {
+                self.not_leader("membership changes go to the leader")
+            }
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                err @ (ChangeMembershipError::EmptyMembership(_)
+                | ChangeMembershipError::LearnerNotFound(_)
+                | ChangeMembershipError::InProgress(_)),
+            )) => ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("membership change refused: {err}"),
+            ),
+            RaftError::Fatal(fatal) => {
+                ApiError::new(ErrorKind::Internal, format!("raft has stopped: {fatal}"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_members_and_finds_the_founder() {
+        let cluster: InitialCluster = "2=127.0.0.1:7072, 1=127.0.0.1:7071,3=db3:7073"
+            .parse()
+            .unwrap();
+        assert_eq!(cluster.founder(), 1);
+        assert_eq!(cluster.address_of(3), Some("db3:7073"));
+        assert_eq!(
+            cluster.to_string(),
+            "1=127.0.0.1:7071,2=127.0.0.1:7072,3=db3:7073"
+        );
+        let peers: Vec<NodeId> = cluster.peers(2).map(|(id, _)| id).collect();
+        assert_eq!(peers, [1, 3]);
+    }
+
+    #[test]
+    fn refuses_malformed_lists() {
+        for (text, complaint) in [
+            ("", "no members"),
+            ("1=a:1,1=b:2", "listed twice"),
+            ("x=a:1", "must be a number"),
+            ("1=a", "HOST:PORT"),
+            ("1=a:port", "HOST:PORT"),
+            ("1", "not ID=HOST:PORT"),
+        ] {
+            let err = text.parse::<InitialCluster>().unwrap_err();
+            assert!(err.contains(complaint), "{text:?}: {err}");
+        }
+    }
+}
