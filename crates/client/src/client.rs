@@ -280,12 +280,12 @@ impl Client {
         .await
     }
 
-    /// Makes a call on the current endpoint. An endpoint that is not the
-    /// leader did nothing with the request, so it is sent again, straight
-    /// away, to the leader it named or to the next endpoint; during an
-    /// election (no leader known anywhere) after a short pause. Anything
-    /// else, including an unreachable endpoint, is returned to the caller
-    /// (whether the request took effect is then unknown), and later calls go
+    /// Makes a call on the current endpoint. A request that certainly had no
+    /// effect (refused by a node that is not the leader, or never sent
+    /// because the endpoint refused the connection) is sent again, straight
+    /// away, to the leader named or to the next endpoint; during an election
+    /// (no leader known) after a short pause. Any other failure is returned
+    /// to the caller, for whom the outcome is then unknown; later calls go
     /// to the next endpoint.
     async fn call<Req, T, Fut>(
         &self,
@@ -311,7 +311,8 @@ impl Client {
                 self.move_on(generation, error.leader());
             }
             tries += 1;
-            if error.kind() != ErrorKind::NotLeader || tries >= self.not_leader_tries() {
+            let elsewhere = self.shared.targets.len() > 1 || error.kind() == ErrorKind::NotLeader;
+            if !error.had_no_effect() || !elsewhere || tries >= self.hop_limit() {
                 return Err(error);
             }
             if error.leader().is_none() {
@@ -322,7 +323,7 @@ impl Client {
 
     /// Enough tries to go round every endpoint a few times, which also covers
     /// an election or two.
-    fn not_leader_tries(&self) -> usize {
+    fn hop_limit(&self) -> usize {
         3 * self.shared.targets.len().max(2)
     }
 

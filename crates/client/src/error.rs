@@ -16,6 +16,8 @@ pub struct Error {
     kind: ErrorKind,
     message: String,
     leader: Option<String>,
+    /// The request never left this process: no connection could be made.
+    unsent: bool,
 }
 
 impl Error {
@@ -24,6 +26,7 @@ impl Error {
             kind,
             message: message.into(),
             leader: None,
+            unsent: false,
         }
     }
 
@@ -78,7 +81,18 @@ impl Error {
                 status.code()
             )
         };
-        Self::new(kind, message)
+        // tonic reports a failed dial only through the error text.
+        let unsent = kind == ErrorKind::Unavailable && cause.contains("tcp connect error");
+        Self {
+            unsent,
+            ..Self::new(kind, message)
+        }
+    }
+
+    /// The request certainly had no effect: it was refused by a node that
+    /// is not the leader, or it could not even be sent.
+    pub(crate) fn had_no_effect(&self) -> bool {
+        self.kind == ErrorKind::NotLeader || self.unsent
     }
 
     /// Worth repeating as is: the server could not be reached or was not the

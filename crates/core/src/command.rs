@@ -45,6 +45,20 @@ pub enum Command {
         lock: String,
         attempt: u64,
     },
+    /// The leader has had no keepalive from `session` for a while; its lease
+    /// had `remaining_ms` left when this was proposed. Until a
+    /// [`Command::LeaseRenewed`] follows, a new leader may give the session
+    /// just that long instead of a full TTL, so a dead holder's lock is not
+    /// kept for up to two TTLs by a leader change. Ignored if the session has
+    /// been renewed since the leader read `renewals`.
+    CheckpointLease {
+        session: SessionId,
+        remaining_ms: u64,
+        renewals: u64,
+    },
+    /// A keepalive came for a checkpointed session: the checkpoint no longer
+    /// bounds its lease. Committed before that keepalive is acknowledged.
+    LeaseRenewed { session: SessionId },
 }
 
 /// The reply to the command's submitter.
@@ -65,6 +79,11 @@ pub enum Outcome {
     Abandoned {
         released: Option<Token>,
     },
+    /// `current` is false when a renewal overtook the checkpoint.
+    LeaseCheckpointed {
+        current: bool,
+    },
+    LeaseRenewed,
 }
 
 /// Where an acquire left the session.

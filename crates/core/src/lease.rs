@@ -7,10 +7,17 @@
 //! keepalives and must start every session with a full TTL: a lease may then
 //! outlive its TTL, but it never ends early.
 //!
+//! Checkpoints narrow the gap for sessions that have gone quiet: once a
+//! session has sent nothing for half its TTL, the leader writes how much of
+//! its lease is left into the log ([`crate::Command::CheckpointLease`]), and a
+//! new leader starts it with only that. A keepalive for a checkpointed session
+//! must first commit [`crate::Command::LeaseRenewed`], so a checkpoint never
+//! understates a lease that a client was told is longer.
+//!
 //! Time is passed in as [`Instant`]s from a monotonic clock; wall-clock time
 //! never decides an expiry.
 
-use crate::SessionId;
+use crate::{SessionId, SessionLease};
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
@@ -30,6 +37,25 @@ struct Lease {
     /// then on keepalives are refused, so no client is told its lease was
     /// extended while the expiry is on its way through the log.
     expiring: bool,
+    /// The lease time left at the latest checkpoint handed out by
+    /// [`LeaseTracker::take_due_checkpoints`] (or found in the log). While
+    /// set, renewing needs a [`crate::Command::LeaseRenewed`] in the log
+    /// first.
+    checkpoint: Option<Duration>,
+    /// Renewals through the log so far; stamps checkpoints.
+    renewals: u64,
+}
+
+/// Checkpoints of a quiet lease come every `TTL / CHECKPOINT_STEPS`.
+const CHECKPOINT_STEPS: u32 = 10;
+
+/// A checkpoint the leader should propose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DueCheckpoint {
+    pub session: SessionId,
+    /// Lease time left at the moment the checkpoint was taken.
+    pub remaining: Duration,
+    pub renewals: u64,
 }
 
 /// Why a keepalive was refused.
@@ -39,6 +65,9 @@ pub enum RenewError {
     Unknown,
     /// The lease already ran out; its expiry is being committed.
     Expiring,
+    /// The lease is checkpointed: commit a `LeaseRenewed`, then call
+    /// [`LeaseTracker::renewed_through_log`].
+    Checkpointed,
 }
 
 impl LeaseTracker {
@@ -46,16 +75,19 @@ impl LeaseTracker {
         Self::default()
     }
 
-    /// Starts (or restarts) a session's lease: it ends `ttl` after `now`.
-    pub fn track(&mut self, session: SessionId, ttl: Duration, now: Instant) {
+    /// Starts (or restarts) a session's lease: it ends a full TTL after
+    /// `now`, or, if the log holds a checkpoint of it, that much after `now`.
+    pub fn track(&mut self, session: SessionId, lease: SessionLease, now: Instant) {
         self.untrack(session);
-        let deadline = now + ttl;
+        let deadline = now + lease.checkpoint.unwrap_or(lease.ttl).min(lease.ttl);
         self.leases.insert(
             session,
             Lease {
-                ttl,
+                ttl: lease.ttl,
                 deadline,
                 expiring: false,
+                checkpoint: lease.checkpoint,
+                renewals: lease.renewals,
             },
         );
         self.by_deadline.insert((deadline, session));
@@ -67,13 +99,64 @@ impl LeaseTracker {
         if lease.expiring {
             return Err(RenewError::Expiring);
         }
+        if lease.checkpoint.is_some() {
+            return Err(RenewError::Checkpointed);
+        }
+        Ok(self.extend(session, now))
+    }
+
+    /// A `LeaseRenewed` for `session` was committed: the keepalive that asked
+    /// for it renews the lease as usual.
+    pub fn renewed_through_log(
+        &mut self,
+        session: SessionId,
+        now: Instant,
+    ) -> Result<Duration, RenewError> {
+        let lease = self.leases.get_mut(&session).ok_or(RenewError::Unknown)?;
+        if lease.expiring {
+            return Err(RenewError::Expiring);
+        }
+        lease.checkpoint = None;
+        lease.renewals += 1;
+        Ok(self.extend(session, now))
+    }
+
+    fn extend(&mut self, session: SessionId, now: Instant) -> Duration {
+        let lease = self
+            .leases
+            .get_mut(&session)
+            .expect("checked by the caller");
         // A keepalive handled late (a slow scheduler) still never moves the
         // deadline backwards.
         let deadline = (now + lease.ttl).max(lease.deadline);
         self.by_deadline.remove(&(lease.deadline, session));
         lease.deadline = deadline;
         self.by_deadline.insert((deadline, session));
-        Ok(lease.ttl)
+        lease.ttl
+    }
+
+    /// Checkpoints to propose: for sessions silent for at least half their
+    /// TTL, and again each time another tenth of the TTL has passed, so a
+    /// new leader overstates a dead holder's lease by at most that much.
+    pub fn take_due_checkpoints(&mut self, now: Instant) -> Vec<DueCheckpoint> {
+        let mut due = Vec::new();
+        for (session, lease) in &mut self.leases {
+            if lease.expiring {
+                continue;
+            }
+            let remaining = lease.deadline.saturating_duration_since(now);
+            let quiet = remaining <= lease.ttl / 2;
+            let step = lease.ttl / CHECKPOINT_STEPS;
+            if quiet && lease.checkpoint.is_none_or(|last| remaining + step <= last) {
+                lease.checkpoint = Some(remaining);
+                due.push(DueCheckpoint {
+                    session: *session,
+                    remaining,
+                    renewals: lease.renewals,
+                });
+            }
+        }
+        due
     }
 
     /// Stops tracking a session that was closed or expired.
@@ -137,7 +220,7 @@ mod tests {
     fn expires_only_after_ttl_from_last_keepalive() {
         let start = Instant::now();
         let mut leases = LeaseTracker::new();
-        leases.track(SessionId(1), TTL, start);
+        leases.track(SessionId(1), SessionLease::fresh(TTL), start);
         assert_eq!(
             leases.renew(SessionId(1), start + Duration::from_secs(6)),
             Ok(TTL)
@@ -159,8 +242,8 @@ mod tests {
     fn expiring_session_refuses_keepalives_and_is_returned_once() {
         let start = Instant::now();
         let mut leases = LeaseTracker::new();
-        leases.track(SessionId(1), TTL, start);
-        leases.track(SessionId(2), TTL * 2, start);
+        leases.track(SessionId(1), SessionLease::fresh(TTL), start);
+        leases.track(SessionId(2), SessionLease::fresh(TTL * 2), start);
         let later = start + TTL + Duration::from_millis(1);
         assert_eq!(leases.take_expired(later), vec![SessionId(1)]);
         assert_eq!(leases.renew(SessionId(1), later), Err(RenewError::Expiring));
@@ -174,7 +257,11 @@ mod tests {
     fn late_keepalive_never_moves_deadline_back() {
         let start = Instant::now();
         let mut leases = LeaseTracker::new();
-        leases.track(SessionId(1), TTL, start + Duration::from_secs(5));
+        leases.track(
+            SessionId(1),
+            SessionLease::fresh(TTL),
+            start + Duration::from_secs(5),
+        );
         leases.renew(SessionId(1), start).unwrap();
         assert_eq!(
             leases.next_deadline(),
@@ -186,13 +273,61 @@ mod tests {
     fn failed_expiry_is_retried() {
         let start = Instant::now();
         let mut leases = LeaseTracker::new();
-        leases.track(SessionId(7), TTL, start);
+        leases.track(SessionId(7), SessionLease::fresh(TTL), start);
         let later = start + TTL * 2;
         assert_eq!(leases.take_expired(later), vec![SessionId(7)]);
         leases.retry_expiry(SessionId(7), later);
         assert_eq!(
             leases.take_expired(later + Duration::from_millis(1)),
             vec![SessionId(7)]
+        );
+    }
+
+    #[test]
+    fn quiet_sessions_are_checkpointed_in_steps_and_renewed_through_the_log() {
+        let start = Instant::now();
+        let mut leases = LeaseTracker::new();
+        leases.track(SessionId(1), SessionLease::fresh(TTL), start);
+        assert!(leases.take_due_checkpoints(start + TTL / 4).is_empty());
+        let due = leases.take_due_checkpoints(start + TTL / 2);
+        assert_eq!(
+            due,
+            [DueCheckpoint {
+                session: SessionId(1),
+                remaining: TTL / 2,
+                renewals: 0
+            }]
+        );
+        // Handed out once per step of a tenth of the TTL.
+        assert!(leases.take_due_checkpoints(start + TTL / 2).is_empty());
+        let again = leases.take_due_checkpoints(start + TTL * 6 / 10);
+        assert_eq!(again[0].remaining, TTL * 4 / 10);
+        // A keepalive now has to go through the log.
+        let now = start + TTL * 7 / 10;
+        assert_eq!(
+            leases.renew(SessionId(1), now),
+            Err(RenewError::Checkpointed)
+        );
+        assert_eq!(leases.renewed_through_log(SessionId(1), now), Ok(TTL));
+        assert_eq!(leases.renew(SessionId(1), now), Ok(TTL));
+        let next = leases.take_due_checkpoints(now + TTL / 2);
+        assert_eq!(next[0].renewals, 1);
+    }
+
+    #[test]
+    fn a_checkpoint_from_the_log_starts_a_short_lease() {
+        let start = Instant::now();
+        let mut leases = LeaseTracker::new();
+        let lease = SessionLease {
+            ttl: TTL,
+            checkpoint: Some(TTL / 5),
+            renewals: 3,
+        };
+        leases.track(SessionId(1), lease, start);
+        assert_eq!(leases.next_deadline(), Some(start + TTL / 5));
+        assert_eq!(
+            leases.renew(SessionId(1), start),
+            Err(RenewError::Checkpointed)
         );
     }
 }

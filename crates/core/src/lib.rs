@@ -18,9 +18,9 @@ mod table;
 
 pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};
 pub use error::LockError;
-pub use lease::{LeaseTracker, RenewError};
+pub use lease::{DueCheckpoint, LeaseTracker, RenewError};
 pub use limits::{validate_lock_name, validate_ttl, Limits};
-pub use table::{LockInfo, LockTable};
+pub use table::{LockInfo, LockTable, SessionLease};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -32,6 +32,14 @@ pub struct LockTable {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Session {
     ttl_ms: u64,
+    /// Set by [`Command::CheckpointLease`]: the lease had at most this many
+    /// milliseconds left when the leader checkpointed it, and no keepalive
+    /// has been acknowledged since. A new leader may start the session with
+    /// this rather than the full TTL.
+    checkpoint_ms: Option<u64>,
+    /// How many [`Command::LeaseRenewed`] have been applied: a checkpoint
+    /// proposed before the latest renewal is out of date and ignored.
+    renewals: u64,
     held: BTreeSet<String>,
     waiting: BTreeSet<String>,
     /// The latest acquire attempt on each lock held or waited on.
@@ -43,6 +51,28 @@ struct Lock {
     holder: SessionId,
     token: Token,
     queue: VecDeque<SessionId>,
+}
+
+/// What a new leader needs to know of a session's lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLease {
+    pub ttl: Duration,
+    /// The lease time left at the latest checkpoint, if no keepalive has been
+    /// acknowledged since (see [`Command::CheckpointLease`]).
+    pub checkpoint: Option<Duration>,
+    /// Renewals applied so far, to stamp the next checkpoint with.
+    pub renewals: u64,
+}
+
+impl SessionLease {
+    /// The lease of a session that has just been opened.
+    pub fn fresh(ttl: Duration) -> Self {
+        SessionLease {
+            ttl,
+            checkpoint: None,
+            renewals: 0,
+        }
+    }
 }
 
 /// A read-only view of one lock.
@@ -105,6 +135,12 @@ impl LockTable {
                 lock,
                 attempt,
             } => self.abandon(*session, lock, *attempt, &mut events),
+            Command::CheckpointLease {
+                session,
+                remaining_ms,
+                renewals,
+            } => self.checkpoint_lease(*session, *remaining_ms, *renewals),
+            Command::LeaseRenewed { session } => self.lease_renewed(*session),
         };
         debug_assert!(outcome.is_ok() || events.is_empty());
         // The one invariant everything rests on; a u64 compare per command.
@@ -127,6 +163,8 @@ impl LockTable {
             session,
             Session {
                 ttl_ms,
+                checkpoint_ms: None,
+                renewals: 0,
                 held: BTreeSet::new(),
                 waiting: BTreeSet::new(),
                 attempts: BTreeMap::new(),
@@ -134,6 +172,33 @@ impl LockTable {
         );
         events.push(Event::SessionOpened { session, ttl_ms });
         Ok(Outcome::SessionOpened { session, ttl_ms })
+    }
+
+    fn checkpoint_lease(
+        &mut self,
+        session: SessionId,
+        remaining_ms: u64,
+        renewals: u64,
+    ) -> Result<Outcome, LockError> {
+        let state = self
+            .sessions
+            .get_mut(&session)
+            .ok_or(LockError::UnknownSession(session))?;
+        let current = state.renewals == renewals;
+        if current {
+            state.checkpoint_ms = Some(remaining_ms.min(state.ttl_ms));
+        }
+        Ok(Outcome::LeaseCheckpointed { current })
+    }
+
+    fn lease_renewed(&mut self, session: SessionId) -> Result<Outcome, LockError> {
+        let state = self
+            .sessions
+            .get_mut(&session)
+            .ok_or(LockError::UnknownSession(session))?;
+        state.checkpoint_ms = None;
+        state.renewals += 1;
+        Ok(Outcome::LeaseRenewed)
     }
 
     fn end_session(
@@ -412,11 +477,16 @@ impl LockTable {
         self.sessions.contains_key(&id)
     }
 
-    /// Live sessions and their TTLs, for a new leader to start tracking.
-    pub fn sessions(&self) -> impl Iterator<Item = (SessionId, Duration)> + '_ {
-        self.sessions
-            .iter()
-            .map(|(id, s)| (*id, Duration::from_millis(s.ttl_ms)))
+    /// Live sessions and their leases, for a new leader to start tracking.
+    pub fn sessions(&self) -> impl Iterator<Item = (SessionId, SessionLease)> + '_ {
+        self.sessions.iter().map(|(id, s)| {
+            let lease = SessionLease {
+                ttl: Duration::from_millis(s.ttl_ms),
+                checkpoint: s.checkpoint_ms.map(Duration::from_millis),
+                renewals: s.renewals,
+            };
+            (*id, lease)
+        })
     }
 
     /// Every (session, lock) wait, for observers that rebuild their view

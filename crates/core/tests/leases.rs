@@ -1,8 +1,11 @@
-//! Property test of the leader's lease bookkeeping: a lease never ends
-//! earlier than its TTL after the last acknowledged keepalive, and every
-//! lease that did run out is reported (once).
+//! Property tests of the leader's lease bookkeeping: a lease never ends
+//! earlier than its TTL after the last acknowledged keepalive, not even
+//! across leader changes that restart leases from checkpoints in the log, and
+//! every lease that did run out is reported (once).
 
-use deadbolt_core::{LeaseTracker, RenewError, SessionId};
+use deadbolt_core::{
+    Command, LeaseTracker, LockTable, Outcome, RenewError, SessionId, SessionLease,
+};
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -40,7 +43,7 @@ proptest! {
             match step {
                 Step::Track(s, ttl) => {
                     let ttl = Duration::from_millis(ttl);
-                    leases.track(SessionId(s), ttl, now);
+                    leases.track(SessionId(s), SessionLease::fresh(ttl), now);
                     model.insert(s, (ttl, now, false));
                 }
                 Step::Renew(s) => match (leases.renew(SessionId(s), now), model.get_mut(&s)) {
@@ -67,6 +70,136 @@ proptest! {
                 Step::Untrack(s) => {
                     leases.untrack(SessionId(s));
                     model.remove(&s);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum ClusterStep {
+    /// A keepalive; a checkpointed session's goes through the log first,
+    /// and that commit may fail (the keepalive is then not acknowledged).
+    Renew {
+        session: usize,
+        commit_ok: bool,
+    },
+    Advance(u64),
+    /// The leader takes due checkpoints and proposes them; they commit later.
+    TakeCheckpoints,
+    /// The oldest proposed checkpoint commits (proposals may be reordered
+    /// against renewals, never against each other).
+    CommitCheckpoint,
+    /// A new leader starts every lease from the log. Of the old leader's
+    /// proposals still in flight, those picked by the bit mask commit
+    /// before the new leader's first entry, the rest never do (Raft: an
+    /// old term's entry commits only as part of a prefix of the new log).
+    ChangeLeader {
+        commits: u8,
+    },
+    TakeExpired,
+}
+
+fn cluster_step() -> impl Strategy<Value = ClusterStep> {
+    prop_oneof![
+        4 => (0..4usize, prop::bool::weighted(0.8))
+            .prop_map(|(session, commit_ok)| ClusterStep::Renew { session, commit_ok }),
+        4 => (0..1500u64).prop_map(ClusterStep::Advance),
+        2 => Just(ClusterStep::TakeCheckpoints),
+        2 => Just(ClusterStep::CommitCheckpoint),
+        1 => any::<u8>().prop_map(|commits| ClusterStep::ChangeLeader { commits }),
+        3 => Just(ClusterStep::TakeExpired),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    #[test]
+    fn checkpoints_never_shorten_an_acknowledged_lease(
+        ttls in prop::collection::vec(500..3000u64, 4),
+        steps in prop::collection::vec(cluster_step(), 1..150),
+    ) {
+        let mut now = Instant::now();
+        let mut table = LockTable::new();
+        let mut leader = LeaseTracker::new();
+        // Per session: id, TTL, when the client was last told its lease runs
+        // (open or acknowledged keepalive), and whether it has expired.
+        let mut clients = Vec::new();
+        for ttl_ms in ttls {
+            let Ok(Outcome::SessionOpened { session, .. }) =
+                table.apply(&Command::OpenSession { ttl_ms }).outcome
+            else {
+                panic!("open refused")
+            };
+            let ttl = Duration::from_millis(ttl_ms);
+            leader.track(session, SessionLease::fresh(ttl), now);
+            clients.push((session, ttl, now, false));
+        }
+        let mut proposed = std::collections::VecDeque::new();
+        for step in steps {
+            match step {
+                ClusterStep::Renew { session, commit_ok } => {
+                    let (id, _, last_ack, expired) = &mut clients[session];
+                    let renewed = match leader.renew(*id, now) {
+                        Err(RenewError::Checkpointed) if commit_ok => {
+                            let applied = table.apply(&Command::LeaseRenewed { session: *id });
+                            prop_assert!(applied.outcome.is_ok());
+                            leader.renewed_through_log(*id, now)
+                        }
+                        other => other,
+                    };
+                    match renewed {
+                        Ok(_) => {
+                            prop_assert!(!*expired, "renewed an expired session");
+                            *last_ack = now;
+                        }
+                        Err(RenewError::Checkpointed) => prop_assert!(!commit_ok),
+                        Err(_) => prop_assert!(*expired || !table.has_session(*id)),
+                    }
+                }
+                ClusterStep::Advance(ms) => now += Duration::from_millis(ms),
+                ClusterStep::TakeCheckpoints => {
+                    for due in leader.take_due_checkpoints(now) {
+                        proposed.push_back(Command::CheckpointLease {
+                            session: due.session,
+                            remaining_ms: due.remaining.as_millis() as u64,
+                            renewals: due.renewals,
+                        });
+                    }
+                }
+                ClusterStep::CommitCheckpoint => {
+                    if let Some(checkpoint) = proposed.pop_front() {
+                        // Ends in an error only for a session already gone.
+                        let _ = table.apply(&checkpoint);
+                    }
+                }
+                ClusterStep::ChangeLeader { commits } => {
+                    for (i, checkpoint) in proposed.drain(..).enumerate() {
+                        if commits & (1 << (i % 8)) != 0 {
+                            let _ = table.apply(&checkpoint);
+                        }
+                    }
+                    leader = LeaseTracker::new();
+                    for (session, lease) in table.sessions() {
+                        leader.track(session, lease, now);
+                    }
+                }
+                ClusterStep::TakeExpired => {
+                    for session in leader.take_expired(now) {
+                        let client = clients
+                            .iter_mut()
+                            .find(|c| c.0 == session)
+                            .expect("known session");
+                        prop_assert!(
+                            now > client.2 + client.1,
+                            "session {:?} expired {:?} after its last acknowledgement, TTL {:?}",
+                            session, now - client.2, client.1
+                        );
+                        client.3 = true;
+                        let applied = table.apply(&Command::ExpireSession { session });
+                        prop_assert!(applied.outcome.is_ok());
+                    }
                 }
             }
         }

@@ -10,7 +10,7 @@ use crate::proposer::Proposer;
 use crate::raft_types::Raft;
 use crate::store::SharedTable;
 use crate::waits::Waits;
-use deadbolt_core::{Command, LeaseTracker, RenewError, SessionId};
+use deadbolt_core::{Command, DueCheckpoint, LeaseTracker, RenewError, SessionId, SessionLease};
 use openraft::ServerState;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,6 +44,16 @@ pub enum KeepAliveError {
     NotLeader,
     Unknown,
     Expiring,
+    /// Commit a `LeaseRenewed` first, then call [`Leases::renewed_through_log`].
+    Checkpointed,
+}
+
+fn keep_alive_error(err: RenewError) -> KeepAliveError {
+    match err {
+        RenewError::Unknown => KeepAliveError::Unknown,
+        RenewError::Expiring => KeepAliveError::Expiring,
+        RenewError::Checkpointed => KeepAliveError::Checkpointed,
+    }
 }
 
 impl Leases {
@@ -59,10 +69,20 @@ impl Leases {
         state
             .tracker
             .renew(session, Instant::now())
-            .map_err(|e| match e {
-                RenewError::Unknown => KeepAliveError::Unknown,
-                RenewError::Expiring => KeepAliveError::Expiring,
-            })
+            .map_err(keep_alive_error)
+    }
+
+    /// The `LeaseRenewed` that a keepalive for a checkpointed session needed
+    /// is committed: renew as usual.
+    pub fn renewed_through_log(&self, session: SessionId) -> Result<Duration, KeepAliveError> {
+        let mut state = self.state();
+        if !state.leading {
+            return Err(KeepAliveError::NotLeader);
+        }
+        state
+            .tracker
+            .renewed_through_log(session, Instant::now())
+            .map_err(keep_alive_error)
     }
 
     /// A session was opened (applied). Its lease starts now, which is no
@@ -70,7 +90,9 @@ impl Leases {
     pub fn opened(&self, session: SessionId, ttl: Duration) {
         let mut state = self.state();
         if state.leading {
-            state.tracker.track(session, ttl, Instant::now());
+            state
+                .tracker
+                .track(session, SessionLease::fresh(ttl), Instant::now());
             drop(state);
             self.changed.notify_one();
         }
@@ -80,15 +102,16 @@ impl Leases {
         self.state().tracker.untrack(session);
     }
 
-    /// This node now leads: every live session gets a full TTL from now,
-    /// whatever keepalives an earlier leader saw. Leases can only get longer.
+    /// This node now leads: every live session gets a full TTL from now
+    /// (or the time left at its checkpoint, from now), whatever keepalives an
+    /// earlier leader saw. Leases can only get longer.
     fn start_leading(&self, table: &SharedTable) {
         let now = Instant::now();
         let mut state = self.state();
         state.tracker.clear();
         let applied = table.read().expect("state lock poisoned");
-        for (session, ttl) in applied.table.sessions() {
-            state.tracker.track(session, ttl, now);
+        for (session, lease) in applied.table.sessions() {
+            state.tracker.track(session, lease, now);
         }
         state.leading = true;
         drop(state);
@@ -106,7 +129,8 @@ impl Leases {
     }
 }
 
-/// Proposes `ExpireSession` for every lease that runs out, until `stop`.
+/// Proposes `ExpireSession` for every lease that runs out, and
+/// `CheckpointLease` for every session gone quiet, until `stop`.
 pub async fn expire_sessions(
     leases: Arc<Leases>,
     proposer: Proposer,
@@ -123,6 +147,10 @@ pub async fn expire_sessions(
             _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next)) => {}
             _ = leases.changed.notified() => {}
             _ = stop.changed() => return,
+        }
+        let checkpoints = leases.state().tracker.take_due_checkpoints(Instant::now());
+        for due in checkpoints {
+            tokio::spawn(checkpoint(proposer.clone(), due));
         }
         let expired = leases.state().tracker.take_expired(Instant::now());
         for session in expired {
@@ -141,6 +169,21 @@ pub async fn expire_sessions(
                 }
             });
         }
+    }
+}
+
+/// Writes a quiet session's remaining lease to the log. A failure needs no
+/// retry: the session stays marked, so its next keepalive goes through the
+/// log anyway, and a new leader without the checkpoint gives a full TTL.
+async fn checkpoint(proposer: Proposer, due: DueCheckpoint) {
+    let command = Command::CheckpointLease {
+        session: due.session,
+        // Rounded up: a checkpoint may overstate the time left, never understate it.
+        remaining_ms: u64::try_from(due.remaining.as_micros().div_ceil(1000)).unwrap_or(u64::MAX),
+        renewals: due.renewals,
+    };
+    if let Err(err) = proposer.propose(command).await {
+        tracing::debug!(session = due.session.0, %err, "lease checkpoint not committed");
     }
 }
 

@@ -139,7 +139,7 @@ impl Server {
         let raft = openraft::Raft::new(
             config.node_id,
             raft_config(config.snapshot_every)?,
-            network::PeerNetwork,
+            network::PeerNetwork::default(),
             log_store,
             state_machine,
         )

@@ -22,22 +22,36 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 
 /// A peer that does not accept a connection within this is reported
 /// unreachable; openraft then backs off before trying it again.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// HTTP/2 pings on idle peer connections notice one that a partition has
+/// silently cut, so the next RPC dials afresh instead of waiting on it.
+const PING_INTERVAL: Duration = Duration::from_secs(1);
+const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Creates connections to peers.
-pub struct PeerNetwork;
+/// Creates connections to peers. openraft asks for a new one per
+/// replication stream and per leadership check (several a second under
+/// linearizable reads), so the channels are shared: one HTTP/2 connection
+/// per peer, multiplexed, instead of a TCP handshake per check.
+#[derive(Default)]
+pub struct PeerNetwork {
+    channels: SharedChannels,
+}
 
-/// A connection to one peer, dialled lazily and re-dialled by tonic after
-/// failures.
+type SharedChannels = Arc<Mutex<HashMap<NodeId, (String, Channel)>>>;
+
+/// A connection to one peer.
 pub struct PeerConnection {
     target: NodeId,
     node: BasicNode,
+    channels: SharedChannels,
     /// `Err` holds why the peer's address is unusable; every call reports it.
     client: Result<RaftPeerClient<Channel>, String>,
 }
@@ -46,29 +60,64 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
-        let client = peer_endpoint(&node.addr).map(|endpoint| {
-            RaftPeerClient::new(endpoint.connect_lazy())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES)
-        });
-        PeerConnection {
+        let cached = self
+            .channels
+            .lock()
+            .expect("channel cache poisoned")
+            .get(&target)
+            .filter(|(address, _)| *address == node.addr)
+            .map(|(_, channel)| channel.clone());
+        let mut connection = PeerConnection {
             target,
             node: node.clone(),
-            client,
+            channels: self.channels.clone(),
+            client: Err(String::new()),
+        };
+        match cached {
+            Some(channel) => connection.client = Ok(peer_client(channel)),
+            None => connection.redial(),
         }
+        connection
     }
+}
+
+fn peer_client(channel: Channel) -> RaftPeerClient<Channel> {
+    RaftPeerClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
 /// A node's address as members list it (`host:port`) as a gRPC endpoint.
 pub fn peer_endpoint(address: &str) -> Result<Endpoint, String> {
     Endpoint::from_shared(format!("http://{address}"))
-        .map(|endpoint| endpoint.connect_timeout(CONNECT_TIMEOUT).tcp_nodelay(true))
+        .map(|endpoint| {
+            endpoint
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(PING_INTERVAL)
+                .keep_alive_timeout(PING_TIMEOUT)
+                .keep_alive_while_idle(true)
+        })
         .map_err(|err| format!("invalid peer address {address:?}: {err}"))
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
 
 impl PeerConnection {
+    /// Replaces the (shared) channel to this peer with a new one, dialled
+    /// lazily. After a timeout the old connection may be a dead TCP stream
+    /// that would swallow every later request too.
+    fn redial(&mut self) {
+        self.client = peer_endpoint(&self.node.addr).map(|endpoint| {
+            let channel = endpoint.connect_lazy();
+            self.channels
+                .lock()
+                .expect("channel cache poisoned")
+                .insert(self.target, (self.node.addr.clone(), channel.clone()));
+            peer_client(channel)
+        });
+    }
+
     /// Sends one request and decodes the peer's `Result`. Transport trouble
     /// becomes `Unreachable` (peer down: back off) or `Network` (anything
     /// else); the peer's own refusal comes back as a `RemoteError`.
@@ -90,23 +139,32 @@ impl PeerConnection {
         };
         let data = bincode::serialize(request)
             .map_err(|err| RPCError::Network(NetworkError::new(&err)))?;
-        let reply = tokio::time::timeout(option.hard_ttl(), call(client, RaftPayload { data }))
-            .await
-            .map_err(|_| {
-                unreachable(
-                    self.target,
-                    &format!("no answer within {:?}", option.hard_ttl()),
-                )
-            })?;
+        let reply =
+            tokio::time::timeout(option.hard_ttl(), call(client, RaftPayload { data })).await;
+        let Ok(reply) = reply else {
+            self.redial();
+            return Err(unreachable(
+                self.target,
+                &format!("no answer within {:?}", option.hard_ttl()),
+            ));
+        };
         let payload = match reply {
             Ok(response) => response.into_inner(),
-            Err(status) if status.code() == tonic::Code::Unavailable => {
+            // Whatever the transport says (refused, reset, a proxy that
+            // lost its backend), the peer did not answer: openraft should
+            // back off rather than retry at once.
+            Err(status) => {
+                self.redial();
                 return Err(unreachable(
                     self.target,
-                    &format!("{} ({})", status.message(), self.node.addr),
-                ))
+                    &format!(
+                        "{} ({:?}, {})",
+                        status.message(),
+                        status.code(),
+                        self.node.addr
+                    ),
+                ));
             }
-            Err(status) => return Err(RPCError::Network(NetworkError::new(&status))),
         };
         let result: Result<Resp, E> = bincode::deserialize(&payload.data)
             .map_err(|err| RPCError::Network(NetworkError::new(&err)))?;

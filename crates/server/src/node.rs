@@ -125,6 +125,7 @@ pub struct Node {
 /// leads, before answering `unavailable` (e.g. on the minority side of a
 /// partition, where it would otherwise wait until the partition heals).
 const QUORUM_WAIT: Duration = Duration::from_secs(2);
+const QUORUM_RETRY: Duration = Duration::from_millis(50);
 
 /// Default and largest page of `list_locks`.
 pub const LIST_PAGE: usize = 1000;
@@ -157,13 +158,23 @@ impl Node {
             return Err(self.not_leader("this node is not (yet) the leader"));
         }
         self.linearizable().await?;
-        self.leases.renew(session).map_err(|err| match err {
+        let renewed = match self.leases.renew(session) {
+            Err(KeepAliveError::Checkpointed) => {
+                // The log says this lease may be short; say otherwise there
+                // before telling the client it was renewed.
+                self.propose(Command::LeaseRenewed { session }).await?;
+                self.leases.renewed_through_log(session)
+            }
+            other => other,
+        };
+        renewed.map_err(|err| match err {
             KeepAliveError::NotLeader => self.not_leader("this node is not (yet) the leader"),
             KeepAliveError::Unknown => LockError::UnknownSession(session).into(),
             KeepAliveError::Expiring => ApiError::new(
                 ErrorKind::SessionExpiring,
                 format!("session {session} has expired and is being closed"),
             ),
+            KeepAliveError::Checkpointed => unreachable!("renewed through the log"),
         })
     }
 
@@ -240,23 +251,37 @@ impl Node {
     /// quorum that this node still leads.
     async fn linearizable(&self) -> Result<(), ApiError> {
         use openraft::error::{CheckIsLeaderError, RaftError};
-        let barrier = tokio::time::timeout(QUORUM_WAIT, self.raft.ensure_linearizable());
-        match barrier.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
-                Err(self.not_leader("cannot serve a linearizable read here"))
+        let give_up = tokio::time::Instant::now() + QUORUM_WAIT;
+        loop {
+            let barrier = tokio::time::timeout_at(give_up, self.raft.ensure_linearizable());
+            let failure = match barrier.await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
+                    return Err(self.not_leader("cannot serve a linearizable read here"))
+                }
+                Ok(Err(RaftError::Fatal(fatal))) => {
+                    return Err(ApiError::new(
+                        ErrorKind::Internal,
+                        format!("raft has stopped: {fatal}"),
+                    ))
+                }
+                // Peers that did not answer this round (one slow, one just
+                // reconnecting) may answer the next.
+                Ok(Err(RaftError::APIError(err @ CheckIsLeaderError::QuorumNotEnough(_)))) => {
+                    err.to_string()
+                }
+                Err(_) => "no answer".to_owned(),
+            };
+            if tokio::time::Instant::now() + QUORUM_RETRY >= give_up {
+                return Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "no quorum confirmed this node's leadership within {QUORUM_WAIT:?} \
+                         (it may be cut off from the cluster): {failure}"
+                    ),
+                ));
             }
-            Ok(Err(RaftError::APIError(err @ CheckIsLeaderError::QuorumNotEnough(_)))) => Err(
-                ApiError::new(ErrorKind::Unavailable, format!("no quorum: {err}")),
-            ),
-            Err(_) => Err(ApiError::new(
-                ErrorKind::Unavailable,
-                format!("no quorum answered within {QUORUM_WAIT:?}; this node may be cut off from the cluster"),
-            )),
-            Ok(Err(RaftError::Fatal(fatal))) => Err(ApiError::new(
-                ErrorKind::Internal,
-                format!("raft has stopped: {fatal}"),
-            )),
+            tokio::time::sleep(QUORUM_RETRY).await;
         }
     }
 

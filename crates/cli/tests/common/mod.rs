@@ -5,6 +5,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod cluster;
+
 use deadbolt_client::Client;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

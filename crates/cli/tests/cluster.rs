@@ -1,0 +1,408 @@
+//! A real 3-node cluster under faults: the leader killed under load, the
+//! whole cluster restarted, the leader cut off by a partition, a follower
+//! that lost its data, and a dead holder across a leader change.
+
+mod common;
+
+use common::cluster::TestCluster;
+use common::deadbolt;
+use deadbolt_client::{Client, ErrorKind};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Cluster tests run one at a time: three servers each are plenty for a
+/// two-core machine, and the timing test below must not starve.
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A resource that checks fencing tokens: per lock, the highest token that
+/// wrote. A write with a lower token means two holders overlapped.
+#[derive(Default)]
+struct FencedRegister {
+    highest: Mutex<HashMap<String, u64>>,
+}
+
+impl FencedRegister {
+    fn write(&self, lock: &str, token: u64) {
+        let mut highest = self.highest.lock().unwrap();
+        let previous = highest.insert(lock.to_owned(), token).unwrap_or(0);
+        assert!(
+            token > previous,
+            "lock {lock}: token {token} wrote after token {previous}"
+        );
+    }
+}
+
+/// Acquire → write the token → release, in a loop, until `stop`. Returns the
+/// acknowledged tokens.
+async fn worker(
+    client: Client,
+    id: usize,
+    register: Arc<FencedRegister>,
+    stop: Arc<AtomicBool>,
+) -> Vec<u64> {
+    let session = loop {
+        match client.open_session(Duration::from_secs(5)).await {
+            Ok(session) => break session,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let mut tokens = Vec::new();
+    let mut round = id;
+    while !stop.load(Ordering::Relaxed) {
+        round += 1;
+        let lock = format!("failover-{}", round % 3);
+        let Ok(guard) = session
+            .lock_timeout(&lock, Duration::from_millis(1500))
+            .await
+        else {
+            continue;
+        };
+        register.write(&lock, guard.token());
+        tokens.push(guard.token());
+        let _ = guard.release().await;
+    }
+    tokens
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_the_leader_loses_no_grant_and_repeats_no_token() {
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = TestCluster::start(dir.path(), 3).await;
+    let client = cluster.client().await;
+
+    // A grant acknowledged before the crash must survive it.
+    let holder = client.open_session(Duration::from_secs(30)).await.unwrap();
+    let kept = holder.lock("kept-across-failover").await.unwrap();
+
+    let register = Arc::new(FencedRegister::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|id| tokio::spawn(worker(client.clone(), id, register.clone(), stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let old_leader = cluster.wait_for_leader(Duration::from_secs(5));
+    cluster.kill9(old_leader);
+    let killed_at = Instant::now();
+    let new_leader = cluster.wait_for_leader(Duration::from_secs(15));
+    let failover = killed_at.elapsed();
+    assert_ne!(new_leader, old_leader);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+
+    let mut all = Vec::new();
+    for worker in workers {
+        all.extend(worker.await.unwrap());
+    }
+    let distinct: HashSet<u64> = all.iter().copied().collect();
+    assert_eq!(distinct.len(), all.len(), "a token was handed out twice");
+    assert!(all.len() > 20, "too little work done: {} grants", all.len());
+
+    // Service resumed under the new leader: grants after the kill.
+    let status = client.lock_status("kept-across-failover").await.unwrap();
+    let state = status.expect("the acknowledged grant survived the crash");
+    assert_eq!(state.token, kept.token());
+    assert_eq!(state.holder_session_id, holder.id());
+    let fresh = holder.lock("after-failover").await.unwrap();
+    assert!(
+        fresh.token() > *distinct.iter().max().unwrap(),
+        "a new grant's token must exceed every earlier one"
+    );
+    eprintln!(
+        "{} grants; node {new_leader} led {failover:?} after the kill",
+        all.len()
+    );
+
+    // The killed node comes back as a follower and catches up.
+    cluster.start_node(old_leader);
+    wait_until(Duration::from_secs(15), || {
+        let leader = cluster.node(new_leader).status();
+        let rejoined = cluster.node(old_leader).status();
+        matches!((leader, rejoined), (Some(l), Some(r))
+            if r["role"] == "follower" && r["applied_index"] == l["applied_index"])
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_restart_keeps_sessions_locks_queues_and_tokens() {
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = TestCluster::start(dir.path(), 3).await;
+    let client = cluster.client().await;
+    let (holder, _) = client
+        .open_session_raw(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let (waiter, _) = client
+        .open_session_raw(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let token = client
+        .acquire_raw(holder, "restart-lock", false, None)
+        .await
+        .unwrap();
+    // Queue the waiter: a blocking acquire that the shutdown cuts off.
+    let queued = {
+        let client = client.clone();
+        tokio::spawn(async move { client.acquire_raw(waiter, "restart-lock", true, None).await })
+    };
+    wait_until(Duration::from_secs(5), || {
+        futures_block(client.lock_status("restart-lock"))
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.waiter_session_ids == [waiter])
+    });
+    let before = client.health().await.unwrap();
+
+    for id in 1..=3 {
+        assert!(cluster.terminate(id).success());
+    }
+    queued.abort();
+    for id in 1..=3 {
+        cluster.start_node(id);
+    }
+    cluster.wait_for_leader(Duration::from_secs(30));
+
+    let client = cluster.client().await;
+    let state = client
+        .lock_status("restart-lock")
+        .await
+        .unwrap()
+        .expect("still held");
+    assert_eq!(state.holder_session_id, holder);
+    assert_eq!(state.token, token);
+    assert_eq!(state.waiter_session_ids, [waiter]);
+    let after = client.health().await.unwrap();
+    assert_eq!(after.sessions, before.sessions);
+    assert!(after.next_token >= before.next_token);
+    // The queue moves on as before: release, and the waiter gets it.
+    client
+        .release_raw(holder, "restart-lock", token)
+        .await
+        .unwrap();
+    let next = client
+        .acquire_raw(waiter, "restart-lock", true, Some(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(next > token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_leader_refuses_and_the_majority_carries_on() {
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TestCluster::start(dir.path(), 3).await;
+    let old_leader = cluster.wait_for_leader(Duration::from_secs(5));
+    let isolated = Client::connect([cluster.node(old_leader).endpoint()])
+        .await
+        .unwrap();
+    let (session, _) = isolated
+        .open_session_raw(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let before = isolated
+        .acquire_raw(session, "partitioned", false, None)
+        .await
+        .unwrap();
+    isolated
+        .release_raw(session, "partitioned", before)
+        .await
+        .unwrap();
+
+    cluster.isolate(old_leader);
+
+    // The cut-off side grants nothing, renews nothing, answers no
+    // linearizable read.
+    let refused = isolated
+        .acquire_raw(session, "partitioned", false, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused.kind(),
+            ErrorKind::Unavailable | ErrorKind::NotLeader
+        ),
+        "{refused}"
+    );
+    let renew = isolated.keep_alive_raw(session).await.unwrap_err();
+    assert!(
+        matches!(renew.kind(), ErrorKind::Unavailable | ErrorKind::NotLeader),
+        "{renew}"
+    );
+    assert!(isolated.lock_status("partitioned").await.is_err());
+
+    // The other two elect a leader among themselves and grant.
+    let majority: Vec<String> = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.id != old_leader)
+        .map(|n| n.endpoint())
+        .collect();
+    let majority = Client::connect(majority).await.unwrap();
+    let granted = retry(Duration::from_secs(15), || async {
+        let (session, _) = majority.open_session_raw(Duration::from_secs(30)).await?;
+        majority
+            .acquire_raw(session, "partitioned", false, None)
+            .await
+    })
+    .await;
+    assert!(granted > before, "token {granted} after {before}");
+
+    // Healed, the old leader steps down and catches up.
+    cluster.heal();
+    wait_until(Duration::from_secs(20), || {
+        let statuses: Vec<_> = cluster.nodes.iter().filter_map(|n| n.status()).collect();
+        statuses.len() == 3
+            && statuses.iter().filter(|s| s["role"] == "leader").count() == 1
+            && statuses
+                .iter()
+                .all(|s| s["applied_index"] == statuses[0]["applied_index"])
+            && statuses[(old_leader - 1) as usize]["role"] != "leader"
+    });
+    let state = majority
+        .lock_status("partitioned")
+        .await
+        .unwrap()
+        .expect("held");
+    assert_eq!(state.token, granted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_lost_its_data_is_refused_then_rebuilt() {
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = TestCluster::start(dir.path(), 3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(5));
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let client = cluster.client().await;
+    let session = client.open_session(Duration::from_secs(30)).await.unwrap();
+    let first = session.lock("rebuild").await.unwrap();
+
+    cluster.kill9(follower);
+    std::fs::remove_dir_all(&cluster.node(follower).data_dir).unwrap();
+    cluster.start_node(follower);
+    let status = cluster.wait_exit(follower, Duration::from_secs(20));
+    assert!(!status.success());
+    let log = cluster.node(follower).log_text();
+    assert!(
+        log.contains("data directory is empty") && log.contains("must not vote"),
+        "{log}"
+    );
+
+    // Two of three keep serving.
+    let first_token = first.token();
+    first.release().await.unwrap();
+    let second = session.lock("rebuild").await.unwrap();
+    assert!(second.token() > first_token);
+
+    // The documented way back: remove, start with --join, add.
+    let endpoint = cluster.endpoints().join(",");
+    let removed = deadbolt(&endpoint, &["cluster", "remove", &follower.to_string()]);
+    assert!(removed.status.success(), "{removed:?}");
+    cluster.spawn_node(follower, &["--join"]);
+    let address = cluster.node(follower).advertised.to_string();
+    let added = deadbolt(
+        &endpoint,
+        &["cluster", "add", &follower.to_string(), &address],
+    );
+    assert!(added.status.success(), "{added:?}");
+    wait_until(Duration::from_secs(15), || {
+        let leader = cluster.node(leader).status();
+        let rebuilt = cluster.node(follower).status();
+        matches!((leader, rebuilt), (Some(l), Some(r))
+            if r["applied_index"] == l["applied_index"]
+                && l["members"].as_array().is_some_and(|m| m.iter().all(|m| m["voter"] == true) && m.len() == 3))
+    });
+    let status = deadbolt(&endpoint, &["cluster", "status"]);
+    assert!(status.status.success(), "{status:?}");
+}
+
+/// A holder that dies must not keep its lock for about two TTLs because the
+/// leader died too: a quiet session's lease is checkpointed into the log, and
+/// the new leader starts it from there rather than from a full TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_lock_is_freed_about_one_ttl_after_its_last_keepalive() {
+    const TTL: Duration = Duration::from_secs(4);
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = TestCluster::start(dir.path(), 3).await;
+    let client = cluster.client().await;
+    // A raw session is never renewed: a holder that died right after its
+    // grant. Its lease runs from the open, which the client saw complete.
+    let opened = Instant::now();
+    let (dead, _) = client.open_session_raw(TTL).await.unwrap();
+    let dead_token = client
+        .acquire_raw(dead, "dead-holder", false, None)
+        .await
+        .unwrap();
+    let waiter = client.open_session(Duration::from_secs(30)).await.unwrap();
+
+    // Past half the TTL the leader has checkpointed the quiet lease; then it
+    // dies. Without the checkpoint the next leader would give the session a
+    // full TTL from its own start.
+    tokio::time::sleep_until((opened + TTL * 7 / 10).into()).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(1));
+    cluster.kill9(leader);
+    let granted = tokio::spawn(async move { waiter.lock("dead-holder").await.map(|g| g.token()) });
+    cluster.wait_for_leader(Duration::from_secs(15));
+    let took_over = Instant::now();
+
+    let token = granted.await.unwrap().unwrap();
+    let freed = Instant::now();
+    assert!(token > dead_token);
+    assert!(
+        freed - opened > TTL,
+        "freed {:?} after the open: before the TTL ran out",
+        freed - opened
+    );
+    // The checkpoints (every TTL/10 once the session was quiet for TTL/2)
+    // left the new leader well under half a TTL to wait.
+    assert!(
+        freed - took_over < TTL * 3 / 4,
+        "freed {:?} after the new leader took over: it restarted the lease with a full TTL (TTL {TTL:?})",
+        freed - took_over
+    );
+    eprintln!(
+        "dead holder's lock freed {:?} after its last keepalive, {:?} after the new leader took over (TTL {TTL:?})",
+        freed - opened,
+        freed - took_over
+    );
+}
+
+/// Polls `ready` (a blocking check) until it holds.
+fn wait_until(within: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !ready() {
+        assert!(
+            Instant::now() < deadline,
+            "condition not met within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Repeats `attempt` until it succeeds.
+async fn retry<T, F, Fut>(within: Duration, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, deadbolt_client::Error>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(err) => {
+                assert!(Instant::now() < deadline, "still failing: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Runs a future to completion from synchronous test code.
+fn futures_block<F: std::future::Future>(future: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(future))
+}

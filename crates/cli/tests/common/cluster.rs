@@ -1,0 +1,337 @@
+//! A real multi-node cluster for tests, with a fault-injecting network.
+//!
+//! Every node listens on its own port, but the cluster knows each node by
+//! the address of a TCP proxy in front of it: that is where the peers (and
+//! the leader hints given to clients) send traffic. The proxies can cut the
+//! link from one node to another in one direction. To tell which node a
+//! connection comes from, a proxy looks up which process owns the other end
+//! of the socket (/proc/net/tcp and /proc/PID/fd), so nodes need no
+//! test-only flags. Tests that talk to a node directly use its `listen`
+//! address and are never cut off.
+
+use super::{free_port, http, signal, BIN};
+use deadbolt_client::Client;
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+
+pub struct ClusterNode {
+    pub id: u64,
+    /// Where the node itself listens (reached directly by tests).
+    pub listen: SocketAddr,
+    /// Its address in the cluster: the proxy in front of it.
+    pub advertised: SocketAddr,
+    pub data_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl ClusterNode {
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.listen)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// This node's own `/v1/cluster/status`, if it answers.
+    pub fn status(&self) -> Option<serde_json::Value> {
+        match http(self.listen, "GET", "/v1/cluster/status", None) {
+            Ok((200, body)) => serde_json::from_str(&body).ok(),
+            _ => None,
+        }
+    }
+}
+
+/// Which links are cut, and which process is which node.
+#[derive(Default)]
+struct Network {
+    pids: HashMap<i32, u64>,
+    /// (from, to): connections from node `from` into node `to` are dropped.
+    cut: HashSet<(u64, u64)>,
+    /// Live forwarded connections, to drop when their link is cut.
+    links: Vec<(u64, u64, tokio::task::AbortHandle)>,
+}
+
+pub struct TestCluster {
+    pub nodes: Vec<ClusterNode>,
+    network: Arc<Mutex<Network>>,
+    initial_cluster: String,
+}
+
+impl TestCluster {
+    /// Starts `size` nodes with empty data directories under `dir` and waits
+    /// until one leads.
+    pub async fn start(dir: &Path, size: u64) -> TestCluster {
+        let network = Arc::new(Mutex::new(Network::default()));
+        let mut nodes = Vec::new();
+        for id in 1..=size {
+            let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let advertised = start_proxy(id, listen, network.clone()).await;
+            nodes.push(ClusterNode {
+                id,
+                listen,
+                advertised,
+                data_dir: dir.join(format!("node{id}")),
+                log: dir.join(format!("node{id}.log")),
+                child: None,
+            });
+        }
+        let initial_cluster = nodes
+            .iter()
+            .map(|n| format!("{}={}", n.id, n.advertised))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = TestCluster {
+            nodes,
+            network,
+            initial_cluster,
+        };
+        for id in 1..=size {
+            cluster.start_node(id);
+        }
+        cluster.wait_for_leader(Duration::from_secs(30));
+        cluster
+    }
+
+    pub fn node(&self, id: u64) -> &ClusterNode {
+        &self.nodes[(id - 1) as usize]
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut ClusterNode {
+        &mut self.nodes[(id - 1) as usize]
+    }
+
+    /// All listen addresses, for clients that should fail over.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.iter().map(ClusterNode::endpoint).collect()
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(self.endpoints()).await.expect("connect")
+    }
+
+    /// Starts (or restarts) node `id` with the cluster's `--initial-cluster`.
+    pub fn start_node(&mut self, id: u64) {
+        let members = self.initial_cluster.clone();
+        self.spawn_node(id, &["--initial-cluster", &members]);
+    }
+
+    /// Starts node `id` with any extra flags.
+    pub fn spawn_node(&mut self, id: u64, flags: &[&str]) {
+        let node = self.node_mut(id);
+        assert!(node.child.is_none(), "node {id} is already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(["server", "--node-id", &id.to_string()])
+            .args(["--listen", &node.listen.to_string(), "--data-dir"])
+            .arg(&node.data_dir)
+            .args(flags)
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start deadbolt server");
+        let pid = child.id() as i32;
+        node.child = Some(child);
+        self.network.lock().unwrap().pids.insert(pid, id);
+    }
+
+    /// Waits for node `id` to exit by itself; returns its status.
+    pub fn wait_exit(&mut self, id: u64, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        let node = self.node_mut(id);
+        let child = node.child.as_mut().expect("running");
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                node.child = None;
+                return status;
+            }
+            assert!(Instant::now() < deadline, "node {id} did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// kill -9.
+    pub fn kill9(&mut self, id: u64) {
+        if let Some(mut child) = self.node_mut(id).child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM, then wait for the graceful exit.
+    pub fn terminate(&mut self, id: u64) -> ExitStatus {
+        let pid = self.node(id).child.as_ref().expect("running").id() as i32;
+        signal(pid, libc::SIGTERM);
+        self.wait_exit(id, Duration::from_secs(15))
+    }
+
+    /// The node every running node agrees leads, once there is one.
+    pub fn wait_for_leader(&self, within: Duration) -> u64 {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(leader) = self.agreed_leader() {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader within {within:?}; logs:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Some(id) when `id` says it leads and every other running node that
+    /// answers names it as leader.
+    fn agreed_leader(&self) -> Option<u64> {
+        let statuses: Vec<serde_json::Value> = self
+            .nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .filter_map(ClusterNode::status)
+            .collect();
+        let leader = statuses.iter().find(|s| s["role"] == "leader")?["node_id"].as_u64()?;
+        let agreed = statuses
+            .iter()
+            .all(|s| s["leader_id"].as_u64() == Some(leader));
+        // Leading includes having applied every earlier entry: `/health`
+        // answers 200 only then.
+        let ready = matches!(
+            http(self.node(leader).listen, "GET", "/health", None),
+            Ok((200, _))
+        );
+        (agreed && ready).then_some(leader)
+    }
+
+    /// Cuts node `from`'s connections into node `to` (one direction).
+    pub fn cut(&self, from: u64, to: u64) {
+        let mut network = self.network.lock().unwrap();
+        network.cut.insert((from, to));
+        network.links.retain(|(f, t, link)| {
+            let cut = (*f, *t) == (from, to);
+            if cut {
+                link.abort();
+            }
+            !cut
+        });
+    }
+
+    /// Cuts `node` off from every other node, both ways.
+    pub fn isolate(&self, node: u64) {
+        for other in self.nodes.iter().map(|n| n.id).filter(|id| *id != node) {
+            self.cut(node, other);
+            self.cut(other, node);
+        }
+    }
+
+    pub fn heal(&self) {
+        self.network.lock().unwrap().cut.clear();
+    }
+
+    pub fn logs(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("--- node {}:\n{}", n.id, n.log_text()))
+            .collect()
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Starts the proxy in front of node `id`; returns its address.
+async fn start_proxy(id: u64, target: SocketAddr, network: Arc<Mutex<Network>>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        // Connections from a cut link are held open and never answered, as
+        // a real partition would: the sender has to time out.
+        let mut black_holed = Vec::new();
+        loop {
+            let Ok((inbound, peer)) = listener.accept().await else {
+                return;
+            };
+            let pids: Vec<i32> = network.lock().unwrap().pids.keys().copied().collect();
+            let from = socket_owner(peer, address, &pids)
+                .and_then(|pid| network.lock().unwrap().pids.get(&pid).copied());
+            let mut network = network.lock().unwrap();
+            if network.cut.is_empty() {
+                black_holed.clear();
+            }
+            let Some(from) = from else {
+                // Not a node (a test's own client): never cut.
+                tokio::spawn(forward(inbound, target));
+                continue;
+            };
+            if network.cut.contains(&(from, id)) {
+                black_holed.push(inbound);
+                continue;
+            }
+            let link = tokio::spawn(forward(inbound, target));
+            network.links.push((from, id, link.abort_handle()));
+        }
+    });
+    address
+}
+
+async fn forward(mut inbound: TcpStream, target: SocketAddr) {
+    if let Ok(mut outbound) = TcpStream::connect(target).await {
+        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+    }
+}
+
+/// The process (among `pids`) that owns the client end of the TCP
+/// connection from `peer` to `local`.
+fn socket_owner(peer: SocketAddr, local: SocketAddr, pids: &[i32]) -> Option<i32> {
+    let hex = |addr: SocketAddr| match addr {
+        SocketAddr::V4(v4) => format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        ),
+        SocketAddr::V6(_) => String::new(),
+    };
+    let (want_local, want_remote) = (hex(peer), hex(local));
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let inode = table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&want_local.as_str())
+            && fields.get(2) == Some(&want_remote.as_str()))
+        .then(|| fields.get(9).map(|inode| inode.to_string()))
+        .flatten()
+    })?;
+    let socket = format!("socket:[{inode}]");
+    pids.iter().copied().find(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|fds| {
+                fds.flatten().any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|target| target.as_os_str() == socket.as_str())
+                })
+            })
+            .unwrap_or(false)
+    })
+}
