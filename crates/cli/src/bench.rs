@@ -3,12 +3,15 @@
 //!
 //! - `uncontended`: each client loops acquire→release on its own lock;
 //! - `contended`: all clients loop acquire→release on one lock (FIFO);
-//! - `expiry`: a holder stops renewing; how long until a waiter gets the lock.
+//! - `expiry`: a holder stops renewing; how long until a waiter gets the lock;
+//! - `failover`: kills the leader (with a command you give) again and again;
+//!   how long from each kill until a client's next successful grant.
 //!
 //! Every client has its own session and connection. The bench also checks
 //! what it can see: tokens never repeat and grow with every grant.
 
 use crate::{exit, parse_duration};
+use anyhow::Context;
 use deadbolt_client::{Client, Error};
 use hdrhistogram::Histogram;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,6 +23,7 @@ enum Workload {
     Uncontended,
     Contended,
     Expiry,
+    Failover,
 }
 
 #[derive(clap::Args)]
@@ -37,9 +41,17 @@ pub struct BenchArgs {
     /// Session TTL (for `expiry`, the TTL of the holder that dies).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     ttl: Duration,
-    /// Rounds of the `expiry` workload.
+    /// Rounds of the `expiry` and `failover` workloads.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// `failover`: shell command that kills a node; `{id}` is replaced by the
+    /// leader's node id. Example: `scripts/cluster.sh kill {id}`.
+    #[arg(long, required_if_eq("workload", "failover"))]
+    kill_cmd: Option<String>,
+    /// `failover`: shell command that brings the killed node back; `{id}` as
+    /// above. Example: `scripts/cluster.sh start`.
+    #[arg(long, required_if_eq("workload", "failover"))]
+    restart_cmd: Option<String>,
 }
 
 pub async fn main(endpoints: &[String], args: BenchArgs) -> i32 {
@@ -47,6 +59,15 @@ pub async fn main(endpoints: &[String], args: BenchArgs) -> i32 {
         Workload::Uncontended => loops(endpoints, &args, false).await,
         Workload::Contended => loops(endpoints, &args, true).await,
         Workload::Expiry => expiry(endpoints, &args).await,
+        Workload::Failover => {
+            return match failover(endpoints, &args).await {
+                Ok(()) => exit::OK,
+                Err(err) => {
+                    eprintln!("deadbolt: {err:#}");
+                    exit::FAILURE
+                }
+            }
+        }
     };
     match result {
         Ok(()) => exit::OK,
@@ -206,4 +227,96 @@ async fn expiry(endpoints: &[String], args: &BenchArgs) -> Result<(), Error> {
         overshoots.max() as f64 / 1000.0
     );
     Ok(())
+}
+
+async fn failover(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<()> {
+    let (kill, restart) = (
+        args.kill_cmd.as_deref().expect("required by clap"),
+        args.restart_cmd.as_deref().expect("required by clap"),
+    );
+    let client = Client::connect(endpoints.iter().cloned()).await?;
+    let session = client.open_session(args.ttl).await?;
+    // One probe loops acquire→release and stamps every grant.
+    let epoch = Instant::now();
+    let last_grant_us = Arc::new(AtomicU64::new(0));
+    let probe = {
+        let (session, last_grant_us) = (session.clone(), last_grant_us.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(guard) = session.lock("bench:failover").await {
+                    last_grant_us.store(epoch.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    let _ = guard.release().await;
+                }
+            }
+        })
+    };
+    let mut times = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+    for round in 0..args.rounds {
+        let leader = client
+            .cluster_status()
+            .await?
+            .leader_id
+            .context("the cluster reports no leader")?;
+        run_shell(kill, leader)?;
+        let killed_us = epoch.elapsed().as_micros() as u64;
+        while last_grant_us.load(Ordering::Relaxed) <= killed_us {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let took = Duration::from_micros(last_grant_us.load(Ordering::Relaxed) - killed_us);
+        times.saturating_record(took.as_micros() as u64);
+        println!(
+            "kill {}: leader node {leader} killed; next grant after {:.0}ms",
+            round + 1,
+            took.as_secs_f64() * 1000.0
+        );
+        run_shell(restart, leader)?;
+        // Let the restarted node catch up before the next kill, so each
+        // round starts from a whole cluster.
+        wait_until_whole(&client).await?;
+    }
+    probe.abort();
+    session.close().await?;
+    println!(
+        "failover: {} kills, next grant after median {:.0}ms, max {:.0}ms",
+        args.rounds,
+        times.value_at_quantile(0.5) as f64 / 1000.0,
+        times.max() as f64 / 1000.0
+    );
+    Ok(())
+}
+
+/// Runs `command` with `{id}` replaced, through `sh -c`.
+fn run_shell(command: &str, id: u64) -> anyhow::Result<()> {
+    let command = command.replace("{id}", &id.to_string());
+    let status = std::process::Command::new("sh")
+        .args(["-c", &command])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("cannot run `{command}`"))?;
+    anyhow::ensure!(status.success(), "`{command}` failed: {status}");
+    Ok(())
+}
+
+/// Waits until every member answers and has applied what the leader has.
+async fn wait_until_whole(client: &Client) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let view = client.cluster_status().await?;
+        let mut applied = Vec::new();
+        for member in &view.members {
+            let status = match Client::connect([member.address.clone()]).await {
+                Ok(member) => member.cluster_status().await.ok(),
+                Err(_) => None,
+            };
+            applied.push(status.map(|s| s.applied_index));
+        }
+        if applied.iter().all(|a| a.is_some() && *a == applied[0]) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the cluster did not become whole within 60s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

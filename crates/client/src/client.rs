@@ -33,7 +33,9 @@ const PING_INTERVAL: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before asking again when no node knows a leader (an election is
 /// under way; it normally takes a few hundred milliseconds).
-const ELECTION_PAUSE: Duration = Duration::from_millis(150);
+const ELECTION_PAUSE: Duration = Duration::from_millis(50);
+/// How long a request keeps looking for a leader before giving up.
+const LEADER_SEARCH: Duration = Duration::from_secs(2);
 
 /// A handle on a Deadbolt cluster. Cheap to clone; clones share connections.
 #[derive(Debug, Clone)]
@@ -296,7 +298,7 @@ impl Client {
         Req: Clone,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let mut tries = 0;
+        let searching_since = std::time::Instant::now();
         loop {
             let (index, generation, channel) = {
                 let current = self.current();
@@ -310,21 +312,14 @@ impl Client {
             if error.is_transient() {
                 self.move_on(generation, error.leader());
             }
-            tries += 1;
             let elsewhere = self.shared.targets.len() > 1 || error.kind() == ErrorKind::NotLeader;
-            if !error.had_no_effect() || !elsewhere || tries >= self.hop_limit() {
+            if !error.had_no_effect() || !elsewhere || searching_since.elapsed() > LEADER_SEARCH {
                 return Err(error);
             }
             if error.leader().is_none() {
                 tokio::time::sleep(ELECTION_PAUSE).await;
             }
         }
-    }
-
-    /// Enough tries to go round every endpoint a few times, which also covers
-    /// an election or two.
-    fn hop_limit(&self) -> usize {
-        3 * self.shared.targets.len().max(2)
     }
 
     /// Points later calls at the leader the failed call named, if it is one
