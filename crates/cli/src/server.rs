@@ -1,9 +1,11 @@
 //! `deadbolt server`: starts a node and runs it until SIGTERM or ctrl-c.
 
 use crate::exit;
-use deadbolt_server::{InitialCluster, Server, ServerConfig, StartMembership};
+use crate::parse_duration;
+use deadbolt_server::{InitialCluster, RaftTiming, Server, ServerConfig, StartMembership};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct ServerArgs {
@@ -32,6 +34,15 @@ pub struct ServerArgs {
     /// Snapshot the lock table and compact the Raft log every N entries.
     #[arg(long, default_value_t = ServerConfig::DEFAULT_SNAPSHOT_EVERY, value_parser = clap::value_parser!(u64).range(10..))]
     snapshot_every: u64,
+    /// How often the leader sends heartbeats to the other nodes.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    heartbeat_interval: Duration,
+    /// A follower that hears no heartbeat for this long (up to twice as long,
+    /// at random) stands for election. Failover takes about this plus an
+    /// election round. At least 3 heartbeat intervals; raise both on slow
+    /// networks or disks, or leaders are voted out for being slow.
+    #[arg(long, default_value = "150ms", value_parser = parse_duration)]
+    election_timeout: Duration,
     /// Log as JSON lines instead of human-readable text.
     #[arg(long)]
     log_json: bool,
@@ -44,6 +55,10 @@ pub async fn main(args: ServerArgs) -> i32 {
         listen: args.listen,
         data_dir: args.data_dir,
         snapshot_every: args.snapshot_every,
+        timing: RaftTiming {
+            heartbeat: args.heartbeat_interval,
+            election_timeout: args.election_timeout,
+        },
         membership: match (args.initial_cluster, args.join) {
             (Some(cluster), _) => StartMembership::Initial(cluster),
             (None, true) => StartMembership::Join,

@@ -35,6 +35,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use store::{LogStore, StateMachineStore};
 use tokio::sync::watch;
 use waits::Waits;
@@ -55,7 +56,7 @@ async fn raft_stopped(raft: openraft::Raft<raft_types::TypeConfig>) {
 }
 
 /// How long a graceful shutdown waits for open requests to finish.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Everything `deadbolt server` needs to start.
 #[derive(Debug, Clone)]
@@ -68,6 +69,28 @@ pub struct ServerConfig {
     pub snapshot_every: u64,
     /// How a node with an empty data directory finds its cluster.
     pub membership: StartMembership,
+    /// Raft timing; see [`RaftTiming`].
+    pub timing: RaftTiming,
+}
+
+/// How often the leader sends heartbeats, and how long a follower waits
+/// without one before it stands for election (a random time between the
+/// minimum and twice the minimum, so that one candidate usually wins).
+/// Failover after a leader crash takes about one election timeout plus an
+/// election round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaftTiming {
+    pub heartbeat: Duration,
+    pub election_timeout: Duration,
+}
+
+impl Default for RaftTiming {
+    fn default() -> Self {
+        RaftTiming {
+            heartbeat: Duration::from_millis(50),
+            election_timeout: Duration::from_millis(150),
+        }
+    }
 }
 
 /// What a node with an empty data directory does. A node with data ignores
@@ -86,18 +109,20 @@ impl ServerConfig {
     pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
 }
 
-/// Raft timing (milliseconds). The leader sends a heartbeat every 50 ms; a
-/// follower that hears nothing for 150–300 ms (randomized, so that one
-/// candidate usually wins) starts an election. Failover after a leader crash
-/// therefore takes about 150–300 ms plus one election round. Raise all three
-/// together, keeping heartbeat well below the minimum timeout, on networks
-/// with slower round trips or disks with slow fsyncs.
-fn raft_config(snapshot_every: u64) -> anyhow::Result<Arc<Config>> {
+fn raft_config(snapshot_every: u64, timing: RaftTiming) -> anyhow::Result<Arc<Config>> {
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let (heartbeat, election) = (millis(timing.heartbeat), millis(timing.election_timeout));
+    // A heartbeat must arrive several times per election timeout, or a
+    // healthy but briefly slow leader is voted out.
+    anyhow::ensure!(
+        heartbeat >= 1 && heartbeat.saturating_mul(3) <= election,
+        "the election timeout ({election} ms) must be at least 3 heartbeat intervals ({heartbeat} ms)"
+    );
     let config = Config {
         cluster_name: "deadbolt".into(),
-        heartbeat_interval: 50,
-        election_timeout_min: 150,
-        election_timeout_max: 300,
+        heartbeat_interval: heartbeat,
+        election_timeout_min: election,
+        election_timeout_max: election.saturating_mul(2),
         // Each entry is a batch of up to 1024 commands: keep appends well
         // under the gRPC message limit.
         max_payload_entries: 64,
@@ -120,7 +145,8 @@ pub struct Server {
 
 impl Server {
     pub async fn start(config: ServerConfig) -> anyhow::Result<Server> {
-        // Bind first: a port in use is the most common start-up failure and
+        let raft_config = raft_config(config.snapshot_every, config.timing)?;
+        // Bind next: a port in use is the most common start-up failure and
         // should not wait for the data directory.
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -138,7 +164,7 @@ impl Server {
         let table = state_machine.shared();
         let raft = openraft::Raft::new(
             config.node_id,
-            raft_config(config.snapshot_every)?,
+            raft_config,
             network::PeerNetwork::default(),
             log_store,
             state_machine,
