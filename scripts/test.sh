@@ -11,6 +11,14 @@ cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== PostgreSQL for the crates/fence tests (scripts/postgres.sh)"
+# Assigned first, not eval'd straight from $(...): eval of a failed command
+# substitution succeeds, and set -e would not stop here.
+postgres_env=$(scripts/postgres.sh)
+eval "$postgres_env"
+# With a server set up, a PostgreSQL test that cannot find it fails instead of skipping.
+export DEADBOLT_REQUIRE_POSTGRES=1
+
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
