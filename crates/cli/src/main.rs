@@ -10,6 +10,7 @@ mod guard;
 mod locks;
 mod run;
 mod server;
+mod store;
 
 use clap::{Parser, Subcommand};
 use std::time::Duration;
@@ -18,7 +19,8 @@ const AFTER_HELP: &str = "\
 Exit codes:
   0     success (for `run`: the command's own exit code is returned)
   75    the lock is busy, or the wait for it timed out
-  76    the lock was lost (the lease could not be renewed) while running
+  76    the lock was lost (the lease could not be renewed) while running,
+        or a token is stale (store put/get/delete, check)
   69    the Deadbolt server could not be reached
   1     any other error (bad input, refused request), with a message
   2     invalid command line";
@@ -67,6 +69,11 @@ enum Command {
     Status(locks::StatusArgs),
     /// List held locks with holder, token and waiters.
     Locks(locks::ListArgs),
+    /// Is TOKEN the current grant of LOCK? Exit 0 if so, 76 if not.
+    Check(store::CheckArgs),
+    /// The fenced store: values only the newest lock holder can change.
+    #[command(subcommand)]
+    Store(store::StoreCommand),
     /// Measure throughput and latency against a running server.
     Bench(bench::BenchArgs),
     /// Internal: the process `deadbolt run` puts between itself and CMD.
@@ -98,6 +105,8 @@ fn main() {
             Command::Keepalive(args) => locks::keepalive(&cli.endpoint, args).await,
             Command::Status(args) => locks::status(&cli.endpoint, args).await,
             Command::Locks(args) => locks::list(&cli.endpoint, args).await,
+            Command::Check(args) => store::check(&cli.endpoint, args).await,
+            Command::Store(command) => store::main(&cli.endpoint, command).await,
             Command::Cluster(command) => cluster::main(&cli.endpoint, command).await,
             Command::Bench(args) => bench::main(&cli.endpoint, args).await,
             Command::Guard(_) => unreachable!("handled before the runtime starts"),

@@ -14,9 +14,10 @@ use crate::{Error, ErrorKind, HealthResponse, LockState, Session};
 use deadbolt_proto::v1::cluster_client::ClusterClient;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{
-    AcquireRequest, AddMemberRequest, CloseSessionRequest, ClusterStatusRequest,
+    AcquireRequest, AddMemberRequest, CheckTokenRequest, CloseSessionRequest, ClusterStatusRequest,
     ClusterStatusResponse, HealthRequest, KeepAliveRequest, ListLocksRequest, LockStatusRequest,
-    OpenSessionRequest, ReleaseRequest, RemoveMemberRequest,
+    OpenSessionRequest, ReleaseRequest, RemoveMemberRequest, StoreDeleteRequest, StoreGetRequest,
+    StorePutRequest,
 };
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -36,6 +37,15 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 const ELECTION_PAUSE: Duration = Duration::from_millis(50);
 /// How long a request keeps looking for a leader before giving up.
 const LEADER_SEARCH: Duration = Duration::from_secs(2);
+
+/// A fenced-store key's value and fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// `None`: never set, or deleted.
+    pub value: Option<String>,
+    /// The highest token the key has accepted; 0 if none.
+    pub fence: u64,
+}
 
 /// A handle on a Deadbolt cluster. Cheap to clone; clones share connections.
 #[derive(Debug, Clone)]
@@ -245,6 +255,92 @@ impl Client {
         })
         .await?;
         Ok(())
+    }
+
+    /// Whether `token` is the current grant of `lock` (a linearizable check,
+    /// for resources that cannot keep a fence); also the current grant's
+    /// token, if the lock is held.
+    pub async fn check_token(&self, lock: &str, token: u64) -> Result<(bool, Option<u64>), Error> {
+        let request = CheckTokenRequest {
+            lock: lock.to_owned(),
+            token,
+        };
+        let response = self
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).check_token(request).await
+            })
+            .await?;
+        Ok((response.current, response.current_token))
+    }
+
+    /// Sets `key` in the fenced store, if no token above `token` has changed
+    /// or fenced-read it (else [`ErrorKind::StaleToken`], naming both). With
+    /// `lock`, `token` must also be that lock's current grant. Returns the
+    /// key's new fence.
+    pub async fn store_put(
+        &self,
+        key: &str,
+        value: &str,
+        token: u64,
+        lock: Option<&str>,
+    ) -> Result<u64, Error> {
+        let request = StorePutRequest {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            token,
+            lock: lock.map(str::to_owned),
+        };
+        let response = self
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).store_put(request).await
+            })
+            .await?;
+        Ok(response.fence)
+    }
+
+    /// Reads `key`. With a token, the read is fenced: it raises the key's
+    /// fence to `token`, so that a holder with an older token can no longer
+    /// write what it read before (the safe read-modify-write).
+    pub async fn store_get(
+        &self,
+        key: &str,
+        fenced: Option<(u64, Option<&str>)>,
+    ) -> Result<Stored, Error> {
+        let request = StoreGetRequest {
+            key: key.to_owned(),
+            token: fenced.map(|(token, _)| token),
+            lock: fenced.and_then(|(_, lock)| lock.map(str::to_owned)),
+        };
+        let response = self
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).store_get(request).await
+            })
+            .await?;
+        Ok(Stored {
+            value: response.found.then_some(response.value),
+            fence: response.fence,
+        })
+    }
+
+    /// Deletes `key`, fenced like [`store_put`](Self::store_put). Returns
+    /// whether it had a value.
+    pub async fn store_delete(
+        &self,
+        key: &str,
+        token: u64,
+        lock: Option<&str>,
+    ) -> Result<bool, Error> {
+        let request = StoreDeleteRequest {
+            key: key.to_owned(),
+            token,
+            lock: lock.map(str::to_owned),
+        };
+        let response = self
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).store_delete(request).await
+            })
+            .await?;
+        Ok(response.existed)
     }
 
     /// The answering node's role, log indexes, and view of the membership.

@@ -105,7 +105,7 @@ mod error;
 mod lock;
 mod session;
 
-pub use client::Client;
+pub use client::{Client, Stored};
 pub use deadbolt_proto::v1::{ClusterStatusResponse, HealthResponse, LockState, Member};
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;

@@ -5,7 +5,7 @@
 //! absent: they only move a leader-local deadline (see [`crate::LeaseTracker`]),
 //! and writing them to the log would cost an fsync per heartbeat.
 
-use crate::{LockError, SessionId, Token};
+use crate::{LockError, SessionId, StoredValue, Token};
 use serde::{Deserialize, Serialize};
 
 /// One replicated change to the lock table.
@@ -59,6 +59,27 @@ pub enum Command {
     /// A keepalive came for a checkpointed session: the checkpoint no longer
     /// bounds its lease. Committed before that keepalive is acknowledged.
     LeaseRenewed { session: SessionId },
+    /// Set `key` in the fenced store, if `token` is not below its fence
+    /// (see [`crate::FencedStore`]). With `lock`, `token` must also be that
+    /// lock's current grant.
+    StorePut {
+        key: String,
+        value: String,
+        token: Token,
+        lock: Option<String>,
+    },
+    /// Read `key` and raise its fence to `token` (a fenced read).
+    StoreRead {
+        key: String,
+        token: Token,
+        lock: Option<String>,
+    },
+    /// Delete `key`, fenced like a put; the key keeps its fence.
+    StoreDelete {
+        key: String,
+        token: Token,
+        lock: Option<String>,
+    },
 }
 
 /// The reply to the command's submitter.
@@ -84,6 +105,15 @@ pub enum Outcome {
         current: bool,
     },
     LeaseRenewed,
+    /// The key now has this fence.
+    Stored {
+        fence: Token,
+    },
+    Read(StoredValue),
+    /// `existed`: the key had a value before.
+    Deleted {
+        existed: bool,
+    },
 }
 
 /// Where an acquire left the session.

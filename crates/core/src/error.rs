@@ -33,4 +33,24 @@ pub enum LockError {
     TooManySessions { limit: usize },
     #[error("the server already has {limit} locks")]
     TooManyLocks { limit: usize },
+    #[error("stale fencing token {presented} for key {key:?}: it has already accepted token {fence}")]
+    StaleFence {
+        key: String,
+        presented: Token,
+        fence: Token,
+    },
+    #[error("stale fencing token {presented}: lock {lock:?} is {}", match current { Some(t) => format!("held with token {t}"), None => "not held".to_owned() })]
+    NotCurrentGrant {
+        lock: String,
+        presented: Token,
+        current: Option<Token>,
+    },
+    #[error("fencing token {presented} has not been issued yet (the next grant gets {next})")]
+    TokenNotIssued { presented: Token, next: Token },
+    #[error("invalid store key: {reason}")]
+    InvalidKey { reason: String },
+    #[error("value is {bytes} bytes, the limit is {limit}")]
+    ValueTooLarge { bytes: usize, limit: usize },
+    #[error("the store already has {limit} keys")]
+    TooManyKeys { limit: usize },
 }

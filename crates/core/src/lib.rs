@@ -7,11 +7,15 @@
 //! hands out the same tokens. The leader-only part, [`LeaseTracker`], decides
 //! *when* a session has expired; the caller passes the monotonic time in.
 //!
+//! The table also holds a small fenced key-value store ([`FencedStore`]),
+//! whose writes are checked against the same tokens.
+//!
 //! Everything above this crate (Raft, storage, the network) exists to feed
 //! commands into a `LockTable` in one agreed order.
 
 mod command;
 mod error;
+mod fenced;
 mod lease;
 mod limits;
 mod table;
@@ -19,7 +23,8 @@ mod table;
 pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};
 pub use error::LockError;
 pub use lease::{DueCheckpoint, LeaseTracker, RenewError};
-pub use limits::{validate_lock_name, validate_ttl, Limits};
+pub use fenced::{FencedStore, StoredValue};
+pub use limits::{validate_key, validate_lock_name, validate_ttl, validate_value, Limits};
 pub use table::{LockInfo, LockTable, SessionLease};
 
 use serde::{Deserialize, Serialize};

@@ -23,6 +23,10 @@ pub struct Limits {
     pub max_sessions: usize,
     /// Locks that exist (held or with waiters) in the whole table.
     pub max_locks: usize,
+    /// Keys in the fenced store, deleted ones (which keep their fence) included.
+    pub max_keys: usize,
+    /// Longest value in the fenced store, in bytes of UTF-8.
+    pub max_value_bytes: usize,
 }
 
 impl Limits {
@@ -34,31 +38,47 @@ impl Limits {
         max_waiters_per_lock: 10_000,
         max_sessions: 100_000,
         max_locks: 1_000_000,
+        max_keys: 100_000,
+        max_value_bytes: 64 * 1024,
     };
 }
 
 /// Checks a lock name against [`Limits::STANDARD`]: not empty, not too long,
 /// no control characters (they make logs and `deadbolt locks` unreadable).
 pub fn validate_lock_name(name: &str) -> Result<(), LockError> {
-    let limits = Limits::STANDARD;
-    if name.is_empty() {
-        return Err(LockError::InvalidName {
-            reason: "lock name is empty".into(),
+    check_name("lock name", name).map_err(|reason| LockError::InvalidName { reason })
+}
+
+/// Checks a fenced-store key by the same rules as a lock name.
+pub fn validate_key(key: &str) -> Result<(), LockError> {
+    check_name("key", key).map_err(|reason| LockError::InvalidKey { reason })
+}
+
+/// Checks a fenced-store value's size against [`Limits::STANDARD`].
+pub fn validate_value(value: &str) -> Result<(), LockError> {
+    let limit = Limits::STANDARD.max_value_bytes;
+    if value.len() > limit {
+        return Err(LockError::ValueTooLarge {
+            bytes: value.len(),
+            limit,
         });
     }
-    if name.len() > limits.max_name_bytes {
-        return Err(LockError::InvalidName {
-            reason: format!(
-                "lock name is {} bytes, the limit is {}",
-                name.len(),
-                limits.max_name_bytes
-            ),
-        });
+    Ok(())
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), String> {
+    let limit = Limits::STANDARD.max_name_bytes;
+    if name.is_empty() {
+        return Err(format!("{what} is empty"));
+    }
+    if name.len() > limit {
+        return Err(format!(
+            "{what} is {} bytes, the limit is {limit}",
+            name.len()
+        ));
     }
     if name.chars().any(char::is_control) {
-        return Err(LockError::InvalidName {
-            reason: "lock name contains control characters".into(),
-        });
+        return Err(format!("{what} contains control characters"));
     }
     Ok(())
 }

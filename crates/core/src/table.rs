@@ -8,12 +8,14 @@
 //!   waits at most once per lock;
 //! - a lock with no holder has no waiters (the head of a queue is granted in
 //!   the same step that frees the lock) and is removed from the table;
-//! - every token handed out is smaller than `next_token`, which only grows.
+//! - every token handed out is smaller than `next_token`, which only grows;
+//! - every fence in the fenced store is a token that was handed out.
 
 use crate::command::{Applied, SessionEnd};
+use crate::fenced::Change;
 use crate::{
-    validate_lock_name, validate_ttl, AcquireOutcome, Command, Event, Limits, LockError, Outcome,
-    SessionId, Token,
+    validate_key, validate_lock_name, validate_ttl, validate_value, AcquireOutcome, Command, Event,
+    FencedStore, Limits, LockError, Outcome, SessionId, Token,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -25,6 +27,7 @@ use std::time::Duration;
 pub struct LockTable {
     sessions: BTreeMap<SessionId, Session>,
     locks: BTreeMap<String, Lock>,
+    store: FencedStore,
     next_session: u64,
     next_token: u64,
 }
@@ -96,6 +99,7 @@ impl LockTable {
         LockTable {
             sessions: BTreeMap::new(),
             locks: BTreeMap::new(),
+            store: FencedStore::default(),
             next_session: 1,
             next_token: 1,
         }
@@ -141,6 +145,20 @@ impl LockTable {
                 renewals,
             } => self.checkpoint_lease(*session, *remaining_ms, *renewals),
             Command::LeaseRenewed { session } => self.lease_renewed(*session),
+            Command::StorePut {
+                key,
+                value,
+                token,
+                lock,
+            } => validate_value(value).and_then(|()| {
+                self.store_change(key, *token, lock.as_deref(), Change::Put(value))
+            }),
+            Command::StoreRead { key, token, lock } => {
+                self.store_change(key, *token, lock.as_deref(), Change::Read)
+            }
+            Command::StoreDelete { key, token, lock } => {
+                self.store_change(key, *token, lock.as_deref(), Change::Delete)
+            }
         };
         debug_assert!(outcome.is_ok() || events.is_empty());
         // The one invariant everything rests on; a u64 compare per command.
@@ -199,6 +217,43 @@ impl LockTable {
         state.checkpoint_ms = None;
         state.renewals += 1;
         Ok(Outcome::LeaseRenewed)
+    }
+
+    /// A fenced-store change: the token must have been issued (a made-up
+    /// future token would lock every real holder out), must be the lock's
+    /// current grant when a lock is named, and must pass the key's fence.
+    fn store_change(
+        &mut self,
+        key: &str,
+        token: Token,
+        lock: Option<&str>,
+        change: Change<'_>,
+    ) -> Result<Outcome, LockError> {
+        validate_key(key)?;
+        if token.0 >= self.next_token {
+            return Err(LockError::TokenNotIssued {
+                presented: token,
+                next: Token(self.next_token),
+            });
+        }
+        if let Some(lock) = lock {
+            validate_lock_name(lock)?;
+            let current = self.locks.get(lock).map(|l| l.token);
+            if current != Some(token) {
+                return Err(LockError::NotCurrentGrant {
+                    lock: lock.to_owned(),
+                    presented: token,
+                    current,
+                });
+            }
+        }
+        self.store
+            .apply(key, token, change, Limits::STANDARD.max_keys)
+    }
+
+    /// The fenced store, for reads that need no fence.
+    pub fn store(&self) -> &FencedStore {
+        &self.store
     }
 
     fn end_session(
@@ -508,6 +563,12 @@ impl LockTable {
     /// Panics if any structural invariant is broken. O(size of the table):
     /// for tests and for checking a snapshot once at load time.
     pub fn check_invariants(&self) {
+        for (key, fence) in self.store.fences() {
+            assert!(
+                fence.0 < self.next_token,
+                "fence of key {key:?} is a token never handed out"
+            );
+        }
         for (name, lock) in &self.locks {
             let holder = self
                 .sessions

@@ -4,7 +4,7 @@
 //! wire, so the two APIs cannot drift apart.
 
 use crate::node::{ApiError, Health, Node};
-use deadbolt_core::{LockInfo, SessionId, Token};
+use deadbolt_core::{Command, LockInfo, Outcome, SessionId, StoredValue, Token};
 use deadbolt_proto::v1::*;
 use std::time::Duration;
 
@@ -108,6 +108,69 @@ impl Api {
             next_token: next_token.0,
             snapshot_index,
             purged_index,
+        }
+    }
+}
+
+impl Api {
+    pub async fn check_token(&self, request: CheckTokenRequest) -> Reply<CheckTokenResponse> {
+        let (current, token) = self
+            .node
+            .check_token(&request.lock, Token(request.token))
+            .await?;
+        Ok(CheckTokenResponse {
+            current,
+            current_token: token.map(|t| t.0),
+        })
+    }
+
+    pub async fn store_put(&self, request: StorePutRequest) -> Reply<StorePutResponse> {
+        let command = Command::StorePut {
+            key: request.key,
+            value: request.value,
+            token: Token(request.token),
+            lock: request.lock,
+        };
+        match self.node.store_change(command).await? {
+            Outcome::Stored { fence } => Ok(StorePutResponse { fence: fence.0 }),
+            other => unreachable!("store put answered {other:?}"),
+        }
+    }
+
+    pub async fn store_get(&self, request: StoreGetRequest) -> Reply<StoreGetResponse> {
+        let read = match request.token {
+            None => self.node.store_get(&request.key).await?,
+            Some(token) => {
+                let command = Command::StoreRead {
+                    key: request.key,
+                    token: Token(token),
+                    lock: request.lock,
+                };
+                match self.node.store_change(command).await? {
+                    Outcome::Read(read) => Some(read),
+                    other => unreachable!("store read answered {other:?}"),
+                }
+            }
+        };
+        Ok(match read {
+            Some(StoredValue { value, fence }) => StoreGetResponse {
+                found: value.is_some(),
+                value: value.unwrap_or_default(),
+                fence: fence.0,
+            },
+            None => StoreGetResponse::default(),
+        })
+    }
+
+    pub async fn store_delete(&self, request: StoreDeleteRequest) -> Reply<StoreDeleteResponse> {
+        let command = Command::StoreDelete {
+            key: request.key,
+            token: Token(request.token),
+            lock: request.lock,
+        };
+        match self.node.store_change(command).await? {
+            Outcome::Deleted { existed } => Ok(StoreDeleteResponse { existed }),
+            other => unreachable!("store delete answered {other:?}"),
         }
     }
 }

@@ -99,6 +99,33 @@ impl Deadbolt for GrpcApi {
     async fn health(&self, _request: Request<HealthRequest>) -> Reply<HealthResponse> {
         Ok(Response::new(self.api.health()))
     }
+
+    async fn check_token(&self, request: Request<CheckTokenRequest>) -> Reply<CheckTokenResponse> {
+        Ok(Response::new(
+            self.api.check_token(request.into_inner()).await?,
+        ))
+    }
+
+    async fn store_put(&self, request: Request<StorePutRequest>) -> Reply<StorePutResponse> {
+        Ok(Response::new(
+            self.api.store_put(request.into_inner()).await?,
+        ))
+    }
+
+    async fn store_get(&self, request: Request<StoreGetRequest>) -> Reply<StoreGetResponse> {
+        Ok(Response::new(
+            self.api.store_get(request.into_inner()).await?,
+        ))
+    }
+
+    async fn store_delete(
+        &self,
+        request: Request<StoreDeleteRequest>,
+    ) -> Reply<StoreDeleteResponse> {
+        Ok(Response::new(
+            self.api.store_delete(request.into_inner()).await?,
+        ))
+    }
 }
 
 #[tonic::async_trait]

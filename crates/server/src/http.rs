@@ -23,6 +23,10 @@ pub fn router(api: Api) -> Router {
         .route("/v1/lock/release", post(release))
         .route("/v1/lock/status", get(lock_status))
         .route("/v1/locks", get(list_locks))
+        .route("/v1/lock/check", get(check_token))
+        .route("/v1/store/put", post(store_put))
+        .route("/v1/store/get", get(store_get_plain).post(store_get))
+        .route("/v1/store/delete", post(store_delete))
         .route("/v1/cluster/status", get(cluster_status))
         .route("/v1/cluster/add", post(add_member))
         .route("/v1/cluster/remove", post(remove_member))
@@ -159,6 +163,54 @@ async fn list_locks(
 ) -> Reply<ListLocksResponse> {
     let Query(request) = query?;
     Ok(Json(api.list_locks(request).await?))
+}
+
+async fn check_token(
+    State(api): State<Api>,
+    query: Result<Query<CheckTokenRequest>, QueryRejection>,
+) -> Reply<CheckTokenResponse> {
+    let Query(request) = query?;
+    Ok(Json(api.check_token(request).await?))
+}
+
+async fn store_put(
+    State(api): State<Api>,
+    JsonBody(request): JsonBody<StorePutRequest>,
+) -> Reply<StorePutResponse> {
+    Ok(Json(api.store_put(request).await?))
+}
+
+/// `GET /v1/store/get?key=K`: a plain read. A fenced read changes the key's
+/// fence, so it is a POST.
+async fn store_get_plain(
+    State(api): State<Api>,
+    query: Result<Query<KeyQuery>, QueryRejection>,
+) -> Reply<StoreGetResponse> {
+    let Query(KeyQuery { key }) = query?;
+    let request = StoreGetRequest {
+        key,
+        ..Default::default()
+    };
+    Ok(Json(api.store_get(request).await?))
+}
+
+#[derive(serde::Deserialize)]
+struct KeyQuery {
+    key: String,
+}
+
+async fn store_get(
+    State(api): State<Api>,
+    JsonBody(request): JsonBody<StoreGetRequest>,
+) -> Reply<StoreGetResponse> {
+    Ok(Json(api.store_get(request).await?))
+}
+
+async fn store_delete(
+    State(api): State<Api>,
+    JsonBody(request): JsonBody<StoreDeleteRequest>,
+) -> Reply<StoreDeleteResponse> {
+    Ok(Json(api.store_delete(request).await?))
 }
 
 async fn cluster_status(State(api): State<Api>) -> Json<ClusterStatusResponse> {

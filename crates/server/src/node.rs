@@ -10,8 +10,8 @@ use crate::raft_types::{NodeId, Raft};
 use crate::store::{EventSink, SharedTable};
 use crate::waits::{Subscription, WaitEnd, Waits};
 use deadbolt_core::{
-    validate_lock_name, validate_ttl, AcquireOutcome, Command, Event, LockError, LockInfo,
-    LockTable, Outcome, SessionId, Token,
+    validate_key, validate_lock_name, validate_ttl, AcquireOutcome, Command, Event, LockError,
+    LockInfo, LockTable, Outcome, SessionId, StoredValue, Token,
 };
 use deadbolt_proto::ErrorKind;
 use std::sync::Arc;
@@ -46,9 +46,16 @@ impl From<LockError> for ApiError {
             LockError::InvalidName { .. } | LockError::TtlOutOfRange { .. } => {
                 ErrorKind::InvalidArgument
             }
+            LockError::StaleFence { .. } | LockError::NotCurrentGrant { .. } => {
+                ErrorKind::StaleToken
+            }
+            LockError::TokenNotIssued { .. }
+            | LockError::InvalidKey { .. }
+            | LockError::ValueTooLarge { .. } => ErrorKind::InvalidArgument,
             LockError::TooManyWaiters { .. }
             | LockError::TooManySessions { .. }
-            | LockError::TooManyLocks { .. } => ErrorKind::LimitReached,
+            | LockError::TooManyLocks { .. }
+            | LockError::TooManyKeys { .. } => ErrorKind::LimitReached,
         };
         ApiError::new(kind, err.to_string())
     }
@@ -334,6 +341,39 @@ impl Node {
         let more = locks.len() > limit;
         locks.truncate(limit);
         Ok((locks, more))
+    }
+
+    /// Whether `token` is the current grant of `lock`, and the current
+    /// grant's token if the lock is held.
+    pub async fn check_token(
+        &self,
+        lock: &str,
+        token: Token,
+    ) -> Result<(bool, Option<Token>), ApiError> {
+        let current = self.lock_status(lock).await?.map(|info| info.token);
+        Ok((current == Some(token), current))
+    }
+
+    /// A fenced-store change (put, fenced read, delete), through the log.
+    pub async fn store_change(&self, command: Command) -> Result<Outcome, ApiError> {
+        debug_assert!(matches!(
+            command,
+            Command::StorePut { .. } | Command::StoreRead { .. } | Command::StoreDelete { .. }
+        ));
+        self.propose(command).await
+    }
+
+    /// A plain (unfenced) linearizable read of a fenced-store key.
+    pub async fn store_get(&self, key: &str) -> Result<Option<StoredValue>, ApiError> {
+        validate_key(key)?;
+        self.linearizable().await?;
+        Ok(self
+            .table
+            .read()
+            .expect("state lock poisoned")
+            .table
+            .store()
+            .get(key))
     }
 
     pub fn health(&self) -> Health {
