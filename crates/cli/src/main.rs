@@ -5,6 +5,7 @@
 
 mod bench;
 mod cluster;
+mod demo;
 mod exit;
 mod guard;
 mod locks;
@@ -76,6 +77,9 @@ enum Command {
     Store(store::StoreCommand),
     /// Measure throughput and latency against a running server.
     Bench(bench::BenchArgs),
+    /// Live demonstrations of why fencing tokens matter.
+    #[command(subcommand)]
+    Demo(demo::DemoCommand),
     /// Internal: the process `deadbolt run` puts between itself and CMD.
     #[command(hide = true)]
     Guard(guard::GuardArgs),
@@ -108,6 +112,7 @@ fn main() {
             Command::Check(args) => store::check(&cli.endpoint, args).await,
             Command::Store(command) => store::main(&cli.endpoint, command).await,
             Command::Cluster(command) => cluster::main(&cli.endpoint, command).await,
+            Command::Demo(command) => demo::main(command).await,
             Command::Bench(args) => bench::main(&cli.endpoint, args).await,
             Command::Guard(_) => unreachable!("handled before the runtime starts"),
         }

@@ -27,6 +27,12 @@ pub struct RunArgs {
     /// (default: a quarter of the TTL, at most 5s).
     #[arg(long, value_parser = parse_duration)]
     grace: Option<Duration>,
+    /// Run the command only if KEY is not marked done in the fenced store,
+    /// and mark it (fenced by this grant's token) when the command exits 0.
+    /// E.g. `--once daily-report:2026-11-29`: one report per day, not one
+    /// at a time.
+    #[arg(long, value_name = "KEY")]
+    once: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     command: Vec<String>,
@@ -64,7 +70,16 @@ pub async fn main(endpoints: &[String], args: RunArgs) -> i32 {
         Err(err) => return exit::report(&err),
     };
     let code = match take_lock(&session, &args).await {
-        Ok(guard) => run_holding(&session, guard, &args, grace, margin).await,
+        Ok(guard) => {
+            let code = match &args.once {
+                Some(key) => run_once(&client, &session, &guard, key, &args, grace, margin).await,
+                None => run_holding(&session, &guard, &args, grace, margin).await,
+            };
+            // The lock may already be lost; releasing by token is safe either
+            // way (a stale token is refused).
+            release(guard).await;
+            code
+        }
         Err(code) => code,
     };
     if let Err(err) = session.close().await {
@@ -101,18 +116,64 @@ async fn take_lock(session: &Session, args: &RunArgs) -> Result<LockGuard, i32> 
     })
 }
 
-async fn run_holding(
+/// `--once KEY`: a fenced read of the marker first (so that an older holder
+/// still running can no longer mark it), the command only if unmarked, and
+/// the mark only if the command succeeded and this grant is still current.
+async fn run_once(
+    client: &Client,
     session: &Session,
-    guard: LockGuard,
+    guard: &LockGuard,
+    key: &str,
     args: &RunArgs,
     grace: Duration,
     margin: Duration,
 ) -> i32 {
-    let mut child = match spawn(&args.command, &guard) {
+    let fence = Some((guard.token(), Some(guard.name())));
+    match client.store_get(key, fence).await {
+        Ok(stored) => {
+            if let Some(done) = stored.value {
+                eprintln!(
+                    "deadbolt run: {key:?} is already done ({done}); not running the command"
+                );
+                return exit::OK;
+            }
+        }
+        Err(err) => return exit::report(&err),
+    }
+    let code = run_holding(session, guard, args, grace, margin).await;
+    if code != exit::OK {
+        return code;
+    }
+    let done = format!(
+        "done at {} with token {}",
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
+        guard.token()
+    );
+    match client
+        .store_put(key, &done, guard.token(), Some(guard.name()))
+        .await
+    {
+        Ok(_) => code,
+        Err(err) => {
+            eprintln!(
+                "deadbolt run: the command succeeded, but {key:?} could not be marked done: {err}"
+            );
+            exit::code_of(&err)
+        }
+    }
+}
+
+async fn run_holding(
+    session: &Session,
+    guard: &LockGuard,
+    args: &RunArgs,
+    grace: Duration,
+    margin: Duration,
+) -> i32 {
+    let mut child = match spawn(&args.command, guard) {
         Ok(child) => child,
         Err(err) => {
             eprintln!("deadbolt run: cannot start the command: {err}");
-            release(guard).await;
             return exit::FAILURE;
         }
     };
@@ -124,7 +185,7 @@ async fn run_holding(
     tokio::pin!(at_risk);
     // The guard exits only once the command and everything it started are
     // dead, so its exit is what allows the release below.
-    let code = loop {
+    loop {
         tokio::select! {
             status = child.wait() => break exit_code(status.expect("waiting for the command failed")),
             reason = &mut at_risk => {
@@ -148,11 +209,7 @@ async fn run_holding(
             _ = interrupt.recv() => signal_guard(keeper, libc::SIGINT),
             _ = hangup.recv() => signal_guard(keeper, libc::SIGHUP),
         }
-    };
-    // The lock may already be lost; releasing by token is safe either way
-    // (a stale token is refused).
-    release(guard).await;
-    code
+    }
 }
 
 /// Asks the guard to SIGKILL the command's process group.
