@@ -27,6 +27,11 @@ pub enum Command {
         /// The latest attempt of a session on a lock is remembered, so that
         /// [`Command::Abandon`] can tell whether anyone still wants the grant.
         attempt: u64,
+        /// Lock-delay (0: none): if this grant ends because the session
+        /// *expired* (not on a release or close), nobody gets the lock for
+        /// this long, so writes the lost holder still has in flight can
+        /// drain. See [`Command::EndLockDelay`].
+        lock_delay_ms: u64,
     },
     /// Give up `lock`, which `session` must hold with `token`.
     Release {
@@ -74,6 +79,9 @@ pub enum Command {
         token: Token,
         lock: Option<String>,
     },
+    /// The leader's timer for a lock-delay ran out: grant the lock to the
+    /// next waiter (if it is still delayed for the grant with `token`).
+    EndLockDelay { lock: String, token: Token },
     /// Delete `key`, fenced like a put; the key keeps its fence.
     StoreDelete {
         key: String,
@@ -105,6 +113,10 @@ pub enum Outcome {
         current: bool,
     },
     LeaseRenewed,
+    /// `ended`: the lock was in lock-delay for that token and now is not.
+    LockDelayEnded {
+        ended: bool,
+    },
     /// The key now has this fence.
     Stored {
         fence: Token,
@@ -168,6 +180,14 @@ pub enum Event {
     SessionEnded {
         session: SessionId,
         how: SessionEnd,
+    },
+    /// An expired session's grant of `lock` (with `token`) ended, and the
+    /// lock stays unavailable for `delay_ms`: the leader times that and then
+    /// proposes [`Command::EndLockDelay`].
+    LockDelayed {
+        lock: String,
+        token: Token,
+        delay_ms: u64,
     },
 }
 

@@ -33,7 +33,9 @@ pub enum LockError {
     TooManySessions { limit: usize },
     #[error("the server already has {limit} locks")]
     TooManyLocks { limit: usize },
-    #[error("stale fencing token {presented} for key {key:?}: it has already accepted token {fence}")]
+    #[error(
+        "stale fencing token {presented} for key {key:?}: it has already accepted token {fence}"
+    )]
     StaleFence {
         key: String,
         presented: Token,
@@ -47,6 +49,8 @@ pub enum LockError {
     },
     #[error("fencing token {presented} has not been issued yet (the next grant gets {next})")]
     TokenNotIssued { presented: Token, next: Token },
+    #[error("lock-delay {requested_ms}ms is too long: at most {max_ms}ms")]
+    LockDelayTooLong { requested_ms: u64, max_ms: u64 },
     #[error("invalid store key: {reason}")]
     InvalidKey { reason: String },
     #[error("value is {bytes} bytes, the limit is {limit}")]

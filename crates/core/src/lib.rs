@@ -22,8 +22,8 @@ mod table;
 
 pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};
 pub use error::LockError;
-pub use lease::{DueCheckpoint, LeaseTracker, RenewError};
 pub use fenced::{FencedStore, StoredValue};
+pub use lease::{DueCheckpoint, LeaseTracker, RenewError};
 pub use limits::{validate_key, validate_lock_name, validate_ttl, validate_value, Limits};
 pub use table::{LockInfo, LockTable, SessionLease};
 

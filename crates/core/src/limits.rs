@@ -27,6 +27,9 @@ pub struct Limits {
     pub max_keys: usize,
     /// Longest value in the fenced store, in bytes of UTF-8.
     pub max_value_bytes: usize,
+    /// Longest lock-delay: a lock whose holder's session expired stays
+    /// unavailable at most this long.
+    pub max_lock_delay: Duration,
 }
 
 impl Limits {
@@ -40,6 +43,7 @@ impl Limits {
         max_locks: 1_000_000,
         max_keys: 100_000,
         max_value_bytes: 64 * 1024,
+        max_lock_delay: Duration::from_secs(60),
     };
 }
 
@@ -61,6 +65,18 @@ pub fn validate_value(value: &str) -> Result<(), LockError> {
         return Err(LockError::ValueTooLarge {
             bytes: value.len(),
             limit,
+        });
+    }
+    Ok(())
+}
+
+/// Checks a requested lock-delay against [`Limits::STANDARD`].
+pub(crate) fn validate_lock_delay(delay_ms: u64) -> Result<(), LockError> {
+    let max_ms = Limits::STANDARD.max_lock_delay.as_millis() as u64;
+    if delay_ms > max_ms {
+        return Err(LockError::LockDelayTooLong {
+            requested_ms: delay_ms,
+            max_ms,
         });
     }
     Ok(())

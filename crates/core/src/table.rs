@@ -7,12 +7,15 @@
 //! - a session is never both the holder of and a waiter on the same lock, and
 //!   waits at most once per lock;
 //! - a lock with no holder has no waiters (the head of a queue is granted in
-//!   the same step that frees the lock) and is removed from the table;
+//!   the same step that frees the lock) and is removed from the table; the
+//!   one exception is a lock in lock-delay, which keeps its lost grant (of an
+//!   expired session) and its queue until the delay ends;
 //! - every token handed out is smaller than `next_token`, which only grows;
 //! - every fence in the fenced store is a token that was handed out.
 
 use crate::command::{Applied, SessionEnd};
 use crate::fenced::Change;
+use crate::limits::validate_lock_delay;
 use crate::{
     validate_key, validate_lock_name, validate_ttl, validate_value, AcquireOutcome, Command, Event,
     FencedStore, Limits, LockError, Outcome, SessionId, Token,
@@ -47,6 +50,8 @@ struct Session {
     waiting: BTreeSet<String>,
     /// The latest acquire attempt on each lock held or waited on.
     attempts: BTreeMap<String, u64>,
+    /// Lock-delay asked for on each lock held or waited on (none: 0).
+    lock_delays: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +59,10 @@ struct Lock {
     holder: SessionId,
     token: Token,
     queue: VecDeque<SessionId>,
+    /// `Some(ms)`: the holder's session expired and the lock is in
+    /// lock-delay (`holder` and `token` are the lost grant's) until the
+    /// leader's timer commits [`Command::EndLockDelay`].
+    delay_ms: Option<u64>,
 }
 
 /// What a new leader needs to know of a session's lease.
@@ -86,6 +95,9 @@ pub struct LockInfo {
     pub token: Token,
     /// Waiting sessions, next in line first.
     pub waiters: Vec<SessionId>,
+    /// In lock-delay: `holder` is the expired session whose grant `token`
+    /// was, and nobody holds the lock until the delay ends.
+    pub delayed: bool,
 }
 
 impl Default for LockTable {
@@ -122,12 +134,17 @@ impl LockTable {
                 lock,
                 wait,
                 attempt,
-            } => self
-                .acquire(*session, lock, *wait, &mut events)
+                lock_delay_ms,
+            } => validate_lock_delay(*lock_delay_ms)
+                .and_then(|()| self.acquire(*session, lock, *wait, &mut events))
                 .map(|outcome| {
                     self.note_attempt(*session, lock, *attempt);
+                    self.note_lock_delay(*session, lock, *lock_delay_ms);
                     Outcome::Acquire(outcome)
                 }),
+            Command::EndLockDelay { lock, token } => {
+                Ok(self.end_lock_delay(lock, *token, &mut events))
+            }
             Command::Release {
                 session,
                 lock,
@@ -150,9 +167,8 @@ impl LockTable {
                 value,
                 token,
                 lock,
-            } => validate_value(value).and_then(|()| {
-                self.store_change(key, *token, lock.as_deref(), Change::Put(value))
-            }),
+            } => validate_value(value)
+                .and_then(|()| self.store_change(key, *token, lock.as_deref(), Change::Put(value))),
             Command::StoreRead { key, token, lock } => {
                 self.store_change(key, *token, lock.as_deref(), Change::Read)
             }
@@ -186,6 +202,7 @@ impl LockTable {
                 held: BTreeSet::new(),
                 waiting: BTreeSet::new(),
                 attempts: BTreeMap::new(),
+                lock_delays: BTreeMap::new(),
             },
         );
         events.push(Event::SessionOpened { session, ttl_ms });
@@ -279,7 +296,19 @@ impl LockTable {
                 session,
                 token,
             });
-            self.hand_over(name, events);
+            let delay_ms = ended.lock_delays.get(name).copied().unwrap_or(0);
+            if how == SessionEnd::Expired && delay_ms > 0 {
+                // The holder may still be writing: nobody gets the lock
+                // until the delay is over.
+                self.locks.get_mut(name).expect("held lock exists").delay_ms = Some(delay_ms);
+                events.push(Event::LockDelayed {
+                    lock: name.clone(),
+                    token,
+                    delay_ms,
+                });
+            } else {
+                self.hand_over(name, events);
+            }
         }
         events.push(Event::SessionEnded { session, how });
         Ok(Outcome::SessionEnded)
@@ -308,6 +337,7 @@ impl LockTable {
                     holder: session,
                     token,
                     queue: VecDeque::new(),
+                    delay_ms: None,
                 },
             );
             self.session_mut(session).held.insert(name.to_owned());
@@ -383,6 +413,7 @@ impl LockTable {
         let holder = self.session_mut(session);
         holder.held.remove(name);
         holder.attempts.remove(name);
+        holder.lock_delays.remove(name);
         events.push(Event::Released {
             lock: name.to_owned(),
             session,
@@ -404,6 +435,7 @@ impl LockTable {
             .ok_or(LockError::UnknownSession(session))?;
         if state.waiting.remove(name) {
             state.attempts.remove(name);
+            state.lock_delays.remove(name);
             self.leave_queue(name, session, events);
             return Ok(Outcome::WaitCancelled { granted: None });
         }
@@ -427,6 +459,26 @@ impl LockTable {
             (None, attempt) => attempt,
         };
         attempts.insert(lock.to_owned(), latest);
+    }
+
+    fn note_lock_delay(&mut self, session: SessionId, lock: &str, delay_ms: u64) {
+        let delays = &mut self.session_mut(session).lock_delays;
+        if delay_ms == 0 {
+            delays.remove(lock);
+        } else {
+            delays.insert(lock.to_owned(), delay_ms);
+        }
+    }
+
+    fn end_lock_delay(&mut self, name: &str, token: Token, events: &mut Vec<Event>) -> Outcome {
+        let delayed = self
+            .locks
+            .get(name)
+            .is_some_and(|lock| lock.delay_ms.is_some() && lock.token == token);
+        if delayed {
+            self.hand_over(name, events);
+        }
+        Outcome::LockDelayEnded { ended: delayed }
     }
 
     fn abandon(
@@ -478,6 +530,7 @@ impl LockTable {
         let token = Self::take_token(&mut self.next_token);
         lock.holder = next;
         lock.token = token;
+        lock.delay_ms = None;
         let waiter = self.session_mut(next);
         let was_waiting = waiter.waiting.remove(name);
         assert!(
@@ -517,6 +570,7 @@ impl LockTable {
             holder: lock.holder,
             token: lock.token,
             waiters: lock.queue.iter().copied().collect(),
+            delayed: lock.delay_ms.is_some(),
         })
     }
 
@@ -541,6 +595,15 @@ impl LockTable {
                 renewals: s.renewals,
             };
             (*id, lease)
+        })
+    }
+
+    /// Locks in lock-delay, with the lost grant's token and the delay, for a
+    /// new leader to time.
+    pub fn delayed_locks(&self) -> impl Iterator<Item = (&str, Token, Duration)> + '_ {
+        self.locks.iter().filter_map(|(name, lock)| {
+            lock.delay_ms
+                .map(|ms| (name.as_str(), lock.token, Duration::from_millis(ms)))
         })
     }
 
@@ -570,14 +633,22 @@ impl LockTable {
             );
         }
         for (name, lock) in &self.locks {
-            let holder = self
-                .sessions
-                .get(&lock.holder)
-                .unwrap_or_else(|| panic!("lock {name:?} held by dead session {}", lock.holder));
-            assert!(
-                holder.held.contains(name),
-                "holder of {name:?} does not list it"
-            );
+            if lock.delay_ms.is_some() {
+                // The lost grant's session expired, and ids are never reused.
+                assert!(
+                    !self.sessions.contains_key(&lock.holder),
+                    "lock {name:?} in lock-delay for live session {}",
+                    lock.holder
+                );
+            } else {
+                let holder = self.sessions.get(&lock.holder).unwrap_or_else(|| {
+                    panic!("lock {name:?} held by dead session {}", lock.holder)
+                });
+                assert!(
+                    holder.held.contains(name),
+                    "holder of {name:?} does not list it"
+                );
+            }
             assert!(
                 lock.token.0 < self.next_token,
                 "token of {name:?} not below the counter"
@@ -608,10 +679,10 @@ impl LockTable {
             for name in &session.waiting {
                 assert!(self.locks[name].queue.contains(id));
             }
-            for name in session.attempts.keys() {
+            for name in session.attempts.keys().chain(session.lock_delays.keys()) {
                 assert!(
                     session.held.contains(name) || session.waiting.contains(name),
-                    "session {id} remembers an attempt on {name:?}, which it neither holds nor waits on"
+                    "session {id} remembers a request on {name:?}, which it neither holds nor waits on"
                 );
             }
         }

@@ -50,7 +50,7 @@ proptest! {
             panic!("open refused")
         };
         let grant = |table: &mut LockTable, session: SessionId| -> Token {
-            match apply(table, Command::Acquire { session, lock: "job".into(), wait: false, attempt: 0 }) {
+            match apply(table, Command::Acquire { session, lock: "job".into(), wait: false, attempt: 0 , lock_delay_ms: 0 }) {
                 Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) => token,
                 other => panic!("acquire answered {other:?}"),
             }
@@ -134,6 +134,7 @@ fn a_stale_write_names_both_tokens() {
             lock: format!("l{}", table.lock_count()),
             wait: false,
             attempt: 0,
+            lock_delay_ms: 0,
         };
         apply(&mut table, acquire).unwrap();
     }

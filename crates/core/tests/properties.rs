@@ -15,7 +15,10 @@ enum Step {
     Open,
     Close(usize),
     Expire(usize),
-    Acquire(usize, usize, bool, u64),
+    /// Session, lock, wait, attempt id, with a lock-delay.
+    Acquire(usize, usize, bool, u64, bool),
+    /// The leader's lock-delay timer for a lock ran out.
+    EndDelay(usize),
     /// The caller of an acquire attempt went away.
     Abandon(usize, usize, u64),
     /// Release with the right token, or with a wrong one.
@@ -30,7 +33,9 @@ fn step() -> impl Strategy<Value = Step> {
         2 => Just(Step::Open),
         1 => (0..8usize).prop_map(Step::Close),
         1 => (0..8usize).prop_map(Step::Expire),
-        6 => (0..8usize, 0..3usize, any::<bool>(), 0..4u64).prop_map(|(s, l, w, a)| Step::Acquire(s, l, w, a)),
+        6 => (0..8usize, 0..3usize, any::<bool>(), 0..4u64, prop::bool::weighted(0.3))
+            .prop_map(|(s, l, w, a, d)| Step::Acquire(s, l, w, a, d)),
+        1 => (0..3usize).prop_map(Step::EndDelay),
         1 => (0..8usize, 0..3usize, 0..4u64).prop_map(|(s, l, a)| Step::Abandon(s, l, a)),
         4 => (0..8usize, 0..3usize, prop::bool::weighted(0.85)).prop_map(|(s, l, ok)| Step::Release(s, l, ok)),
         1 => (0..8usize, 0..3usize).prop_map(|(s, l)| Step::Cancel(s, l)),
@@ -49,6 +54,8 @@ struct Observed {
     /// Queue of each lock as reported by `Queued` outcomes and `WaitEnded`.
     queues: BTreeMap<String, VecDeque<SessionId>>,
     last_token: Option<Token>,
+    /// Locks in lock-delay, with the lost grant's token.
+    delayed: BTreeMap<String, Token>,
 }
 
 impl Observed {
@@ -77,6 +84,10 @@ impl Observed {
                         self.last_token
                     );
                     self.last_token = Some(*token);
+                    assert!(
+                        !self.delayed.contains_key(lock),
+                        "{lock} granted during its lock-delay"
+                    );
                     let previous = self.holders.insert(lock.clone(), (*session, *token));
                     assert!(
                         previous.is_none(),
@@ -109,6 +120,9 @@ impl Observed {
                 }
                 // Checked against the outcome in `run`.
                 Event::Queued { .. } => {}
+                Event::LockDelayed { lock, token, .. } => {
+                    assert!(self.delayed.insert(lock.clone(), *token).is_none());
+                }
                 Event::SessionOpened { session, .. } => self.opened.push(*session),
                 Event::SessionEnded { session, .. } => {
                     assert!(self.ended.insert(*session));
@@ -129,11 +143,16 @@ fn command(step: &Step, seen: &Observed) -> Command {
         Step::Expire(s) => Command::ExpireSession {
             session: seen.session(s),
         },
-        Step::Acquire(s, l, wait, attempt) => Command::Acquire {
+        Step::Acquire(s, l, wait, attempt, delayed) => Command::Acquire {
             session: seen.session(s),
             lock: LOCKS[l].into(),
             wait,
             attempt,
+            lock_delay_ms: if delayed { 1000 } else { 0 },
+        },
+        Step::EndDelay(l) => Command::EndLockDelay {
+            lock: LOCKS[l].into(),
+            token: seen.delayed.get(LOCKS[l]).copied().unwrap_or(Token(1)),
         },
         Step::Abandon(s, l, attempt) => Command::Abandon {
             session: seen.session(s),
@@ -157,6 +176,7 @@ fn command(step: &Step, seen: &Observed) -> Command {
             lock: "a".into(),
             wait: true,
             attempt: 1,
+            lock_delay_ms: 0,
         },
     }
 }
@@ -211,6 +231,15 @@ fn run(
             }
             return applied.outcome;
         }
+        Ok(Outcome::LockDelayEnded { ended }) => {
+            let Command::EndLockDelay { lock, token } = command else {
+                unreachable!()
+            };
+            assert_eq!(*ended, seen.delayed.get(lock) == Some(token));
+            if *ended {
+                seen.delayed.remove(lock);
+            }
+        }
         Ok(_) => {}
     }
     seen.absorb(&applied.events);
@@ -245,6 +274,9 @@ proptest! {
         for session in live {
             run(&mut table, &mut seen, &Command::CloseSession { session }).unwrap();
         }
+        for (lock, token) in seen.delayed.clone() {
+            run(&mut table, &mut seen, &Command::EndLockDelay { lock, token }).unwrap();
+        }
         prop_assert_eq!(table.lock_count(), 0);
         prop_assert_eq!(table.session_count(), 0);
         prop_assert!(seen.queues.values().all(VecDeque::is_empty));
@@ -265,7 +297,7 @@ proptest! {
         // The restored table never re-issues a token.
         let open = restored.apply(&Command::OpenSession { ttl_ms: 1000 });
         let Ok(Outcome::SessionOpened { session, .. }) = open.outcome else { panic!() };
-        let grant = restored.apply(&Command::Acquire { session, lock: "fresh".into(), wait: false, attempt: 0 });
+        let grant = restored.apply(&Command::Acquire { session, lock: "fresh".into(), wait: false, attempt: 0 , lock_delay_ms: 0 });
         let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else { panic!() };
         prop_assert!(seen.last_token.is_none_or(|last| token > last));
     }
@@ -287,6 +319,7 @@ fn release_errors_name_the_problem() {
         lock: "x".into(),
         wait: false,
         attempt: 0,
+        lock_delay_ms: 0,
     });
     let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else {
         panic!()
@@ -316,6 +349,7 @@ fn release_errors_name_the_problem() {
         lock: "x".into(),
         wait: false,
         attempt: 0,
+        lock_delay_ms: 0,
     });
     assert!(
         matches!(busy.outcome, Err(LockError::Busy { holder_token, .. }) if holder_token == token)
@@ -326,6 +360,7 @@ fn release_errors_name_the_problem() {
         lock: long,
         wait: false,
         attempt: 0,
+        lock_delay_ms: 0,
     });
     assert!(matches!(
         too_long.outcome,
@@ -346,6 +381,7 @@ fn a_queued_session_asking_not_to_wait_hears_busy() {
         lock: "x".into(),
         wait,
         attempt: 0,
+        lock_delay_ms: 0,
     };
     assert!(table.apply(&acquire(a, false)).outcome.is_ok());
     assert!(matches!(
@@ -369,6 +405,7 @@ fn abandon_gives_back_only_what_no_later_attempt_asked_for() {
         lock: "x".into(),
         wait: true,
         attempt,
+        lock_delay_ms: 0,
     };
     let abandon = |session, attempt| Command::Abandon {
         session,

@@ -410,8 +410,7 @@ impl AcquireCall {
             session: self.session,
             lock: self.lock.clone(),
             wait,
-            attempt: self.attempt,
-        };
+            attempt: self.attempt, lock_delay_ms: 0 };
         match self.node.propose(command).await? {
             Outcome::Acquire(AcquireOutcome::Granted { token }) => Ok(token),
             Outcome::Acquire(AcquireOutcome::Queued { .. }) => {
