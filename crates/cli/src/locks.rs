@@ -25,6 +25,11 @@ pub struct LockArgs {
     /// Fail at once (exit 75) if the lock is held.
     #[arg(long)]
     pub no_wait: bool,
+    /// If this session expires while holding the lock (not on a clean
+    /// release), keep the lock from everyone for this long, so writes still
+    /// in flight can drain. For resources that cannot check fencing tokens.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub lock_delay: Duration,
 }
 
 #[derive(clap::Args)]
@@ -93,7 +98,7 @@ pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
     };
     let timeout = if args.no_wait { None } else { args.wait };
     match client
-        .acquire_raw(session, &args.lock, !args.no_wait, timeout)
+        .acquire_raw_delayed(session, &args.lock, !args.no_wait, timeout, args.lock_delay)
         .await
     {
         Ok(token) => {
@@ -151,6 +156,14 @@ pub async fn status(endpoints: &[String], args: StatusArgs) -> i32 {
         }
         match state {
             None => println!("{}: free", args.lock),
+            Some(state) if state.lock_delay => println!(
+                "{}: in lock-delay (session {} expired holding token {}), {} waiting{}",
+                state.lock,
+                state.holder_session_id,
+                state.token,
+                state.waiter_session_ids.len(),
+                waiter_list(&state)
+            ),
             Some(state) => println!(
                 "{}: held by session {} with token {}, {} waiting{}",
                 state.lock,

@@ -69,6 +69,7 @@ pub async fn main(endpoints: &[String], args: RunArgs) -> i32 {
         Ok(session) => session,
         Err(err) => return exit::report(&err),
     };
+    session.set_lock_delay(args.target.lock_delay);
     let code = match take_lock(&session, &args).await {
         Ok(guard) => {
             let code = match &args.once {

@@ -181,3 +181,58 @@ fn the_pause_demo_shows_the_stale_write_win_then_lose() {
     );
     assert!(fenced.contains("Intact"), "{out}");
 }
+
+/// Lock-delay: after a holder's session expires, nobody gets the lock for
+/// the delay; after a clean release, the next holder gets it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_delay_holds_an_expired_holders_lock_back_but_not_a_released_one() {
+    use std::time::{Duration, Instant};
+    const TTL: Duration = Duration::from_secs(1);
+    const DELAY: Duration = Duration::from_secs(2);
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let client = server.client().await;
+
+    // A clean release is not delayed.
+    let (released, _) = client.open_session_raw(TTL).await.unwrap();
+    let token = client
+        .acquire_raw_delayed(released, "delayed", false, None, DELAY)
+        .await
+        .unwrap();
+    client
+        .release_raw(released, "delayed", token)
+        .await
+        .unwrap();
+    assert!(client.lock_status("delayed").await.unwrap().is_none());
+
+    // A holder that dies (never renews): the lock waits TTL, then DELAY.
+    let opened = Instant::now();
+    let (dead, _) = client.open_session_raw(TTL).await.unwrap();
+    let dead_token = client
+        .acquire_raw_delayed(dead, "delayed", false, None, DELAY)
+        .await
+        .unwrap();
+    let waiter = client.open_session(Duration::from_secs(30)).await.unwrap();
+    let granted = tokio::spawn(async move {
+        let guard = waiter.lock("delayed").await.unwrap();
+        (guard.token(), Instant::now())
+    });
+    tokio::time::sleep(TTL + DELAY / 2).await;
+    let state = client
+        .lock_status("delayed")
+        .await
+        .unwrap()
+        .expect("still unavailable");
+    assert!(state.lock_delay, "{state:?}");
+    assert_eq!(state.token, dead_token);
+    let status = deadbolt(&server.endpoint(), &["status", "--lock", "delayed"]);
+    assert!(stdout(&status).contains("lock-delay"), "{status:?}");
+
+    let (token, at) = granted.await.unwrap();
+    assert!(token > dead_token);
+    let waited = at - opened;
+    assert!(
+        waited >= TTL + DELAY,
+        "granted {waited:?} after the dead holder's open"
+    );
+}

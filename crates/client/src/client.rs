@@ -225,7 +225,22 @@ impl Client {
         wait: bool,
         timeout: Option<Duration>,
     ) -> Result<u64, Error> {
+        self.acquire_raw_delayed(session_id, lock, wait, timeout, Duration::ZERO)
+            .await
+    }
+
+    /// [`acquire_raw`](Self::acquire_raw) with a lock-delay (see
+    /// [`Session::set_lock_delay`]).
+    pub async fn acquire_raw_delayed(
+        &self,
+        session_id: u64,
+        lock: &str,
+        wait: bool,
+        timeout: Option<Duration>,
+        lock_delay: Duration,
+    ) -> Result<u64, Error> {
         let request = AcquireRequest {
+            lock_delay_ms: millis(lock_delay),
             session_id,
             lock: lock.to_owned(),
             wait,

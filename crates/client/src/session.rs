@@ -38,6 +38,8 @@ struct Inner {
     /// knows only the session, so two callers taking one lock through one
     /// session would both be told they hold it: that is refused here.
     in_use: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Lock-delay asked for with every acquire, in milliseconds.
+    lock_delay_ms: std::sync::atomic::AtomicU64,
 }
 
 /// One caller's exclusive use of a lock name within a session, from the
@@ -132,8 +134,30 @@ impl Session {
                 lease,
                 watchdog,
                 in_use: Default::default(),
+                lock_delay_ms: Default::default(),
             }),
         })
+    }
+
+    /// Asks for a lock-delay with every later acquire of this session: if
+    /// the session *expires* while it holds a lock (not on a release or a
+    /// close), the server keeps that lock from everyone for `delay`, so
+    /// writes still in flight from this holder can drain before the next
+    /// one starts. For resources that cannot check fencing tokens; at most
+    /// 60 s. Zero (the default) turns it off.
+    pub fn set_lock_delay(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.inner
+            .lock_delay_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn lock_delay(&self) -> Duration {
+        Duration::from_millis(
+            self.inner
+                .lock_delay_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// The server's id for this session; never reused.
@@ -290,7 +314,10 @@ impl Session {
         let acquired = self
             .retrying("acquiring a lock", give_up, || async move {
                 let remaining = give_up.map(|at| at.saturating_duration_since(Instant::now()));
-                client.acquire_raw(id, lock, wait, remaining).await
+                let lock_delay = self.lock_delay();
+                client
+                    .acquire_raw_delayed(id, lock, wait, remaining, lock_delay)
+                    .await
             })
             .await;
         let token = match acquired {

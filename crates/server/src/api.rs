@@ -52,6 +52,7 @@ impl Api {
                 request.wait,
                 request.timeout_ms.map(Duration::from_millis),
                 request.attempt,
+                Duration::from_millis(request.lock_delay_ms),
             )
             .await?;
         Ok(AcquireResponse { token: token.0 })
@@ -206,5 +207,6 @@ fn lock_state(info: LockInfo) -> LockState {
         holder_session_id: info.holder.0,
         token: info.token.0,
         waiter_session_ids: info.waiters.into_iter().map(|s| s.0).collect(),
+        lock_delay: info.delayed,
     }
 }

@@ -3,15 +3,19 @@
 //!
 //! The deadlines themselves live in [`deadbolt_core::LeaseTracker`]; this
 //! module owns the clock (tokio's monotonic `Instant`), the task that
-//! proposes `ExpireSession` when a deadline passes, and the leadership
-//! watcher that (re)starts every session with a full TTL.
+//! proposes `ExpireSession` when a deadline passes (and `CheckpointLease` for
+//! quiet sessions, `EndLockDelay` when a lock-delay is over), and the
+//! leadership watcher that (re)starts every session with a full TTL.
 
 use crate::proposer::Proposer;
 use crate::raft_types::Raft;
 use crate::store::SharedTable;
 use crate::waits::Waits;
-use deadbolt_core::{Command, DueCheckpoint, LeaseTracker, RenewError, SessionId, SessionLease};
+use deadbolt_core::{
+    Command, DueCheckpoint, LeaseTracker, RenewError, SessionId, SessionLease, Token,
+};
 use openraft::ServerState;
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
@@ -36,6 +40,8 @@ struct LeaseState {
     /// its term. Only then may it renew or expire anything.
     leading: bool,
     tracker: LeaseTracker,
+    /// Locks in lock-delay: when each delay ends, by this node's clock.
+    delays: BTreeSet<(Instant, String, Token)>,
 }
 
 /// Why a keepalive was refused.
@@ -102,6 +108,19 @@ impl Leases {
         self.state().tracker.untrack(session);
     }
 
+    /// A lock went into lock-delay (applied): it ends `delay` from now,
+    /// which is no earlier than from when the session expired.
+    pub fn lock_delayed(&self, lock: &str, token: Token, delay: Duration) {
+        let mut state = self.state();
+        if state.leading {
+            state
+                .delays
+                .insert((Instant::now() + delay, lock.to_owned(), token));
+            drop(state);
+            self.changed.notify_one();
+        }
+    }
+
     /// This node now leads: every live session gets a full TTL from now
     /// (or the time left at its checkpoint, from now), whatever keepalives an
     /// earlier leader saw. Leases can only get longer.
@@ -113,6 +132,12 @@ impl Leases {
         for (session, lease) in applied.table.sessions() {
             state.tracker.track(session, lease, now);
         }
+        // Like leases, delays start afresh: they may last longer, never less.
+        state.delays = applied
+            .table
+            .delayed_locks()
+            .map(|(lock, token, delay)| (now + delay, lock.to_owned(), token))
+            .collect();
         state.leading = true;
         drop(state);
         self.changed.notify_one();
@@ -122,6 +147,21 @@ impl Leases {
         let mut state = self.state();
         state.leading = false;
         state.tracker.clear();
+        state.delays.clear();
+    }
+
+    /// Lock-delays whose time has come, removed from the timer.
+    fn take_ended_delays(&self, now: Instant) -> Vec<(String, Token)> {
+        let mut state = self.state();
+        let mut ended = Vec::new();
+        while let Some((at, _, _)) = state.delays.first() {
+            if *at > now {
+                break;
+            }
+            let (_, lock, token) = state.delays.pop_first().expect("just seen");
+            ended.push((lock, token));
+        }
+        ended
     }
 
     pub fn is_leading(&self) -> bool {
@@ -129,20 +169,22 @@ impl Leases {
     }
 }
 
-/// Proposes `ExpireSession` for every lease that runs out, and
-/// `CheckpointLease` for every session gone quiet, until `stop`.
+/// Proposes `ExpireSession` for every lease that runs out,
+/// `CheckpointLease` for every session gone quiet, and `EndLockDelay` for
+/// every lock-delay that is over, until `stop`.
 pub async fn expire_sessions(
     leases: Arc<Leases>,
     proposer: Proposer,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        let next = leases
-            .state()
-            .tracker
-            .next_deadline()
-            .unwrap_or_else(|| Instant::now() + IDLE_TICK)
-            .min(Instant::now() + IDLE_TICK);
+        let next = {
+            let state = leases.state();
+            let idle = Instant::now() + IDLE_TICK;
+            let lease = state.tracker.next_deadline().unwrap_or(idle);
+            let delay = state.delays.first().map_or(idle, |(at, _, _)| *at);
+            lease.min(delay).min(idle)
+        };
         tokio::select! {
             _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next)) => {}
             _ = leases.changed.notified() => {}
@@ -151,6 +193,14 @@ pub async fn expire_sessions(
         let checkpoints = leases.state().tracker.take_due_checkpoints(Instant::now());
         for due in checkpoints {
             tokio::spawn(checkpoint(proposer.clone(), due));
+        }
+        for (lock, token) in leases.take_ended_delays(Instant::now()) {
+            tokio::spawn(end_lock_delay(
+                leases.clone(),
+                proposer.clone(),
+                lock,
+                token,
+            ));
         }
         let expired = leases.state().tracker.take_expired(Instant::now());
         for session in expired {
@@ -168,6 +218,23 @@ pub async fn expire_sessions(
                     }
                 }
             });
+        }
+    }
+}
+
+/// Commits the end of a lock-delay; retried (later) if it cannot be.
+async fn end_lock_delay(leases: Arc<Leases>, proposer: Proposer, lock: String, token: Token) {
+    let command = Command::EndLockDelay {
+        lock: lock.clone(),
+        token,
+    };
+    if let Err(err) = proposer.propose(command).await {
+        tracing::warn!(lock, %err, "could not end a lock-delay; will retry");
+        let mut state = leases.state();
+        if state.leading {
+            state
+                .delays
+                .insert((Instant::now() + EXPIRY_RETRY, lock, token));
         }
     }
 }

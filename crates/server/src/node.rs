@@ -50,6 +50,7 @@ impl From<LockError> for ApiError {
                 ErrorKind::StaleToken
             }
             LockError::TokenNotIssued { .. }
+            | LockError::LockDelayTooLong { .. }
             | LockError::InvalidKey { .. }
             | LockError::ValueTooLarge { .. } => ErrorKind::InvalidArgument,
             LockError::TooManyWaiters { .. }
@@ -108,6 +109,13 @@ impl EventSink for Observers {
                     self.leases.opened(*session, Duration::from_millis(*ttl_ms))
                 }
                 Event::SessionEnded { session, .. } => self.leases.ended(*session),
+                Event::LockDelayed {
+                    lock,
+                    token,
+                    delay_ms,
+                } => self
+                    .leases
+                    .lock_delayed(lock, *token, Duration::from_millis(*delay_ms)),
                 _ => {}
             }
         }
@@ -201,6 +209,7 @@ impl Node {
         wait: bool,
         timeout: Option<Duration>,
         attempt: u64,
+        lock_delay: Duration,
     ) -> Result<Token, ApiError> {
         validate_lock_name(lock)?;
         let mut call = AcquireCall {
@@ -208,6 +217,7 @@ impl Node {
             session,
             lock: lock.to_owned(),
             attempt,
+            lock_delay_ms: u64::try_from(lock_delay.as_millis()).unwrap_or(u64::MAX),
             subscription: None,
             answered: false,
         };
@@ -400,6 +410,7 @@ struct AcquireCall {
     session: SessionId,
     lock: String,
     attempt: u64,
+    lock_delay_ms: u64,
     subscription: Option<Subscription>,
     answered: bool,
 }
@@ -410,7 +421,9 @@ impl AcquireCall {
             session: self.session,
             lock: self.lock.clone(),
             wait,
-            attempt: self.attempt, lock_delay_ms: 0 };
+            attempt: self.attempt,
+            lock_delay_ms: self.lock_delay_ms,
+        };
         match self.node.propose(command).await? {
             Outcome::Acquire(AcquireOutcome::Granted { token }) => Ok(token),
             Outcome::Acquire(AcquireOutcome::Queued { .. }) => {

@@ -144,7 +144,9 @@ impl Waits {
                 // Dropping the senders ends any remaining subscriptions.
                 waits.remove(session);
             }
-            Event::SessionOpened { .. } => {}
+            // A delayed lock keeps its queue; the grant after the delay
+            // is an ordinary `Granted`.
+            Event::SessionOpened { .. } | Event::LockDelayed { .. } => {}
         }
     }
 
