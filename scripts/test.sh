@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, then every test
 # (unit, property, and the end-to-end tests that start real `deadbolt`
-# processes on 127.0.0.1). Needs only a Rust toolchain with rustfmt and clippy.
+# processes on 127.0.0.1). Needs a Rust toolchain with rustfmt and clippy;
+# scripts/postgres.sh provides the PostgreSQL server the crates/fence tests
+# use (installing Debian's package first when run as root without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

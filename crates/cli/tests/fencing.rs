@@ -236,3 +236,33 @@ async fn lock_delay_holds_an_expired_holders_lock_back_but_not_a_released_one() 
         "granted {waited:?} after the dead holder's open"
     );
 }
+
+/// The read-modify-write snippet of docs/fencing.md, as written there.
+#[test]
+fn the_documented_counter_snippet_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/fencing.md"
+    ))
+    .unwrap();
+    let script = doc
+        .split("deadbolt run --lock billing -- sh -c '")
+        .nth(1)
+        .and_then(|rest| rest.split("\n'").next())
+        .expect("the snippet is in docs/fencing.md");
+    let bin_dir = std::path::Path::new(common::BIN).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
+    for _ in 0..3 {
+        let run = std::process::Command::new(common::BIN)
+            .args(["run", "--lock", "billing", "--", "sh", "-c", script])
+            .env("DEADBOLT_ENDPOINT", server.endpoint())
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{run:?}");
+    }
+    let get = deadbolt(&server.endpoint(), &["store", "get", "invoices-sent"]);
+    assert_eq!(stdout(&get), "3");
+}
