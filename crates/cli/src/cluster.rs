@@ -31,9 +31,9 @@ pub enum ClusterCommand {
 }
 
 pub async fn main(endpoints: &[String], command: ClusterCommand) -> i32 {
-    let client = match Client::connect(endpoints.iter().cloned()).await {
+    let client = match crate::locks::connect(endpoints).await {
         Ok(client) => client,
-        Err(err) => return exit::report(&err),
+        Err(code) => return code,
     };
     match command {
         ClusterCommand::Status { json } => status(&client, json).await,

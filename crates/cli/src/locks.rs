@@ -73,7 +73,8 @@ pub struct ListArgs {
     json: bool,
 }
 
-async fn connect(endpoints: &[String]) -> Result<Client, i32> {
+/// Connects, or reports why not and returns the exit code.
+pub(crate) async fn connect(endpoints: &[String]) -> Result<Client, i32> {
     Client::connect(endpoints.iter().cloned())
         .await
         .map_err(|err| exit::report(&err))

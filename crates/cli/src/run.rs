@@ -61,9 +61,9 @@ pub async fn main(endpoints: &[String], args: RunArgs) -> i32 {
         );
         return exit::FAILURE;
     }
-    let client = match Client::connect(endpoints.iter().cloned()).await {
+    let client = match crate::locks::connect(endpoints).await {
         Ok(client) => client,
-        Err(err) => return exit::report(&err),
+        Err(code) => return code,
     };
     let session = match client.open_session(args.target.ttl).await {
         Ok(session) => session,

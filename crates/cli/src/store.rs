@@ -5,7 +5,8 @@
 //! the fence), and a stale token exits 76 with a message that says so.
 
 use crate::exit;
-use deadbolt_client::{Client, Error};
+use crate::locks::connect;
+use deadbolt_client::Error;
 use std::io::Read;
 
 #[derive(clap::Subcommand)]
@@ -56,12 +57,6 @@ pub struct CheckArgs {
     lock: String,
     #[arg(long)]
     token: u64,
-}
-
-async fn connect(endpoints: &[String]) -> Result<Client, i32> {
-    Client::connect(endpoints.iter().cloned())
-        .await
-        .map_err(|err| exit::report(&err))
 }
 
 pub async fn main(endpoints: &[String], command: StoreCommand) -> i32 {

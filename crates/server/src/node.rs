@@ -323,15 +323,18 @@ impl Node {
         }
     }
 
+    /// Reads the table after a linearizable barrier.
+    async fn read_linearizable<T>(
+        &self,
+        read: impl FnOnce(&LockTable) -> T,
+    ) -> Result<T, ApiError> {
+        self.linearizable().await?;
+        Ok(read(&self.table.read().expect("state lock poisoned").table))
+    }
+
     pub async fn lock_status(&self, lock: &str) -> Result<Option<LockInfo>, ApiError> {
         validate_lock_name(lock)?;
-        self.linearizable().await?;
-        Ok(self
-            .table
-            .read()
-            .expect("state lock poisoned")
-            .table
-            .lock(lock))
+        self.read_linearizable(|table| table.lock(lock)).await
     }
 
     /// Up to `limit` locks after `after` in name order, and whether more follow.
@@ -340,14 +343,14 @@ impl Node {
         after: &str,
         limit: usize,
     ) -> Result<(Vec<LockInfo>, bool), ApiError> {
-        self.linearizable().await?;
         let limit = if limit == 0 {
             LIST_PAGE
         } else {
             limit.min(LIST_PAGE)
         };
-        let applied = self.table.read().expect("state lock poisoned");
-        let mut locks: Vec<LockInfo> = applied.table.locks_after(after).take(limit + 1).collect();
+        let mut locks: Vec<LockInfo> = self
+            .read_linearizable(|table| table.locks_after(after).take(limit + 1).collect())
+            .await?;
         let more = locks.len() > limit;
         locks.truncate(limit);
         Ok((locks, more))
@@ -376,14 +379,7 @@ impl Node {
     /// A plain (unfenced) linearizable read of a fenced-store key.
     pub async fn store_get(&self, key: &str) -> Result<Option<StoredValue>, ApiError> {
         validate_key(key)?;
-        self.linearizable().await?;
-        Ok(self
-            .table
-            .read()
-            .expect("state lock poisoned")
-            .table
-            .store()
-            .get(key))
+        self.read_linearizable(|table| table.store().get(key)).await
     }
 
     pub fn health(&self) -> Health {
