@@ -4,7 +4,6 @@
 
 mod common;
 
-use common::cluster::TestCluster;
 use common::deadbolt;
 use deadbolt_client::{Client, ErrorKind};
 use std::collections::{HashMap, HashSet};
@@ -70,7 +69,7 @@ async fn worker(
 async fn killing_the_leader_loses_no_grant_and_repeats_no_token() {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = TestCluster::start(dir.path(), 3).await;
+    let mut cluster = common::start_cluster(dir.path(), 3).await;
     let client = cluster.client().await;
 
     // A grant acknowledged before the crash must survive it.
@@ -130,7 +129,7 @@ async fn killing_the_leader_loses_no_grant_and_repeats_no_token() {
 async fn a_full_restart_keeps_sessions_locks_queues_and_tokens() {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = TestCluster::start(dir.path(), 3).await;
+    let mut cluster = common::start_cluster(dir.path(), 3).await;
     let client = cluster.client().await;
     let (holder, _) = client
         .open_session_raw(Duration::from_secs(60))
@@ -194,7 +193,7 @@ async fn a_full_restart_keeps_sessions_locks_queues_and_tokens() {
 async fn an_isolated_leader_refuses_and_the_majority_carries_on() {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let cluster = TestCluster::start(dir.path(), 3).await;
+    let cluster = common::start_cluster(dir.path(), 3).await;
     let old_leader = cluster.wait_for_leader(Duration::from_secs(5));
     let isolated = Client::connect([cluster.node(old_leader).endpoint()])
         .await
@@ -274,7 +273,7 @@ async fn an_isolated_leader_refuses_and_the_majority_carries_on() {
 async fn a_follower_that_lost_its_data_is_refused_then_rebuilt() {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = TestCluster::start(dir.path(), 3).await;
+    let mut cluster = common::start_cluster(dir.path(), 3).await;
     let leader = cluster.wait_for_leader(Duration::from_secs(5));
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     let client = cluster.client().await;
@@ -328,7 +327,7 @@ async fn a_dead_holders_lock_is_freed_about_one_ttl_after_its_last_keepalive() {
     const TTL: Duration = Duration::from_secs(4);
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = TestCluster::start(dir.path(), 3).await;
+    let mut cluster = common::start_cluster(dir.path(), 3).await;
     let client = cluster.client().await;
     // A raw session is never renewed: a holder that died right after its
     // grant. Its lease runs from the open, which the client saw complete.

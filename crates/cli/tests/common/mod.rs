@@ -5,25 +5,15 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
-pub mod cluster;
+pub use deadbolt_testkit::{free_port, http, signal, TestCluster};
 
 use deadbolt_client::Client;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_deadbolt");
-
-/// A port nobody listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A running `deadbolt server`; killed (SIGKILL) when dropped.
 pub struct TestServer {
@@ -129,13 +119,9 @@ impl Drop for TestServer {
     }
 }
 
-pub fn signal(pid: i32, signal: i32) {
-    // SAFETY: kill has no memory-safety preconditions.
-    assert_eq!(
-        unsafe { libc::kill(pid, signal) },
-        0,
-        "kill({pid}, {signal})"
-    );
+/// A 3- or 5-node cluster of the `deadbolt` binary under test.
+pub async fn start_cluster(dir: &Path, size: u64) -> TestCluster {
+    TestCluster::start(Path::new(BIN), dir, size).await
 }
 
 /// `deadbolt ARGS...` against `endpoint`, to completion.
@@ -145,38 +131,6 @@ pub fn deadbolt(endpoint: &str, args: &[&str]) -> Output {
         .env("DEADBOLT_ENDPOINT", endpoint)
         .output()
         .expect("run deadbolt")
-}
-
-/// A minimal HTTP/1.1 exchange, so tests can send exactly the bytes they
-/// want (malformed JSON included). Like `curl -d`, it sends no JSON
-/// Content-Type, which the server must accept. Returns status and body.
-pub fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: Option<&[u8]>,
-) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let body = body.unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes())?;
-    // A server may answer (413) and close before reading a huge body.
-    let _ = stream.write_all(body);
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not HTTP: {text:?}")))?;
-    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
-    Ok((status, body))
 }
 
 /// POSTs JSON and parses the JSON reply.

@@ -9,7 +9,7 @@
 //! test-only flags. Tests that talk to a node directly use its `listen`
 //! address and are never cut off.
 
-use super::{free_port, http, signal, BIN};
+use crate::{free_port, http, signal};
 use deadbolt_client::Client;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -64,6 +64,8 @@ struct Network {
 
 pub struct TestCluster {
     pub nodes: Vec<ClusterNode>,
+    /// The `deadbolt` binary every node runs.
+    bin: PathBuf,
     network: Arc<Mutex<Network>>,
     initial_cluster: String,
 }
@@ -71,7 +73,7 @@ pub struct TestCluster {
 impl TestCluster {
     /// Starts `size` nodes with empty data directories under `dir` and waits
     /// until one leads.
-    pub async fn start(dir: &Path, size: u64) -> TestCluster {
+    pub async fn start(bin: &Path, dir: &Path, size: u64) -> TestCluster {
         let network = Arc::new(Mutex::new(Network::default()));
         let mut nodes = Vec::new();
         for id in 1..=size {
@@ -93,6 +95,7 @@ impl TestCluster {
             .join(",");
         let mut cluster = TestCluster {
             nodes,
+            bin: bin.to_owned(),
             network,
             initial_cluster,
         };
@@ -128,6 +131,7 @@ impl TestCluster {
 
     /// Starts node `id` with any extra flags.
     pub fn spawn_node(&mut self, id: u64, flags: &[&str]) {
+        let bin = self.bin.clone();
         let node = self.node_mut(id);
         assert!(node.child.is_none(), "node {id} is already running");
         let log = std::fs::OpenOptions::new()
@@ -135,7 +139,7 @@ impl TestCluster {
             .append(true)
             .open(&node.log)
             .unwrap();
-        let child = Command::new(BIN)
+        let child = Command::new(bin)
             .args(["server", "--node-id", &id.to_string()])
             .args(["--listen", &node.listen.to_string(), "--data-dir"])
             .arg(&node.data_dir)
