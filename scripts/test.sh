@@ -24,7 +24,7 @@ export DEADBOLT_REQUIRE_POSTGRES=1
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$log"
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { passed += $4; failed += $6 }
      END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
