@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: formatting, lints, then every test
-# (unit, property, and the end-to-end tests that start real `deadbolt`
-# processes on 127.0.0.1). Needs a Rust toolchain with rustfmt and clippy;
+# The whole test suite, as CI runs it: formatting, lints, every test (unit,
+# property, and the end-to-end tests that start real `deadbolt` processes on
+# 127.0.0.1), then a short fault-injection run against a 3-node cluster. Needs a Rust toolchain with rustfmt and clippy;
 # scripts/postgres.sh provides the PostgreSQL server the crates/fence tests
 # use (installing Debian's package first when run as root without it).
 set -euo pipefail
@@ -28,3 +28,6 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log"
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { passed += $4; failed += $6 }
      END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
+
+echo "== fault injection: a short nemesis run (scripts/nemesis.sh; longer runs: docs/safety.md)"
+scripts/nemesis.sh --debug --duration 30s --seed 1

@@ -37,9 +37,19 @@ struct Inner {
     /// Locks held, or being acquired, through this session. The server
     /// knows only the session, so two callers taking one lock through one
     /// session would both be told they hold it: that is refused here.
-    in_use: std::sync::Mutex<std::collections::HashSet<String>>,
+    in_use: std::sync::Mutex<std::collections::HashMap<String, InUse>>,
     /// Lock-delay asked for with every acquire, in milliseconds.
     lock_delay_ms: std::sync::atomic::AtomicU64,
+}
+
+/// Who is using a lock name of the session.
+#[derive(Debug)]
+enum InUse {
+    /// A caller, acquiring or holding it.
+    Caller,
+    /// The clean-up after an acquire whose caller went away (see
+    /// [`PendingAcquire`]); a new caller waits for it.
+    CleanUp(Arc<tokio::sync::Notify>),
 }
 
 /// One caller's exclusive use of a lock name within a session, from the
@@ -58,11 +68,87 @@ impl Claim {
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        self.session
+        let freed = self
+            .session
             .in_use
             .lock()
             .expect("in-use lock poisoned")
             .remove(&self.lock);
+        if let Some(InUse::CleanUp(done)) = freed {
+            done.notify_waiters();
+        }
+    }
+}
+
+/// An acquire in flight. If its future is dropped before it returns (the
+/// caller gave up, say through a `select!` timeout), the server may have
+/// granted the lock anyway, in a reply nobody will read: the session, kept
+/// alive by its watchdog, would hold the lock forever. (The server gives
+/// back what it had not yet answered when the caller left; this covers what
+/// it answered as the caller left.) So a moment later, unless a new caller
+/// has taken the name meanwhile, a background check releases such a grant.
+struct PendingAcquire {
+    session: Session,
+    claim: Option<Claim>,
+}
+
+impl PendingAcquire {
+    /// The acquire returned: no clean-up needed.
+    fn finish(mut self) -> Claim {
+        self.claim.take().expect("finished once")
+    }
+}
+
+impl Drop for PendingAcquire {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        let lock = claim.lock().to_owned();
+        // Free the name now: a new caller may retry straight away, and gets
+        // the grant (if any) itself, acquire being idempotent.
+        drop(claim);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let session = self.session.clone();
+        runtime.spawn(async move {
+            // Time for the server to finish with the abandoned request.
+            tokio::time::sleep(CLEAN_UP_DELAY).await;
+            // A lost lease frees everything on the server by itself.
+            if session.is_lost() {
+                return;
+            }
+            let Some(claim) = session.claim_for_clean_up(&lock) else {
+                return;
+            };
+            match session.inner.client.lock_status(&lock).await {
+                Ok(Some(state)) if state.holder_session_id == session.id() && !state.lock_delay => {
+                    match session.release(&lock, state.token).await {
+                        Ok(()) => tracing::info!(
+                            session = session.id(),
+                            lock,
+                            token = state.token,
+                            "released a grant whose acquire was given up"
+                        ),
+                        Err(error) => tracing::warn!(
+                            session = session.id(),
+                            lock,
+                            %error,
+                            "could not release a grant whose acquire was given up"
+                        ),
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => tracing::debug!(
+                    session = session.id(),
+                    lock,
+                    %error,
+                    "could not check for a grant after a given-up acquire; the server gives it back after its grace period"
+                ),
+            }
+            drop(claim);
+        });
     }
 }
 
@@ -304,7 +390,10 @@ impl Session {
         wait: bool,
         timeout: Option<Duration>,
     ) -> Result<LockGuard, Error> {
-        let claim = self.claim(lock)?;
+        let pending = PendingAcquire {
+            session: self.clone(),
+            claim: Some(self.claim(lock).await?),
+        };
         // A timeout too long to represent is no timeout at all.
         let give_up = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         let (client, id) = (&self.inner.client, self.id());
@@ -320,6 +409,9 @@ impl Session {
                     .await
             })
             .await;
+        // Returned (not dropped): the caller learns the outcome, and an
+        // unknown one (an outage) the server cleans up after its grace period.
+        let claim = pending.finish();
         let token = match acquired {
             // With a timeout, transient errors are retried until it (nearly)
             // runs out: to the caller that is a timeout, not an outage.
@@ -335,27 +427,60 @@ impl Session {
         Ok(LockGuard::new(self.clone(), claim, token))
     }
 
-    fn claim(&self, lock: &str) -> Result<Claim, Error> {
-        let fresh = self
-            .inner
-            .in_use
-            .lock()
-            .expect("in-use lock poisoned")
-            .insert(lock.to_owned());
-        if !fresh {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "lock {lock:?} is already held or being acquired through session {}; \
-                     use one session per holder",
-                    self.id()
-                ),
-            ));
+    /// Takes the lock name for the clean-up of a given-up acquire, unless a
+    /// caller uses it: then the lock, if granted, is that caller's.
+    fn claim_for_clean_up(&self, lock: &str) -> Option<Claim> {
+        let mut in_use = self.inner.in_use.lock().expect("in-use lock poisoned");
+        if in_use.contains_key(lock) {
+            return None;
         }
-        Ok(Claim {
+        let done = Arc::new(tokio::sync::Notify::new());
+        in_use.insert(lock.to_owned(), InUse::CleanUp(done));
+        Some(Claim {
             session: self.inner.clone(),
             lock: lock.to_owned(),
         })
+    }
+
+    /// Takes the lock name for one caller; waits for the clean-up of an
+    /// acquire given up on it, if one is running.
+    async fn claim(&self, lock: &str) -> Result<Claim, Error> {
+        loop {
+            let clean_up = {
+                let mut in_use = self.inner.in_use.lock().expect("in-use lock poisoned");
+                match in_use.get(lock) {
+                    None => {
+                        in_use.insert(lock.to_owned(), InUse::Caller);
+                        return Ok(Claim {
+                            session: self.inner.clone(),
+                            lock: lock.to_owned(),
+                        });
+                    }
+                    Some(InUse::Caller) => {
+                        return Err(Error::new(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                            "lock {lock:?} is already held or being acquired through session {}; \
+                                 use one session per holder",
+                            self.id()
+                        ),
+                        ))
+                    }
+                    Some(InUse::CleanUp(done)) => done.clone(),
+                }
+            };
+            let finished = clean_up.notified();
+            // The clean-up may have finished between the check and here.
+            if self
+                .inner
+                .in_use
+                .lock()
+                .expect("in-use lock poisoned")
+                .contains_key(lock)
+            {
+                let _ = tokio::time::timeout(CLEAN_UP_WAIT, finished).await;
+            }
+        }
     }
 
     pub(crate) async fn release(&self, lock: &str, token: u64) -> Result<(), Error> {
@@ -506,6 +631,13 @@ async fn watchdog(
         }
     }
 }
+
+/// How long a new acquire waits for the clean-up of a given-up one before
+/// looking again (the clean-up is a status read and maybe a release).
+const CLEAN_UP_WAIT: Duration = Duration::from_millis(100);
+
+/// How long after an acquire is given up its clean-up looks for a grant.
+const CLEAN_UP_DELAY: Duration = Duration::from_secs(1);
 
 /// How often a waiter on the lease re-checks the suspend-aware clock.
 const SUSPEND_CHECK: Duration = Duration::from_secs(1);

@@ -74,6 +74,7 @@ impl TestCluster {
     /// Starts `size` nodes with empty data directories under `dir` and waits
     /// until one leads.
     pub async fn start(bin: &Path, dir: &Path, size: u64) -> TestCluster {
+        std::fs::create_dir_all(dir).expect("create the cluster directory");
         let network = Arc::new(Mutex::new(Network::default()));
         let mut nodes = Vec::new();
         for id in 1..=size {
@@ -200,9 +201,14 @@ impl TestCluster {
         }
     }
 
+    /// The process id of node `id`, while it runs.
+    pub fn pid(&self, id: u64) -> Option<i32> {
+        self.node(id).child.as_ref().map(|child| child.id() as i32)
+    }
+
     /// Some(id) when `id` says it leads and every other running node that
     /// answers names it as leader.
-    fn agreed_leader(&self) -> Option<u64> {
+    pub fn agreed_leader(&self) -> Option<u64> {
         let statuses: Vec<serde_json::Value> = self
             .nodes
             .iter()

@@ -1,0 +1,312 @@
+//! The checker: reads a history and reports every violation with the
+//! operations involved. Pure: the same history always gives the same report.
+//!
+//! Checked:
+//! - **token uniqueness**: no token is granted to two different (client,
+//!   lock) pairs (the same client may be told its own grant twice: acquire is
+//!   idempotent);
+//! - **token order**: of two grants of one lock, one acknowledged before the
+//!   other was invoked has the smaller token. (Across locks this need not
+//!   hold: a retried acquire may learn late of a grant made earlier.)
+//! - **resource fence**: the resource accepted each lock's writes with
+//!   non-decreasing tokens;
+//! - **lost or phantom updates**: each counter's final value is at least the
+//!   number of acknowledged increments and at most that plus the increments
+//!   whose outcome is unknown;
+//! - **liveness**: once the faults stopped, every lock saw a complete round
+//!   (grant and both increments acknowledged) within the bound.
+
+use crate::history::{Accepted, Op, Phase, Record};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+/// The end state read after the run.
+pub struct Finals {
+    /// Fenced-store counter of each lock.
+    pub store: BTreeMap<String, u64>,
+    /// Resource counter of each lock.
+    pub resource: BTreeMap<String, u64>,
+}
+
+#[derive(Debug)]
+pub struct Violation {
+    pub what: String,
+    pub records: Vec<String>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "VIOLATION: {}", self.what)?;
+        for record in &self.records {
+            writeln!(f, "    {record}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One completed operation: its invocation and completion.
+#[derive(Debug, Clone)]
+struct Completed<'a> {
+    invoked: u64,
+    done: &'a Record,
+}
+
+/// Pairs each completion with its client's latest invocation of that op.
+fn completed(history: &[Record]) -> Vec<Completed<'_>> {
+    let mut open: HashMap<(usize, Op), u64> = HashMap::new();
+    let mut done = Vec::new();
+    for record in history {
+        match record.phase {
+            Phase::Invoke => {
+                open.insert((record.client, record.op), record.at);
+            }
+            _ => {
+                let invoked = open
+                    .remove(&(record.client, record.op))
+                    .unwrap_or(record.at);
+                done.push(Completed {
+                    invoked,
+                    done: record,
+                });
+            }
+        }
+    }
+    done
+}
+
+fn show(record: &Record) -> String {
+    serde_json::to_string(record).expect("serializable")
+}
+
+pub fn check(
+    history: &[Record],
+    accepted: &[Accepted],
+    finals: &Finals,
+    healed_at: u64,
+    liveness_bound_ns: u64,
+) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let done = completed(history);
+    let grants: Vec<&Completed> = done
+        .iter()
+        .filter(|c| c.done.op == Op::Acquire && c.done.phase == Phase::Ok)
+        .collect();
+
+    // Token uniqueness.
+    let mut owners: HashMap<u64, &Record> = HashMap::new();
+    for grant in &grants {
+        let token = grant.done.token.expect("a grant has a token");
+        if let Some(first) = owners.get(&token) {
+            if (first.client, &first.lock) != (grant.done.client, &grant.done.lock) {
+                violations.push(Violation {
+                    what: format!("token {token} was granted twice"),
+                    records: vec![show(first), show(grant.done)],
+                });
+            }
+        } else {
+            owners.insert(token, grant.done);
+        }
+    }
+
+    // Token order within each lock: the largest token acknowledged before
+    // each grant was invoked must be smaller than the grant's. (The same
+    // client told its own grant again is not a second grant.)
+    let mut by_ack: Vec<&Completed> = grants.clone();
+    by_ack.sort_by_key(|c| c.done.at);
+    for later in &grants {
+        let token = later.done.token.expect("a grant has a token");
+        let earlier = by_ack
+            .iter()
+            .take_while(|c| c.done.at < later.invoked)
+            .filter(|c| c.done.lock == later.done.lock)
+            .filter(|c| !(c.done.client == later.done.client && c.done.token == Some(token)))
+            .max_by_key(|c| c.done.token);
+        if let Some(earlier) = earlier {
+            if earlier.done.token >= Some(token) {
+                violations.push(Violation {
+                    what: format!(
+                        "grant with token {token} was invoked after a grant with token {} was acknowledged",
+                        earlier.done.token.unwrap_or(0)
+                    ),
+                    records: vec![show(earlier.done), show(later.done)],
+                });
+            }
+        }
+    }
+
+    // The resource's accepted writes, per lock, never go back in token.
+    let mut last: HashMap<&str, &Accepted> = HashMap::new();
+    for write in accepted {
+        if let Some(previous) = last.get(write.lock.as_str()) {
+            if write.token < previous.token {
+                violations.push(Violation {
+                    what: format!(
+                        "the resource accepted token {} for {} after token {}",
+                        write.token, write.lock, previous.token
+                    ),
+                    records: vec![
+                        serde_json::to_string(previous).expect("serializable"),
+                        serde_json::to_string(write).expect("serializable"),
+                    ],
+                });
+            }
+        }
+        last.insert(&write.lock, write);
+    }
+
+    // Lost or phantom increments.
+    for (op, finals) in [
+        (Op::StoreIncrement, &finals.store),
+        (Op::ResourceIncrement, &finals.resource),
+    ] {
+        for (lock, final_value) in finals {
+            let of_lock = done
+                .iter()
+                .filter(|c| c.done.op == op && c.done.lock == *lock);
+            let acked = of_lock
+                .clone()
+                .filter(|c| c.done.phase == Phase::Ok)
+                .count() as u64;
+            let unknown = of_lock.filter(|c| c.done.phase == Phase::Info).count() as u64;
+            if *final_value < acked || *final_value > acked + unknown {
+                violations.push(Violation {
+                    what: format!(
+                        "{op:?} counter of {lock} ends at {final_value}, but {acked} increments were acknowledged and {unknown} are unknown"
+                    ),
+                    records: Vec::new(),
+                });
+            }
+        }
+    }
+
+    // Liveness after healing.
+    let deadline = healed_at + liveness_bound_ns;
+    for lock in finals.store.keys() {
+        let recovered = done.iter().any(|c| {
+            c.done.lock == *lock
+                && c.done.op == Op::StoreIncrement
+                && c.done.phase == Phase::Ok
+                && c.invoked >= healed_at
+                && c.done.at <= deadline
+        });
+        if !recovered {
+            violations.push(Violation {
+                what: format!(
+                    "no increment of {lock} completed within {}s of the faults stopping",
+                    liveness_bound_ns / 1_000_000_000
+                ),
+                records: Vec::new(),
+            });
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(at: u64, client: usize, op: Op, phase: Phase, token: Option<u64>) -> Record {
+        Record {
+            at,
+            client,
+            op,
+            phase,
+            lock: "l".into(),
+            token,
+            value: None,
+            error: None,
+        }
+    }
+
+    fn finals(store: u64, resource: u64) -> Finals {
+        Finals {
+            store: BTreeMap::from([("l".to_owned(), store)]),
+            resource: BTreeMap::from([("l".to_owned(), resource)]),
+        }
+    }
+
+    /// Two clients, each: grant, both increments.
+    fn clean_history() -> Vec<Record> {
+        let mut history = Vec::new();
+        for (client, token, start) in [(0, 1, 10), (1, 2, 100)] {
+            history.push(record(start, client, Op::Acquire, Phase::Invoke, None));
+            history.push(record(
+                start + 1,
+                client,
+                Op::Acquire,
+                Phase::Ok,
+                Some(token),
+            ));
+            for op in [Op::StoreIncrement, Op::ResourceIncrement] {
+                history.push(record(start + 2, client, op, Phase::Invoke, Some(token)));
+                history.push(record(start + 3, client, op, Phase::Ok, Some(token)));
+            }
+        }
+        history
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let violations = check(&clean_history(), &[], &finals(2, 2), 0, 1_000);
+        assert!(violations.is_empty(), "{violations:?}");
+    }
+
+    #[test]
+    fn a_repeated_token_is_caught() {
+        let mut history = clean_history();
+        history[7].token = Some(1);
+        let violations = check(&history, &[], &finals(2, 2), 0, 1_000);
+        assert!(
+            violations.iter().any(|v| v.what.contains("granted twice")),
+            "{violations:?}"
+        );
+        assert!(
+            violations
+                .iter()
+                .any(|v| v.what.contains("after a grant with token")),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_lost_update_is_caught() {
+        let violations = check(&clean_history(), &[], &finals(1, 2), 0, 1_000);
+        assert!(
+            violations.iter().any(|v| v.what.contains("ends at 1")),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_stale_accepted_write_is_caught() {
+        let accepted = |token| Accepted {
+            at: 0,
+            lock: "l".into(),
+            token,
+            value: 1,
+        };
+        let violations = check(
+            &clean_history(),
+            &[accepted(2), accepted(1)],
+            &finals(2, 2),
+            0,
+            1_000,
+        );
+        assert!(
+            violations
+                .iter()
+                .any(|v| v.what.contains("accepted token 1")),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn no_progress_after_healing_is_caught() {
+        let violations = check(&clean_history(), &[], &finals(2, 2), 500, 1_000);
+        assert!(
+            violations.iter().any(|v| v.what.contains("no increment")),
+            "{violations:?}"
+        );
+    }
+}

@@ -1,0 +1,69 @@
+//! The history: every operation of every client, as JSON lines.
+//!
+//! Each operation is recorded twice, when it is invoked and when it
+//! completes: `ok` (it happened), `fail` (it certainly did not), or `info`
+//! (unknown: a timeout or a lost connection; it may or may not have taken
+//! effect). Times come from CLOCK_MONOTONIC, which all processes on one
+//! host share, so records from different client processes can be ordered.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// Take the lock (blocking, with a timeout).
+    Acquire,
+    /// Fenced read, then fenced put of value + 1, in Deadbolt's fenced store.
+    StoreIncrement,
+    /// The same on the resource process (`deadbolt-nemesis resource`).
+    ResourceIncrement,
+    Release,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Invoke,
+    Ok,
+    Fail,
+    Info,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// Nanoseconds on CLOCK_MONOTONIC.
+    pub at: u64,
+    pub client: usize,
+    pub op: Op,
+    pub phase: Phase,
+    pub lock: String,
+    /// The fencing token the operation carried (acquire: the one granted).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub token: Option<u64>,
+    /// For increments: the value written.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub value: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<String>,
+}
+
+/// A write the resource process accepted, in the order it accepted them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accepted {
+    pub at: u64,
+    pub lock: String,
+    pub token: u64,
+    pub value: u64,
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds.
+pub fn now() -> u64 {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass and nothing else.
+    let result = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut time) };
+    assert_eq!(result, 0, "clock_gettime(CLOCK_MONOTONIC) failed");
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+}

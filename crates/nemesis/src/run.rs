@@ -1,0 +1,334 @@
+//! `deadbolt-nemesis run`: a real cluster, client processes, a resource
+//! process, and faults at random (from a seed) for a while; then the faults
+//! stop, the clients must make progress again, and the checker reads the
+//! history. The last line printed is `ops=N faults=N violations=N`.
+
+use crate::checker::{check, Finals};
+use crate::history::{now, Accepted, Op, Phase, Record};
+use crate::worker::http;
+use deadbolt_client::Client;
+use deadbolt_testkit::{free_port, signal, TestCluster};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// How long faults are injected (the run takes about 20 s more).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Seeds the choice and timing of faults, and the clients.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long, default_value_t = 3)]
+    nodes: u64,
+    #[arg(long, default_value_t = 6)]
+    clients: usize,
+    #[arg(long, default_value_t = 2)]
+    locks: usize,
+    /// The clients' session TTL; client pauses last 1.5 to 3 times this.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    ttl: Duration,
+    /// The `deadbolt` binary (default: next to this one).
+    #[arg(long)]
+    deadbolt: Option<PathBuf>,
+    /// Keep the history, the resource's log and the node logs here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// After the faults stop, each lock must see a completed round within this.
+const LIVENESS_BOUND: Duration = Duration::from_secs(15);
+
+pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
+    let me = std::env::current_exe()?;
+    let deadbolt = args
+        .deadbolt
+        .clone()
+        .unwrap_or_else(|| me.with_file_name("deadbolt"));
+    anyhow::ensure!(
+        deadbolt.exists(),
+        "no deadbolt binary at {} (build it, or pass --deadbolt)",
+        deadbolt.display()
+    );
+    let scratch = tempfile::tempdir()?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| scratch.path().to_owned());
+    std::fs::create_dir_all(&out)?;
+    println!(
+        "nemesis: seed {}, {} nodes, {} clients, {} locks, faults for {}",
+        args.seed,
+        args.nodes,
+        args.clients,
+        args.locks,
+        humantime::format_duration(args.duration)
+    );
+
+    let mut cluster = TestCluster::start(&deadbolt, &out.join("cluster"), args.nodes).await;
+    let resource_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let accepted_path = out.join("accepted.jsonl");
+    let mut resource = Command::new(&me)
+        .args([
+            "resource",
+            "--listen",
+            &resource_addr.to_string(),
+            "--accepted",
+        ])
+        .arg(&accepted_path)
+        .kill_on_drop(true)
+        .spawn()?;
+    wait_for_port(resource_addr).await?;
+
+    let locks: Vec<String> = (0..args.locks).map(|i| format!("lock-{i}")).collect();
+    let history = Arc::new(Mutex::new(Vec::<Record>::new()));
+    let mut workers = Vec::new();
+    for id in 0..args.clients {
+        workers.push(spawn_worker(
+            &me,
+            id,
+            &cluster,
+            &locks,
+            resource_addr,
+            &args,
+            history.clone(),
+        )?);
+    }
+
+    let started = Instant::now();
+    let mut rng = StdRng::seed_from_u64(args.seed);
+    let mut faults = 0u64;
+    while started.elapsed() < args.duration {
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1200))).await;
+        faults += 1;
+        let holding = holding_clients(&history.lock().expect("poisoned"));
+        let fault = inject(&mut cluster, &mut workers, &holding, &mut rng, args.ttl).await;
+        println!("[{:>5.1}s] {fault}", started.elapsed().as_secs_f64());
+    }
+
+    // Everything back up and connected; from now on clients must progress.
+    cluster.heal();
+    for node in 1..=args.nodes {
+        if cluster.pid(node).is_none() {
+            cluster.start_node(node);
+        }
+    }
+    let healed_at = now();
+    tokio::task::block_in_place(|| cluster.wait_for_leader(Duration::from_secs(30)));
+    println!(
+        "[{:>5.1}s] faults stopped; clients run on for {}s",
+        started.elapsed().as_secs_f64(),
+        LIVENESS_BOUND.as_secs()
+    );
+    tokio::time::sleep(LIVENESS_BOUND).await;
+    for worker in &mut workers {
+        drop(worker.child.stdin.take());
+    }
+    for worker in &mut workers {
+        if tokio::time::timeout(Duration::from_secs(15), worker.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = worker.child.start_kill();
+        }
+        if let Some(reader) = worker.reader.take() {
+            let _ = reader.await;
+        }
+    }
+
+    let client = Client::connect(cluster.endpoints()).await?;
+    let mut finals = Finals {
+        store: BTreeMap::new(),
+        resource: BTreeMap::new(),
+    };
+    for lock in &locks {
+        let stored = client.store_get(&format!("counter:{lock}"), None).await?;
+        let value = stored.value.as_deref().unwrap_or("0").parse()?;
+        finals.store.insert(lock.clone(), value);
+        let (_, body) = http(resource_addr, "GET", &format!("/final/{lock}"), None, "").await?;
+        finals.resource.insert(lock.clone(), body.trim().parse()?);
+    }
+    let _ = resource.start_kill();
+    let accepted: Vec<Accepted> = std::fs::read_to_string(&accepted_path)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+
+    let mut history = std::mem::take(&mut *history.lock().expect("poisoned"));
+    history.sort_by_key(|r| r.at);
+    write_history(&out.join("history.jsonl"), &history)?;
+    let violations = check(
+        &history,
+        &accepted,
+        &finals,
+        healed_at,
+        LIVENESS_BOUND.as_nanos() as u64,
+    );
+    for violation in &violations {
+        print!("{violation}");
+    }
+    let ops = history.iter().filter(|r| r.phase != Phase::Invoke).count();
+    let acked = history.iter().filter(|r| r.phase == Phase::Ok).count();
+    println!(
+        "final counters: store {:?}, resource {:?}; {acked} operations acknowledged",
+        finals.store, finals.resource
+    );
+    if !violations.is_empty() && args.out.is_none() {
+        // Keep the evidence.
+        let kept = scratch.keep();
+        println!("history and logs kept in {}", kept.display());
+    }
+    println!("ops={ops} faults={faults} violations={}", violations.len());
+    Ok(violations.is_empty())
+}
+
+struct Worker {
+    child: Child,
+    reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+fn spawn_worker(
+    me: &Path,
+    id: usize,
+    cluster: &TestCluster,
+    locks: &[String],
+    resource: SocketAddr,
+    args: &RunArgs,
+    history: Arc<Mutex<Vec<Record>>>,
+) -> anyhow::Result<Worker> {
+    let mut child = Command::new(me)
+        .args(["worker", "--id", &id.to_string()])
+        .args(["--endpoints", &cluster.endpoints().join(",")])
+        .args(["--locks", &locks.join(",")])
+        .args(["--resource", &resource.to_string()])
+        .args(["--ttl", &humantime::format_duration(args.ttl).to_string()])
+        .args(["--seed", &(args.seed * 1000 + id as u64).to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let reader = tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Ok(record) = serde_json::from_str::<Record>(&line) {
+                history.lock().expect("poisoned").push(record);
+            }
+        }
+    });
+    Ok(Worker {
+        child,
+        reader: Some(reader),
+    })
+}
+
+/// Injects one fault, waits its length, and undoes it. Returns what it did.
+/// Clients that hold a lock right now, as far as their records tell: they
+/// have been granted and not yet asked to release.
+fn holding_clients(history: &[Record]) -> Vec<usize> {
+    let mut holding = BTreeMap::new();
+    for record in history {
+        match (record.op, record.phase) {
+            (Op::Acquire, Phase::Ok) => {
+                holding.insert(record.client, true);
+            }
+            (Op::Release, Phase::Invoke) => {
+                holding.insert(record.client, false);
+            }
+            _ => {}
+        }
+    }
+    holding
+        .into_iter()
+        .filter(|(_, held)| *held)
+        .map(|(client, _)| client)
+        .collect()
+}
+
+async fn inject(
+    cluster: &mut TestCluster,
+    workers: &mut [Worker],
+    holding: &[usize],
+    rng: &mut StdRng,
+    ttl: Duration,
+) -> String {
+    let nodes: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
+    let leader = tokio::task::block_in_place(|| cluster.agreed_leader());
+    // The leader half the time, when there is one: the interesting victim.
+    let victim = match leader {
+        Some(leader) if rng.gen_bool(0.5) => leader,
+        _ => nodes[rng.gen_range(0..nodes.len())],
+    };
+    let role = if Some(victim) == leader {
+        " (leader)"
+    } else {
+        ""
+    };
+    match rng.gen_range(0..4) {
+        0 => {
+            cluster.kill9(victim);
+            let down = Duration::from_millis(rng.gen_range(300..2000));
+            tokio::time::sleep(down).await;
+            cluster.start_node(victim);
+            format!("kill -9 node {victim}{role}; restarted after {down:?}")
+        }
+        1 => {
+            let pid = cluster.pid(victim).expect("running");
+            let pause = Duration::from_millis(rng.gen_range(300..1500));
+            signal(pid, libc::SIGSTOP);
+            tokio::time::sleep(pause).await;
+            signal(pid, libc::SIGCONT);
+            format!("SIGSTOP node {victim}{role} for {pause:?}")
+        }
+        2 => {
+            let cut = Duration::from_millis(rng.gen_range(500..3000));
+            cluster.isolate(victim);
+            tokio::time::sleep(cut).await;
+            cluster.heal();
+            format!("partition: node {victim}{role} cut off from the others for {cut:?}")
+        }
+        _ => {
+            // Preferably one that holds a lock: the paused-holder scenario.
+            let index = if holding.is_empty() {
+                rng.gen_range(0..workers.len())
+            } else {
+                holding[rng.gen_range(0..holding.len())]
+            };
+            let pause = ttl.mul_f64(rng.gen_range(1.5..3.0));
+            let Some(pid) = workers[index].child.id() else {
+                return format!("client {index} has exited; nothing to pause");
+            };
+            signal(pid as i32, libc::SIGSTOP);
+            tokio::time::sleep(pause).await;
+            signal(pid as i32, libc::SIGCONT);
+            format!("SIGSTOP client {index} for {pause:?} (its lease is {ttl:?})")
+        }
+    }
+}
+
+async fn wait_for_port(address: SocketAddr) -> anyhow::Result<()> {
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(address).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    anyhow::bail!("nothing listens on {address}")
+}
+
+fn write_history(path: &Path, history: &[Record]) -> anyhow::Result<()> {
+    let lines: Vec<String> = history
+        .iter()
+        .map(|r| serde_json::to_string(r).expect("serializable"))
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n")?;
+    Ok(())
+}
