@@ -72,6 +72,30 @@ fn the_store_refuses_stale_tokens_from_the_shell() {
     let fenced = deadbolt(&endpoint, &["store", "get", "counter", "--token", &older]);
     assert_eq!(fenced.status.code(), Some(76), "{fenced:?}");
 
+    // Oversized keys and values are refused with the limit named.
+    let big_value = "v".repeat(64 * 1024 + 1);
+    let too_big = deadbolt(
+        &endpoint,
+        &["store", "put", "big", &big_value, "--token", &newer],
+    );
+    assert_eq!(too_big.status.code(), Some(1));
+    assert!(
+        stderr(&too_big).contains("the limit is 65536"),
+        "{}",
+        stderr(&too_big)
+    );
+    let long_key = "k".repeat(513);
+    let bad_key = deadbolt(
+        &endpoint,
+        &["store", "put", &long_key, "v", "--token", &newer],
+    );
+    assert_eq!(bad_key.status.code(), Some(1));
+    assert!(
+        stderr(&bad_key).contains("invalid store key"),
+        "{}",
+        stderr(&bad_key)
+    );
+
     // Deleting keeps the fence: the older token cannot recreate the key.
     let delete = deadbolt(
         &endpoint,
