@@ -67,6 +67,15 @@ pub struct StatusArgs {
 }
 
 #[derive(clap::Args)]
+pub struct HistoryArgs {
+    #[arg(long)]
+    lock: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
 pub struct ListArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -215,6 +224,41 @@ pub async fn list(endpoints: &[String], args: ListArgs) -> i32 {
                 lock.holder_session_id,
                 lock.token,
                 lock.waiter_session_ids.len()
+            );
+        }
+    }))
+}
+
+pub async fn history(endpoints: &[String], args: HistoryArgs) -> i32 {
+    let client = match connect(endpoints).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    outcome(client.lock_history(&args.lock).await.map(|entries| {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({ "lock": args.lock, "entries": entries })
+            );
+            return;
+        }
+        if entries.is_empty() {
+            println!("no history kept for lock {:?}", args.lock);
+            return;
+        }
+        println!(
+            "{:>10}  {:24}  {:>8}  {:>12}  WHAT",
+            "SEQ", "TIME (UTC)", "SESSION", "TOKEN"
+        );
+        for entry in entries {
+            let at = std::time::UNIX_EPOCH + Duration::from_millis(entry.at_ms);
+            println!(
+                "{:>10}  {:24}  {:>8}  {:>12}  {}",
+                entry.seq,
+                humantime::format_rfc3339_millis(at).to_string(),
+                entry.session_id,
+                entry.token,
+                entry.what
             );
         }
     }))

@@ -70,6 +70,8 @@ enum Command {
     Status(locks::StatusArgs),
     /// List held locks with holder, token and waiters.
     Locks(locks::ListArgs),
+    /// Who held a lock, with which token, and how each grant ended.
+    History(locks::HistoryArgs),
     /// Is TOKEN the current grant of LOCK? Exit 0 if so, 76 if not.
     Check(store::CheckArgs),
     /// The fenced store: values only the newest lock holder can change.
@@ -109,6 +111,7 @@ fn main() {
             Command::Keepalive(args) => locks::keepalive(&cli.endpoint, args).await,
             Command::Status(args) => locks::status(&cli.endpoint, args).await,
             Command::Locks(args) => locks::list(&cli.endpoint, args).await,
+            Command::History(args) => locks::history(&cli.endpoint, args).await,
             Command::Check(args) => store::check(&cli.endpoint, args).await,
             Command::Store(command) => store::main(&cli.endpoint, command).await,
             Command::Cluster(command) => cluster::main(&cli.endpoint, command).await,

@@ -14,10 +14,10 @@ use crate::{Error, ErrorKind, HealthResponse, LockState, Session};
 use deadbolt_proto::v1::cluster_client::ClusterClient;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{
-    AcquireRequest, AddMemberRequest, CheckTokenRequest, CloseSessionRequest, ClusterStatusRequest,
-    ClusterStatusResponse, HealthRequest, KeepAliveRequest, ListLocksRequest, LockStatusRequest,
-    OpenSessionRequest, ReleaseRequest, RemoveMemberRequest, StoreDeleteRequest, StoreGetRequest,
-    StorePutRequest,
+    AcquireRequest, AddMemberRequest, AuditEntry, CheckTokenRequest, CloseSessionRequest,
+    ClusterStatusRequest, ClusterStatusResponse, HealthRequest, KeepAliveRequest, ListLocksRequest,
+    LockHistoryRequest, LockStatusRequest, OpenSessionRequest, ReleaseRequest, RemoveMemberRequest,
+    StoreDeleteRequest, StoreGetRequest, StorePutRequest,
 };
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -286,6 +286,20 @@ impl Client {
             })
             .await?;
         Ok((response.current, response.current_token))
+    }
+
+    /// Who held `lock` and how each grant ended, oldest first, in the
+    /// service's own order (only the newest records are kept).
+    pub async fn lock_history(&self, lock: &str) -> Result<Vec<AuditEntry>, Error> {
+        let request = LockHistoryRequest {
+            lock: lock.to_owned(),
+        };
+        let response = self
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).lock_history(request).await
+            })
+            .await?;
+        Ok(response.entries)
     }
 
     /// Sets `key` in the fenced store, if no token above `token` has changed

@@ -106,7 +106,9 @@ mod lock;
 mod session;
 
 pub use client::{Client, Stored};
-pub use deadbolt_proto::v1::{ClusterStatusResponse, HealthResponse, LockState, Member};
+pub use deadbolt_proto::v1::{
+    AuditEntry, ClusterStatusResponse, HealthResponse, LockState, Member,
+};
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;
 pub use lock::LockGuard;

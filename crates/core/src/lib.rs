@@ -13,6 +13,7 @@
 //! Everything above this crate (Raft, storage, the network) exists to feed
 //! commands into a `LockTable` in one agreed order.
 
+mod audit;
 mod command;
 mod error;
 mod fenced;
@@ -20,6 +21,7 @@ mod lease;
 mod limits;
 mod table;
 
+pub use audit::{AuditKind, AuditRecord};
 pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};
 pub use error::LockError;
 pub use fenced::{FencedStore, StoredValue};

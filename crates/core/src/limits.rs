@@ -30,6 +30,8 @@ pub struct Limits {
     /// Longest lock-delay: a lock whose holder's session expired stays
     /// unavailable at most this long.
     pub max_lock_delay: Duration,
+    /// Audit records kept (the newest), across all locks.
+    pub audit_records: usize,
 }
 
 impl Limits {
@@ -44,6 +46,7 @@ impl Limits {
         max_keys: 100_000,
         max_value_bytes: 64 * 1024,
         max_lock_delay: Duration::from_secs(60),
+        audit_records: 10_000,
     };
 }
 

@@ -13,6 +13,7 @@
 //! - every token handed out is smaller than `next_token`, which only grows;
 //! - every fence in the fenced store is a token that was handed out.
 
+use crate::audit::{self, AuditKind, AuditRecord};
 use crate::command::{Applied, SessionEnd};
 use crate::fenced::Change;
 use crate::limits::validate_lock_delay;
@@ -33,6 +34,10 @@ pub struct LockTable {
     store: FencedStore,
     next_session: u64,
     next_token: u64,
+    /// Commands applied so far: the audit trail's timeline.
+    applied: u64,
+    /// The newest audit records, oldest first.
+    audit: VecDeque<AuditRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,11 +119,34 @@ impl LockTable {
             store: FencedStore::default(),
             next_session: 1,
             next_token: 1,
+            applied: 0,
+            audit: VecDeque::new(),
         }
     }
 
     /// Applies one command. On error nothing changed and `events` is empty.
     pub fn apply(&mut self, command: &Command) -> Applied {
+        self.apply_at(command, 0)
+    }
+
+    /// [`apply`](Self::apply), with the wall-clock time (Unix ms) at which
+    /// the leader proposed the command, for the audit trail.
+    pub fn apply_at(&mut self, command: &Command, at_ms: u64) -> Applied {
+        let applied = self.apply_command(command);
+        if applied.outcome.is_ok() {
+            let records = audit::records(command, &applied.events, self.applied, at_ms);
+            self.applied += 1;
+            for record in records {
+                if self.audit.len() == Limits::STANDARD.audit_records {
+                    self.audit.pop_front();
+                }
+                self.audit.push_back(record);
+            }
+        }
+        applied
+    }
+
+    fn apply_command(&mut self, command: &Command) -> Applied {
         let tokens_before = self.next_token;
         let mut events = Vec::new();
         let outcome = match command {
@@ -266,6 +294,15 @@ impl LockTable {
         }
         self.store
             .apply(key, token, change, Limits::STANDARD.max_keys)
+    }
+
+    /// The audit trail of `lock` still kept, oldest first.
+    pub fn history(&self, lock: &str) -> Vec<AuditRecord> {
+        self.audit
+            .iter()
+            .filter(|record| record.lock == lock)
+            .cloned()
+            .collect()
     }
 
     /// The fenced store, for reads that need no fence.
@@ -626,6 +663,33 @@ impl LockTable {
     /// Panics if any structural invariant is broken. O(size of the table):
     /// for tests and for checking a snapshot once at load time.
     pub fn check_invariants(&self) {
+        // The trail never shows two grants of one lock at once, and grant
+        // tokens only grow.
+        let mut holders: BTreeMap<&str, Option<Token>> = BTreeMap::new();
+        let mut last_grant: Option<Token> = None;
+        for record in &self.audit {
+            let holder = holders.entry(record.lock.as_str()).or_default();
+            match record.what {
+                AuditKind::Granted => {
+                    assert!(
+                        holder.is_none(),
+                        "audit: {:?} granted (token {}) while held with token {:?}",
+                        record.lock,
+                        record.token,
+                        holder
+                    );
+                    assert!(
+                        last_grant < Some(record.token),
+                        "audit: grant tokens went back"
+                    );
+                    last_grant = Some(record.token);
+                    *holder = Some(record.token);
+                }
+                // The lock stays unavailable, but the grant is over.
+                AuditKind::Delayed => {}
+                _ => *holder = None,
+            }
+        }
         for (key, fence) in self.store.fences() {
             assert!(
                 fence.0 < self.next_token,

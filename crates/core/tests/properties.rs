@@ -437,3 +437,49 @@ fn abandon_gives_back_only_what_no_later_attempt_asked_for() {
     assert!(anonymous.events.is_empty());
     assert_eq!(table.lock("x").unwrap().waiters, vec![a]);
 }
+
+#[test]
+fn the_audit_trail_tells_who_held_a_lock_and_how_it_ended() {
+    use deadbolt_core::AuditKind;
+    let mut table = LockTable::new();
+    let open =
+        |table: &mut LockTable| match table.apply(&Command::OpenSession { ttl_ms: 1000 }).outcome {
+            Ok(Outcome::SessionOpened { session, .. }) => session,
+            other => panic!("{other:?}"),
+        };
+    let (a, b) = (open(&mut table), open(&mut table));
+    let acquire = |session| Command::Acquire {
+        session,
+        lock: "report".into(),
+        wait: true,
+        attempt: 0,
+        lock_delay_ms: 0,
+    };
+    table.apply_at(&acquire(a), 1_000).outcome.unwrap();
+    table.apply_at(&acquire(b), 2_000).outcome.unwrap();
+    table
+        .apply_at(&Command::ExpireSession { session: a }, 3_000)
+        .outcome
+        .unwrap();
+    table
+        .apply_at(&Command::CloseSession { session: b }, 4_000)
+        .outcome
+        .unwrap();
+    let trail: Vec<(SessionId, u64, AuditKind, u64)> = table
+        .history("report")
+        .into_iter()
+        .map(|r| (r.session, r.token.0, r.what, r.at_ms))
+        .collect();
+    assert_eq!(
+        trail,
+        [
+            (a, 1, AuditKind::Granted, 1_000),
+            (a, 1, AuditKind::Expired, 3_000),
+            (b, 2, AuditKind::Granted, 3_000),
+            (b, 2, AuditKind::Closed, 4_000),
+        ]
+    );
+    let seqs: Vec<u64> = table.history("report").iter().map(|r| r.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] <= w[1]), "{seqs:?}");
+    assert!(table.history("other").is_empty());
+}

@@ -14,9 +14,14 @@
 //!   number of acknowledged increments and at most that plus the increments
 //!   whose outcome is unknown;
 //! - **liveness**: once the faults stopped, every lock saw a complete round
-//!   (grant and both increments acknowledged) within the bound.
+//!   (grant and both increments acknowledged) within the bound;
+//! - **the service's own timeline** (its audit trail, read at the end): no
+//!   grant of a lock while an earlier grant of it had not ended, grant tokens
+//!   growing, and every grant a client was told of present in it (none lost
+//!   to a crash or a leader change).
 
 use crate::history::{Accepted, Op, Phase, Record};
+use deadbolt_client::AuditEntry;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
@@ -26,6 +31,8 @@ pub struct Finals {
     pub store: BTreeMap<String, u64>,
     /// Resource counter of each lock.
     pub resource: BTreeMap<String, u64>,
+    /// The service's audit trail of each lock (the newest records).
+    pub audit: BTreeMap<String, Vec<AuditEntry>>,
 }
 
 #[derive(Debug)]
@@ -179,6 +186,53 @@ pub fn check(
         }
     }
 
+    // The service's own timeline.
+    for (lock, trail) in &finals.audit {
+        let mut holder: Option<&AuditEntry> = None;
+        let mut last_grant: Option<&AuditEntry> = None;
+        for entry in trail {
+            match entry.what.as_str() {
+                "granted" => {
+                    if let Some(held) = holder {
+                        violations.push(Violation {
+                            what: format!(
+                                "{lock} was granted with token {} while its grant with token {} had not ended",
+                                entry.token, held.token
+                            ),
+                            records: vec![format!("{held:?}"), format!("{entry:?}")],
+                        });
+                    }
+                    if let Some(last) = last_grant.filter(|last| last.token >= entry.token) {
+                        violations.push(Violation {
+                            what: format!("{lock}'s grant tokens went back in the audit trail"),
+                            records: vec![format!("{last:?}"), format!("{entry:?}")],
+                        });
+                    }
+                    holder = Some(entry);
+                    last_grant = Some(entry);
+                }
+                "delayed" => {}
+                _ => holder = None,
+            }
+        }
+        // Acknowledged grants no older than what the trail still keeps.
+        let oldest = trail.iter().find(|e| e.what == "granted").map(|e| e.token);
+        let in_trail: std::collections::HashSet<u64> = trail
+            .iter()
+            .filter(|e| e.what == "granted")
+            .map(|e| e.token)
+            .collect();
+        for grant in grants.iter().filter(|g| g.done.lock == *lock) {
+            let token = grant.done.token.expect("a grant has a token");
+            if oldest.is_some_and(|oldest| token >= oldest) && !in_trail.contains(&token) {
+                violations.push(Violation {
+                    what: format!("acknowledged grant of {lock} with token {token} is missing from the service's audit trail"),
+                    records: vec![show(grant.done)],
+                });
+            }
+        }
+    }
+
     // Liveness after healing.
     let deadline = healed_at + liveness_bound_ns;
     for lock in finals.store.keys() {
@@ -223,6 +277,17 @@ mod tests {
         Finals {
             store: BTreeMap::from([("l".to_owned(), store)]),
             resource: BTreeMap::from([("l".to_owned(), resource)]),
+            audit: BTreeMap::new(),
+        }
+    }
+
+    fn audit(seq: u64, token: u64, what: &str) -> AuditEntry {
+        AuditEntry {
+            seq,
+            at_ms: 0,
+            session_id: 1,
+            token,
+            what: what.into(),
         }
     }
 
@@ -297,6 +362,36 @@ mod tests {
             violations
                 .iter()
                 .any(|v| v.what.contains("accepted token 1")),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn overlapping_or_missing_grants_in_the_trail_are_caught() {
+        let mut overlapping = finals(2, 2);
+        overlapping.audit.insert(
+            "l".into(),
+            vec![
+                audit(1, 1, "granted"),
+                audit(2, 2, "granted"),
+                audit(3, 2, "released"),
+            ],
+        );
+        let violations = check(&clean_history(), &[], &overlapping, 0, 1_000);
+        assert!(
+            violations.iter().any(|v| v.what.contains("had not ended")),
+            "{violations:?}"
+        );
+        let mut missing = finals(2, 2);
+        missing.audit.insert(
+            "l".into(),
+            vec![audit(1, 1, "granted"), audit(2, 1, "expired")],
+        );
+        let violations = check(&clean_history(), &[], &missing, 0, 1_000);
+        assert!(
+            violations
+                .iter()
+                .any(|v| v.what.contains("token 2 is missing")),
             "{violations:?}"
         );
     }

@@ -148,6 +148,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     let mut finals = Finals {
         store: BTreeMap::new(),
         resource: BTreeMap::new(),
+        audit: BTreeMap::new(),
     };
     for lock in &locks {
         let stored = client.store_get(&format!("counter:{lock}"), None).await?;
@@ -155,6 +156,9 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         finals.store.insert(lock.clone(), value);
         let (_, body) = http(resource_addr, "GET", &format!("/final/{lock}"), None, "").await?;
         finals.resource.insert(lock.clone(), body.trim().parse()?);
+        finals
+            .audit
+            .insert(lock.clone(), client.lock_history(lock).await?);
     }
     let _ = resource.start_kill();
     let accepted: Vec<Accepted> = std::fs::read_to_string(&accepted_path)?

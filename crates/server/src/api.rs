@@ -4,7 +4,7 @@
 //! wire, so the two APIs cannot drift apart.
 
 use crate::node::{ApiError, Health, Node};
-use deadbolt_core::{Command, LockInfo, Outcome, SessionId, StoredValue, Token};
+use deadbolt_core::{AuditKind, Command, LockInfo, Outcome, SessionId, StoredValue, Token};
 use deadbolt_proto::v1::*;
 use std::time::Duration;
 
@@ -125,6 +125,23 @@ impl Api {
         })
     }
 
+    pub async fn lock_history(&self, request: LockHistoryRequest) -> Reply<LockHistoryResponse> {
+        let entries = self
+            .node
+            .lock_history(&request.lock)
+            .await?
+            .into_iter()
+            .map(|record| AuditEntry {
+                seq: record.seq,
+                at_ms: record.at_ms,
+                session_id: record.session.0,
+                token: record.token.0,
+                what: audit_kind(record.what).to_owned(),
+            })
+            .collect();
+        Ok(LockHistoryResponse { entries })
+    }
+
     pub async fn store_put(&self, request: StorePutRequest) -> Reply<StorePutResponse> {
         let command = Command::StorePut {
             key: request.key,
@@ -194,6 +211,17 @@ impl Api {
     ) -> Reply<ClusterStatusResponse> {
         self.node.remove_member(request.node_id).await?;
         Ok(self.node.cluster_status().await)
+    }
+}
+
+fn audit_kind(kind: AuditKind) -> &'static str {
+    match kind {
+        AuditKind::Granted => "granted",
+        AuditKind::Released => "released",
+        AuditKind::Closed => "closed",
+        AuditKind::Expired => "expired",
+        AuditKind::Abandoned => "abandoned",
+        AuditKind::Delayed => "delayed",
     }
 }
 

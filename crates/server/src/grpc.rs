@@ -106,6 +106,15 @@ impl Deadbolt for GrpcApi {
         ))
     }
 
+    async fn lock_history(
+        &self,
+        request: Request<LockHistoryRequest>,
+    ) -> Reply<LockHistoryResponse> {
+        Ok(Response::new(
+            self.api.lock_history(request.into_inner()).await?,
+        ))
+    }
+
     async fn store_put(&self, request: Request<StorePutRequest>) -> Reply<StorePutResponse> {
         Ok(Response::new(
             self.api.store_put(request.into_inner()).await?,

@@ -24,6 +24,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/lock/status", get(lock_status))
         .route("/v1/locks", get(list_locks))
         .route("/v1/lock/check", get(check_token))
+        .route("/v1/lock/history", get(lock_history))
         .route("/v1/store/put", post(store_put))
         .route("/v1/store/get", get(store_get_plain).post(store_get))
         .route("/v1/store/delete", post(store_delete))
@@ -171,6 +172,14 @@ async fn check_token(
 ) -> Reply<CheckTokenResponse> {
     let Query(request) = query?;
     Ok(Json(api.check_token(request).await?))
+}
+
+async fn lock_history(
+    State(api): State<Api>,
+    query: Result<Query<LockHistoryRequest>, QueryRejection>,
+) -> Reply<LockHistoryResponse> {
+    let Query(request) = query?;
+    Ok(Json(api.lock_history(request).await?))
 }
 
 async fn store_put(

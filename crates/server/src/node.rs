@@ -10,8 +10,8 @@ use crate::raft_types::{NodeId, Raft};
 use crate::store::{EventSink, SharedTable};
 use crate::waits::{Subscription, WaitEnd, Waits};
 use deadbolt_core::{
-    validate_key, validate_lock_name, validate_ttl, AcquireOutcome, Command, Event, LockError,
-    LockInfo, LockTable, Outcome, SessionId, StoredValue, Token,
+    validate_key, validate_lock_name, validate_ttl, AcquireOutcome, AuditRecord, Command, Event,
+    LockError, LockInfo, LockTable, Outcome, SessionId, StoredValue, Token,
 };
 use deadbolt_proto::ErrorKind;
 use std::sync::Arc;
@@ -354,6 +354,12 @@ impl Node {
         let more = locks.len() > limit;
         locks.truncate(limit);
         Ok((locks, more))
+    }
+
+    /// The kept audit trail of `lock`, oldest first.
+    pub async fn lock_history(&self, lock: &str) -> Result<Vec<AuditRecord>, ApiError> {
+        validate_lock_name(lock)?;
+        self.read_linearizable(|table| table.history(lock)).await
     }
 
     /// Whether `token` is the current grant of `lock`, and the current

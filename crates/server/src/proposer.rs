@@ -98,7 +98,11 @@ async fn batch_loop(raft: Raft, mut pending: mpsc::UnboundedReceiver<Pending>) {
             let (commands, replies): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|p| (p.command, p.reply)).unzip();
             let count = commands.len();
-            let write = tokio::time::timeout(COMMIT_WAIT, raft.client_write(Batch(commands)));
+            let at_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_millis() as u64);
+            let batch = Batch { commands, at_ms };
+            let write = tokio::time::timeout(COMMIT_WAIT, raft.client_write(batch));
             let written = match write.await {
                 Ok(Ok(written)) => Ok(written),
                 Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward)))) => {

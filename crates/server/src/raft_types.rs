@@ -13,7 +13,12 @@ pub type NodeId = u64;
 
 /// The payload of one Raft log entry: commands applied in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Batch(pub Vec<Command>);
+pub struct Batch {
+    pub commands: Vec<Command>,
+    /// The leader's wall clock (Unix ms) when it proposed the batch. Only
+    /// stamps the audit trail; nothing is decided by it.
+    pub at_ms: u64,
+}
 
 /// The outcome of each command of a [`Batch`], in the same order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

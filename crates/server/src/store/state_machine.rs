@@ -150,10 +150,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 state.last_applied = Some(entry.log_id);
                 let outcomes = match entry.payload {
                     EntryPayload::Blank => Vec::new(),
-                    EntryPayload::Normal(Batch(commands)) => commands
+                    EntryPayload::Normal(Batch { commands, at_ms }) => commands
                         .iter()
                         .map(|command| {
-                            let applied = state.table.apply(command);
+                            let applied = state.table.apply_at(command, at_ms);
                             events.extend(applied.events);
                             applied.outcome
                         })

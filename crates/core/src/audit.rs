@@ -1,0 +1,84 @@
+//! The audit trail: who held which lock, and when it ended, in the order
+//! the replicated log applied it (the service's own timeline).
+//!
+//! Kept in the replicated table, so every node, snapshot and restart agrees
+//! on it; bounded to the newest [`crate::Limits::audit_records`] records.
+
+use crate::{Command, Event, SessionId, Token};
+use serde::{Deserialize, Serialize};
+
+/// One change of a lock's holder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    /// Position in the service's timeline: the number of commands applied
+    /// before this one, counting from the first. Strictly orders records.
+    pub seq: u64,
+    /// Wall-clock time (Unix milliseconds) at which the leader proposed the
+    /// command; for people reading the trail, never for decisions. 0 if
+    /// unknown.
+    pub at_ms: u64,
+    pub lock: String,
+    pub session: SessionId,
+    pub token: Token,
+    pub what: AuditKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditKind {
+    Granted,
+    /// The holder released it.
+    Released,
+    /// The holder's session was closed.
+    Closed,
+    /// The holder's session expired.
+    Expired,
+    /// The acquire's caller went away without hearing of the grant.
+    Abandoned,
+    /// After an expiry, the lock-delay began; no grant until it ends.
+    Delayed,
+}
+
+/// What the command and its events add to the trail.
+pub(crate) fn records(
+    command: &Command,
+    events: &[Event],
+    seq: u64,
+    at_ms: u64,
+) -> Vec<AuditRecord> {
+    let ended = match command {
+        Command::CloseSession { .. } => AuditKind::Closed,
+        Command::ExpireSession { .. } => AuditKind::Expired,
+        Command::Abandon { .. } => AuditKind::Abandoned,
+        _ => AuditKind::Released,
+    };
+    events
+        .iter()
+        .filter_map(|event| {
+            let (lock, session, token, what) = match event {
+                Event::Granted {
+                    lock,
+                    session,
+                    token,
+                } => (lock, *session, *token, AuditKind::Granted),
+                Event::Released {
+                    lock,
+                    session,
+                    token,
+                } => (lock, *session, *token, ended),
+                Event::LockDelayed { lock, token, .. } => {
+                    (lock, SessionId(0), *token, AuditKind::Delayed)
+                }
+                _ => return None,
+            };
+            Some(AuditRecord {
+                seq,
+                at_ms,
+                lock: lock.clone(),
+                session,
+                token,
+                what,
+            })
+        })
+        .collect()
+}
