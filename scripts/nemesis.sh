@@ -25,6 +25,15 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+# The clock fault runs a node under libfaketime; without it that fault is
+# skipped (and says so). As root, install it when missing.
+if [[ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 && $(id -u) == 0 ]] &&
+    command -v apt-get >/dev/null; then
+    apt-get install -y -qq libfaketime >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libfaketime >/dev/null 2>&1; } ||
+        echo "nemesis: could not install libfaketime; clock faults will be skipped" >&2
+fi
+
 if [[ $profile == release ]]; then
     cargo build --release --quiet -p deadbolt-cli -p deadbolt-nemesis
 else

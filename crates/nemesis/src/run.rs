@@ -276,7 +276,7 @@ async fn inject(
     } else {
         ""
     };
-    match rng.gen_range(0..4) {
+    match rng.gen_range(0..5) {
         0 => {
             cluster.kill9(victim);
             let down = Duration::from_millis(rng.gen_range(300..2000));
@@ -299,6 +299,23 @@ async fn inject(
             cluster.heal();
             format!("partition: node {victim}{role} cut off from the others for {cut:?}")
         }
+        3 => {
+            let Some(faketime) = faketime_library() else {
+                return "clock fault skipped: libfaketime is not installed".to_owned();
+            };
+            // Far beyond the 2% drift the lease model allows: the node may
+            // expire leases early as leader. Fencing must still hold.
+            let rate = rng.gen_range(1.2..2.0);
+            let preload = faketime.display().to_string();
+            let speed = format!("+0 x{rate:.2}");
+            cluster.kill9(victim);
+            cluster.start_node_with_env(victim, &[("LD_PRELOAD", &preload), ("FAKETIME", &speed)]);
+            let fast = Duration::from_millis(rng.gen_range(1000..4000));
+            tokio::time::sleep(fast).await;
+            cluster.kill9(victim);
+            cluster.start_node(victim);
+            format!("clock: node {victim}{role} restarted with its clocks running {rate:.2}x fast for {fast:?}")
+        }
         _ => {
             // Preferably one that holds a lock: the paused-holder scenario.
             let index = if holding.is_empty() {
@@ -316,6 +333,12 @@ async fn inject(
             format!("SIGSTOP client {index} for {pause:?} (its lease is {ttl:?})")
         }
     }
+}
+
+/// libfaketime's multi-threaded build, where Debian's package puts it.
+fn faketime_library() -> Option<PathBuf> {
+    let path = PathBuf::from("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1");
+    path.exists().then_some(path)
 }
 
 async fn wait_for_port(address: SocketAddr) -> anyhow::Result<()> {

@@ -126,12 +126,22 @@ impl TestCluster {
 
     /// Starts (or restarts) node `id` with the cluster's `--initial-cluster`.
     pub fn start_node(&mut self, id: u64) {
+        self.start_node_with_env(id, &[]);
+    }
+
+    /// [`start_node`](Self::start_node) with extra environment variables
+    /// (say, `LD_PRELOAD` of libfaketime for a node whose clock runs fast).
+    pub fn start_node_with_env(&mut self, id: u64, env: &[(&str, &str)]) {
         let members = self.initial_cluster.clone();
-        self.spawn_node(id, &["--initial-cluster", &members]);
+        self.spawn(id, &["--initial-cluster", &members], env);
     }
 
     /// Starts node `id` with any extra flags.
     pub fn spawn_node(&mut self, id: u64, flags: &[&str]) {
+        self.spawn(id, flags, &[]);
+    }
+
+    fn spawn(&mut self, id: u64, flags: &[&str], env: &[(&str, &str)]) {
         let bin = self.bin.clone();
         let node = self.node_mut(id);
         assert!(node.child.is_none(), "node {id} is already running");
@@ -146,6 +156,7 @@ impl TestCluster {
             .arg(&node.data_dir)
             .args(flags)
             .env("RUST_LOG", "info,openraft=warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
