@@ -245,13 +245,17 @@ impl Client {
             lock: lock.to_owned(),
             wait,
             timeout_ms: timeout.map(millis),
-            // A fresh, larger id per request: if this call is abandoned (the
-            // future dropped, the connection lost), the server gives back
-            // what it would have answered, unless a later attempt took over.
-            attempt: next_attempt(),
+            attempt: 0,
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .call(request, |channel, mut request| async move {
+                // A fresh, larger id for every send, resends to another node
+                // included: if a send is abandoned (the future dropped, the
+                // connection lost), the server gives back what it would have
+                // answered, unless a later attempt took over. Reusing an id
+                // would let a stale node's abandon take back a grant a later
+                // send of the same id received.
+                request.attempt = next_attempt();
                 DeadboltClient::new(channel).acquire(request).await
             })
             .await?;

@@ -90,6 +90,32 @@ pub enum Command {
     },
 }
 
+impl Command {
+    /// About how many bytes the command takes in the log: its strings plus
+    /// a fixed allowance for the rest. For batching, not for exact sizes.
+    pub fn approximate_size(&self) -> usize {
+        let strings = match self {
+            Command::Acquire { lock, .. }
+            | Command::Release { lock, .. }
+            | Command::CancelWait { lock, .. }
+            | Command::Abandon { lock, .. }
+            | Command::EndLockDelay { lock, .. } => lock.len(),
+            Command::StorePut {
+                key, value, lock, ..
+            } => key.len() + value.len() + lock.as_ref().map_or(0, String::len),
+            Command::StoreRead { key, lock, .. } | Command::StoreDelete { key, lock, .. } => {
+                key.len() + lock.as_ref().map_or(0, String::len)
+            }
+            Command::OpenSession { .. }
+            | Command::CloseSession { .. }
+            | Command::ExpireSession { .. }
+            | Command::CheckpointLease { .. }
+            | Command::LeaseRenewed { .. } => 0,
+        };
+        strings + 48
+    }
+}
+
 /// The reply to the command's submitter.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {

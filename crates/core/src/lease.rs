@@ -173,7 +173,10 @@ impl LeaseTracker {
     }
 
     /// Sessions whose deadline is strictly before `now`, marked as expiring.
-    /// Each is returned once; keepalives for them are refused from now on.
+    /// Each is returned once (again only after [`retry_expiry`]); keepalives
+    /// for them are refused from now on.
+    ///
+    /// [`retry_expiry`]: Self::retry_expiry
     pub fn take_expired(&mut self, now: Instant) -> Vec<SessionId> {
         let mut expired = Vec::new();
         while let Some(&(deadline, session)) = self.by_deadline.first() {
@@ -185,19 +188,20 @@ impl LeaseTracker {
                 .leases
                 .get_mut(&session)
                 .expect("ordered deadline is tracked");
-            debug_assert!(!lease.expiring);
             lease.expiring = true;
             expired.push(session);
         }
         expired
     }
 
-    /// An expiry handed out by `take_expired` could not be committed (say,
-    /// leadership was lost mid-way): try again at `retry_at`.
+    /// An expiry handed out by `take_expired` was not seen to commit (no
+    /// quorum answered in time): hand it out again at `retry_at`. The
+    /// session stays expiring meanwhile, keepalives refused: the first
+    /// proposal may still commit, and no client may be told otherwise.
     pub fn retry_expiry(&mut self, session: SessionId, retry_at: Instant) {
         if let Some(lease) = self.leases.get_mut(&session) {
             if lease.expiring {
-                lease.expiring = false;
+                self.by_deadline.remove(&(lease.deadline, session));
                 lease.deadline = retry_at;
                 self.by_deadline.insert((retry_at, session));
             }
@@ -277,6 +281,8 @@ mod tests {
         let later = start + TTL * 2;
         assert_eq!(leases.take_expired(later), vec![SessionId(7)]);
         leases.retry_expiry(SessionId(7), later);
+        // The first expiry may still commit: no keepalive in between.
+        assert_eq!(leases.renew(SessionId(7), later), Err(RenewError::Expiring));
         assert_eq!(
             leases.take_expired(later + Duration::from_millis(1)),
             vec![SessionId(7)]

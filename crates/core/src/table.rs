@@ -275,7 +275,8 @@ impl LockTable {
         change: Change<'_>,
     ) -> Result<Outcome, LockError> {
         validate_key(key)?;
-        if token.0 >= self.next_token {
+        // Token 0 is never issued: it is what a request without one carries.
+        if token.0 == 0 || token.0 >= self.next_token {
             return Err(LockError::TokenNotIssued {
                 presented: token,
                 next: Token(self.next_token),
@@ -283,7 +284,12 @@ impl LockTable {
         }
         if let Some(lock) = lock {
             validate_lock_name(lock)?;
-            let current = self.locks.get(lock).map(|l| l.token);
+            // A lock in lock-delay has no current grant: its holder expired.
+            let current = self
+                .locks
+                .get(lock)
+                .filter(|l| l.delay_ms.is_none())
+                .map(|l| l.token);
             if current != Some(token) {
                 return Err(LockError::NotCurrentGrant {
                     lock: lock.to_owned(),

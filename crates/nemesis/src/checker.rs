@@ -53,30 +53,42 @@ impl fmt::Display for Violation {
 
 /// One completed operation: its invocation and completion.
 #[derive(Debug, Clone)]
-struct Completed<'a> {
+struct Completed {
     invoked: u64,
-    done: &'a Record,
+    done: Record,
 }
 
 /// Pairs each completion with its client's latest invocation of that op.
-fn completed(history: &[Record]) -> Vec<Completed<'_>> {
-    let mut open: HashMap<(usize, Op), u64> = HashMap::new();
+/// An invocation that never completed (its client was stopped at the end)
+/// counts as completed with an unknown outcome.
+fn completed(history: &[Record]) -> Vec<Completed> {
+    let mut open: HashMap<(usize, Op), &Record> = HashMap::new();
     let mut done = Vec::new();
     for record in history {
         match record.phase {
             Phase::Invoke => {
-                open.insert((record.client, record.op), record.at);
+                open.insert((record.client, record.op), record);
             }
             _ => {
                 let invoked = open
                     .remove(&(record.client, record.op))
-                    .unwrap_or(record.at);
+                    .map_or(record.at, |invoke| invoke.at);
                 done.push(Completed {
                     invoked,
-                    done: record,
+                    done: record.clone(),
                 });
             }
         }
+    }
+    for invoke in open.into_values() {
+        done.push(Completed {
+            invoked: invoke.at,
+            done: Record {
+                phase: Phase::Info,
+                error: Some("never completed".into()),
+                ..invoke.clone()
+            },
+        });
     }
     done
 }
@@ -107,11 +119,11 @@ pub fn check(
             if (first.client, &first.lock) != (grant.done.client, &grant.done.lock) {
                 violations.push(Violation {
                     what: format!("token {token} was granted twice"),
-                    records: vec![show(first), show(grant.done)],
+                    records: vec![show(first), show(&grant.done)],
                 });
             }
         } else {
-            owners.insert(token, grant.done);
+            owners.insert(token, &grant.done);
         }
     }
 
@@ -135,7 +147,7 @@ pub fn check(
                         "grant with token {token} was invoked after a grant with token {} was acknowledged",
                         earlier.done.token.unwrap_or(0)
                     ),
-                    records: vec![show(earlier.done), show(later.done)],
+                    records: vec![show(&earlier.done), show(&later.done)],
                 });
             }
         }
@@ -215,6 +227,24 @@ pub fn check(
                 _ => holder = None,
             }
         }
+        // A grant a client was told of is never given back as "abandoned"
+        // (that is for grants whose requester went away unanswered).
+        let acknowledged: std::collections::HashSet<u64> = grants
+            .iter()
+            .filter(|g| g.done.lock == *lock)
+            .filter_map(|g| g.done.token)
+            .collect();
+        for entry in trail.iter().filter(|e| e.what == "abandoned") {
+            if acknowledged.contains(&entry.token) {
+                violations.push(Violation {
+                    what: format!(
+                        "the service took back (abandoned) a grant of {lock} with token {} that a client was told of",
+                        entry.token
+                    ),
+                    records: vec![format!("{entry:?}")],
+                });
+            }
+        }
         // Acknowledged grants no older than what the trail still keeps.
         let oldest = trail.iter().find(|e| e.what == "granted").map(|e| e.token);
         let in_trail: std::collections::HashSet<u64> = trail
@@ -227,7 +257,7 @@ pub fn check(
             if oldest.is_some_and(|oldest| token >= oldest) && !in_trail.contains(&token) {
                 violations.push(Violation {
                     what: format!("acknowledged grant of {lock} with token {token} is missing from the service's audit trail"),
-                    records: vec![show(grant.done)],
+                    records: vec![show(&grant.done)],
                 });
             }
         }

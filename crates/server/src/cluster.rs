@@ -241,19 +241,24 @@ impl Node {
     /// Removes `id` from the cluster altogether.
     pub async fn remove_member(&self, id: NodeId) -> Result<(), ApiError> {
         let metrics = self.raft.metrics().borrow().clone();
-        if metrics
-            .membership_config
-            .membership()
-            .get_node(&id)
-            .is_none()
-        {
+        let membership = metrics.membership_config.membership();
+        if membership.get_node(&id).is_none() {
             return Err(ApiError::new(
                 ErrorKind::InvalidArgument,
                 format!("node {id} is not a member of this cluster"),
             ));
         }
+        // A voter is removed from the voters (and, not retained, from the
+        // nodes); a learner (say, from an interrupted `cluster add`) only
+        // from the nodes.
+        let ids = BTreeSet::from([id]);
+        let change = if membership.voter_ids().any(|voter| voter == id) {
+            ChangeMembers::RemoveVoters(ids)
+        } else {
+            ChangeMembers::RemoveNodes(ids)
+        };
         self.raft
-            .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+            .change_membership(change, false)
             .await
             .map_err(|err| self.membership_error(err))?;
         tracing::info!(node_id = id, "removed a member");

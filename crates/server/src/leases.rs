@@ -275,6 +275,12 @@ pub async fn follow_leadership(
         };
         let leading_now = state == ServerState::Leader;
         if leading_now && led_term != Some(term) {
+            if led_term.take().is_some() {
+                // Leading again in a later term, the step down in between
+                // unseen: nothing of the old term's tracking may carry over.
+                leases.stop_leading();
+                waits.drop_subscribers();
+            }
             match raft.ensure_linearizable().await {
                 Ok(_) => {
                     leases.start_leading(&table);

@@ -123,9 +123,9 @@ fn raft_config(snapshot_every: u64, timing: RaftTiming) -> anyhow::Result<Arc<Co
         heartbeat_interval: heartbeat,
         election_timeout_min: election,
         election_timeout_max: election.saturating_mul(2),
-        // Each entry is a batch of up to 1024 commands: keep appends well
-        // under the gRPC message limit.
-        max_payload_entries: 64,
+        // Each entry is a batch of at most 4 MiB of commands (the proposer's
+        // MAX_BATCH_BYTES): 8 of them stay well under the 64 MiB gRPC limit.
+        max_payload_entries: 8,
         // The log stays bounded: at most about `snapshot_every` entries past
         // the latest snapshot, plus a few kept behind it for slow followers.
         snapshot_policy: SnapshotPolicy::LogsSinceLast(snapshot_every),

@@ -223,13 +223,12 @@ impl Node {
         };
         let answer = call.run(wait, timeout).await;
         // An outage answer leaves the request's effect unknown to the caller,
-        // who may never retry: treat it like a caller that went away.
-        call.answered = !answer.as_ref().is_err_and(|err| {
-            matches!(
-                err.kind,
-                ErrorKind::Unavailable | ErrorKind::NotLeader | ErrorKind::Internal
-            )
-        });
+        // who may never retry: treat it like a caller that went away. (A
+        // `not_leader` answer means the acquire never reached the log: there
+        // is nothing to give back.)
+        call.answered = !answer
+            .as_ref()
+            .is_err_and(|err| matches!(err.kind, ErrorKind::Unavailable | ErrorKind::Internal));
         answer
     }
 
@@ -369,7 +368,12 @@ impl Node {
         lock: &str,
         token: Token,
     ) -> Result<(bool, Option<Token>), ApiError> {
-        let current = self.lock_status(lock).await?.map(|info| info.token);
+        // A lock in lock-delay has no current grant: its holder expired.
+        let current = self
+            .lock_status(lock)
+            .await?
+            .filter(|info| !info.delayed)
+            .map(|info| info.token);
         Ok((current == Some(token), current))
     }
 
@@ -450,7 +454,14 @@ impl AcquireCall {
             Some(Ok(WaitEnd::Granted(token))) => Ok(token),
             Some(Ok(WaitEnd::Dropped)) | Some(Err(_)) => Err(self.ended_without_grant()),
             None if others_waiting => Err(timed_out(&self.lock)),
-            None => match self.node.cancel_wait(self.session, &self.lock).await? {
+            // The wait is in the log; a cancel that does not get there leaves
+            // it unknown to the caller whether it is still queued.
+            None => match self
+                .node
+                .cancel_wait(self.session, &self.lock)
+                .await
+                .map_err(not_leader_is_unavailable)?
+            {
                 // The grant won the race with the timeout: it stands.
                 Some(token) => Ok(token),
                 None => Err(timed_out(&self.lock)),
@@ -486,6 +497,22 @@ impl AcquireCall {
             ErrorKind::WaitCancelled,
             format!("the wait for lock {:?} was cancelled", self.lock),
         )
+    }
+}
+
+/// A `not_leader` refusal of a follow-up command, after the request already
+/// changed something: for the caller, the outcome is unknown.
+fn not_leader_is_unavailable(err: ApiError) -> ApiError {
+    if err.kind == ErrorKind::NotLeader {
+        ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "leadership changed while the request was in progress: {}",
+                err.message
+            ),
+        )
+    } else {
+        err
     }
 }
 

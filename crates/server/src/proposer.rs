@@ -12,8 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-/// Commands per log entry. Bounds the entry size and the apply pause.
+/// Commands per log entry. Bounds the apply pause.
 const MAX_BATCH: usize = 1024;
+/// Bytes per log entry, roughly: a batch stops growing past this, so that
+/// entries (and a few of them in one append to a follower) stay far below
+/// the gRPC message limit even with fenced-store values of 64 KiB.
+const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// Batches in flight at once. One is fastest: while it is being fsync'd and
 /// applied, everything that arrives forms the next batch, so batches grow with
 /// load. (Measured with `deadbolt bench uncontended`, 16 clients: 1 in flight
@@ -86,10 +90,14 @@ async fn batch_loop(raft: Raft, mut pending: mpsc::UnboundedReceiver<Pending>) {
         let Some(first) = pending.recv().await else {
             return;
         };
+        let mut bytes = first.command.approximate_size();
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
             match pending.try_recv() {
-                Ok(next) => batch.push(next),
+                Ok(next) => {
+                    bytes += next.command.approximate_size();
+                    batch.push(next);
+                }
                 Err(_) => break,
             }
         }
