@@ -2,7 +2,8 @@
 //! status, add and remove operations behind `deadbolt cluster`.
 //!
 //! Forming has one rule that matters for safety: a node whose data directory
-//! is empty never joins an *existing* cluster as a voter on its own. Such a
+//! is empty never joins an *existing* cluster as a voter on its own (see
+//! [`form`] for how it tells a new cluster from an existing one). Such a
 //! node has forgotten its votes and its log, and a voter with an empty log
 //! would vote for any candidate, even one missing committed writes (lost
 //! grants, a token handed out twice). It must come back as a new member:
@@ -11,7 +12,7 @@
 
 use crate::network::peer_endpoint;
 use crate::node::{ApiError, Node};
-use crate::raft_types::{NodeId, Raft};
+use crate::raft_types::NodeId;
 use anyhow::{bail, Context};
 use deadbolt_proto::v1::cluster_client::ClusterClient;
 use deadbolt_proto::v1::{ClusterStatusRequest, ClusterStatusResponse, Member};
@@ -21,6 +22,7 @@ use openraft::{BasicNode, ChangeMembers, ServerState};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// How long forming waits for one peer's answer.
@@ -93,55 +95,87 @@ impl fmt::Display for InitialCluster {
     }
 }
 
-/// Takes a node with an empty data directory into a new cluster: the founder
-/// initializes it once every listed node is up and empty; the others wait to
-/// hear from it. Refuses if the cluster already exists (see the module docs).
-pub async fn form(raft: &Raft, me: NodeId, cluster: &InitialCluster) -> anyhow::Result<()> {
+/// Refuses an `--initial-cluster` that does not list this node.
+pub fn check_listed(me: NodeId, cluster: &InitialCluster) -> anyhow::Result<()> {
     if cluster.address_of(me).is_none() {
         bail!("--initial-cluster {cluster} does not list this node's id {me} (--node-id)");
     }
-    // Peers answer only once they are past this same check, so a node that
-    // sees an initialized peer here is not racing a cluster being formed.
-    let answers = query_peers(cluster, me).await;
-    refuse_if_formed(me, &answers)?;
+    Ok(())
+}
+
+/// Takes a node with an empty data directory into a new cluster, while it
+/// serves. Two steps, each waiting for an answer from *every* listed peer:
+///
+/// 1. Any peer already in a cluster means this node lost its data: refuse.
+///    None: this node is ready to join, and says so in its status.
+/// 2. The founder initializes the cluster once every peer says it is ready
+///    to join; the others wait to hear from it.
+///
+/// A peer is ready only after its own step 1, so no node can see the
+/// founder's new cluster during its check and mistake itself for an
+/// emptied member. An emptied node waits, refusing to vote, until it hears
+/// from every peer, and is then refused: it cannot slip in while the others
+/// happen to be down.
+pub async fn form(node: &Node, cluster: &InitialCluster) -> anyhow::Result<()> {
+    let me = node.id;
+    wait_for_peers(
+        me,
+        cluster,
+        "to know whether the cluster already exists",
+        |_| true,
+    )
+    .await?;
+    node.ready_to_join.store(true, Ordering::SeqCst);
     if me != cluster.founder() {
         tracing::info!(
             founder = cluster.founder(),
-            "empty data directory: waiting for the founding node to form the cluster"
+            "empty data directory, no cluster formed yet: waiting for the founding node"
         );
         return Ok(());
     }
+    wait_for_peers(me, cluster, "to be ready to join", |status| {
+        status.ready_to_join
+    })
+    .await?;
+    let members = cluster
+        .members
+        .iter()
+        .map(|(id, address)| (*id, BasicNode::new(address)))
+        .collect::<BTreeMap<_, _>>();
+    node.raft
+        .initialize(members)
+        .await
+        .context("cannot initialize the cluster")?;
+    tracing::info!(members = %cluster, "formed a new cluster");
+    Ok(())
+}
+
+/// Asks every peer until all answer and pass `ready`; refuses as soon as
+/// one turns out to be in a formed cluster.
+async fn wait_for_peers(
+    me: NodeId,
+    cluster: &InitialCluster,
+    waiting_for: &str,
+    ready: impl Fn(&ClusterStatusResponse) -> bool,
+) -> anyhow::Result<()> {
     let mut last_report: Option<std::time::Instant> = None;
     loop {
         let answers = query_peers(cluster, me).await;
         refuse_if_formed(me, &answers)?;
         let missing: Vec<NodeId> = answers
             .iter()
-            .filter(|(_, answer)| answer.is_err())
+            .filter(|(_, answer)| !answer.as_ref().is_ok_and(&ready))
             .map(|(id, _)| *id)
             .collect();
         if missing.is_empty() {
-            break;
+            return Ok(());
         }
         if last_report.is_none_or(|at| at.elapsed() >= Duration::from_secs(5)) {
-            tracing::info!(
-                ?missing,
-                "waiting for every listed node to start before forming the cluster"
-            );
+            tracing::info!(?missing, "waiting for every listed node {waiting_for}");
             last_report = Some(std::time::Instant::now());
         }
         tokio::time::sleep(FORMING_RETRY).await;
     }
-    let members = cluster
-        .members
-        .iter()
-        .map(|(id, address)| (*id, BasicNode::new(address)))
-        .collect::<BTreeMap<_, _>>();
-    raft.initialize(members)
-        .await
-        .context("cannot initialize the cluster")?;
-    tracing::info!(members = %cluster, "formed a new cluster");
-    Ok(())
 }
 
 type PeerAnswers = Vec<(NodeId, Result<ClusterStatusResponse, String>)>;
@@ -210,7 +244,9 @@ impl Node {
         };
         ClusterStatusResponse {
             node_id: self.id,
-            initialized: self.raft.is_initialized().await.unwrap_or(false),
+            // Unknown counts as formed: a joining node then refuses.
+            initialized: self.raft.is_initialized().await.unwrap_or(true),
+            ready_to_join: self.ready_to_join.load(Ordering::SeqCst),
             role: role.to_owned(),
             leader_id: metrics.current_leader,
             term: metrics.current_term,

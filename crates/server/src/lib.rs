@@ -141,6 +141,8 @@ fn raft_config(snapshot_every: u64, timing: RaftTiming) -> anyhow::Result<Arc<Co
 pub struct Server {
     listener: tokio::net::TcpListener,
     node: Node,
+    /// A cluster to form once this node serves (see [`cluster::form`]).
+    forming: Option<InitialCluster>,
 }
 
 impl Server {
@@ -172,6 +174,7 @@ impl Server {
         .await
         .context("cannot start raft")?;
         // A restart finds the cluster in its data; only a new node needs this.
+        let mut forming = None;
         if !raft.is_initialized().await? {
             match &config.membership {
                 StartMembership::SingleNode => {
@@ -186,7 +189,10 @@ impl Server {
                     );
                 }
                 StartMembership::Initial(cluster) => {
-                    cluster::form(&raft, config.node_id, cluster).await?
+                    // Formed once serving: the peers must be able to ask
+                    // this node how far it is, as it asks them.
+                    cluster::check_listed(config.node_id, cluster)?;
+                    forming = Some(cluster.clone());
                 }
                 StartMembership::Join => tracing::info!(
                     node_id = config.node_id,
@@ -201,8 +207,13 @@ impl Server {
             table,
             waits,
             leases,
+            ready_to_join: Default::default(),
         };
-        Ok(Server { listener, node })
+        Ok(Server {
+            listener,
+            node,
+            forming,
+        })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -215,7 +226,20 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        let Server { listener, node } = self;
+        let Server {
+            listener,
+            node,
+            forming,
+        } = self;
+        let (refused_tx, refused) = tokio::sync::oneshot::channel();
+        if let Some(cluster) = forming {
+            let node = node.clone();
+            tokio::spawn(async move {
+                if let Err(err) = cluster::form(&node, &cluster).await {
+                    let _ = refused_tx.send(err);
+                }
+            });
+        }
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(leases::follow_leadership(
             node.raft.clone(),
@@ -255,6 +279,7 @@ impl Server {
             () = overdue => tracing::warn!(
                 "connections still open {SHUTDOWN_GRACE:?} after the shutdown signal; stopping anyway"
             ),
+            Ok(err) = refused => return Err(err),
             () = raft_stopped => anyhow::bail!(
                 "raft stopped on a fatal error (see the log above, e.g. a full disk or an unwritable data directory); \
                  this node serves nothing more"

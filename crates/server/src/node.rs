@@ -134,6 +134,9 @@ pub struct Node {
     pub(crate) table: SharedTable,
     pub(crate) waits: Arc<Waits>,
     pub(crate) leases: Arc<Leases>,
+    /// Forming a cluster: this node found no formed cluster among its peers
+    /// and waits to be taken in (see `cluster::form`).
+    pub(crate) ready_to_join: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How long a read or keepalive waits for a quorum to confirm this node still
