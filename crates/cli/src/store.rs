@@ -31,6 +31,9 @@ pub enum StoreCommand {
         /// Print {"key", "found", "value", "fence"} as JSON.
         #[arg(long)]
         json: bool,
+        /// Print this (and exit 0) when KEY has no value, instead of failing.
+        #[arg(long, conflicts_with = "json")]
+        default: Option<String>,
     },
     /// Delete KEY, fenced by TOKEN (KEY keeps its fence).
     Delete {
@@ -86,6 +89,7 @@ pub async fn main(endpoints: &[String], command: StoreCommand) -> i32 {
             token,
             lock,
             json,
+            default,
         } => {
             let fenced = token.map(|token| (token, lock.as_deref()));
             client.store_get(&key, fenced).await.map(|stored| {
@@ -99,7 +103,7 @@ pub async fn main(endpoints: &[String], command: StoreCommand) -> i32 {
                     println!("{body}");
                     return exit::OK;
                 }
-                match stored.value {
+                match stored.value.or(default) {
                     Some(value) => {
                         println!("{value}");
                         exit::OK

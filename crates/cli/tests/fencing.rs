@@ -272,7 +272,7 @@ fn the_documented_counter_snippet_counts() {
     ))
     .unwrap();
     let script = doc
-        .split("deadbolt run --lock billing -- sh -c '")
+        .split("deadbolt run --lock billing -- sh -ec '")
         .nth(1)
         .and_then(|rest| rest.split("\n'").next())
         .expect("the snippet is in docs/fencing.md");
@@ -280,7 +280,7 @@ fn the_documented_counter_snippet_counts() {
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
     for _ in 0..3 {
         let run = std::process::Command::new(common::BIN)
-            .args(["run", "--lock", "billing", "--", "sh", "-c", script])
+            .args(["run", "--lock", "billing", "--", "sh", "-ec", script])
             .env("DEADBOLT_ENDPOINT", server.endpoint())
             .env("PATH", &path)
             .output()

@@ -5,12 +5,11 @@
 //! # When the mark advances
 //!
 //! The gate is checked **and advanced** when the request arrives, before the
-//! inner service is called, not after the handler succeeds. Checking first
-//! and advancing afterwards would leave a window: old holder 7 passes the
-//! check, stalls (a slow body, a busy executor, a paused process), new
-//! holder 8 passes, writes and advances the mark, and then 7's handler runs
-//! and overwrites 8's work. Advancing on arrival closes the door on 7 the
-//! moment 8 is admitted. The mark stays advanced even if 8's handler fails:
+//! inner service is called, not after the handler succeeds. Advancing only
+//! after success would leave a window: new holder 8 is admitted and its
+//! handler is still writing when old holder 7's request arrives; the mark
+//! is still below 7, so 7 is admitted too and its write can land after
+//! 8's. Advancing on arrival refuses 7 from the moment 8 is admitted. The mark stays advanced even if 8's handler fails:
 //! that token 8 exists proves 7's lock is gone, whatever happened to 8's
 //! write.
 //!
