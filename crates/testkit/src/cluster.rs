@@ -133,15 +133,29 @@ impl TestCluster {
     /// (say, `LD_PRELOAD` of libfaketime for a node whose clock runs fast).
     pub fn start_node_with_env(&mut self, id: u64, env: &[(&str, &str)]) {
         let members = self.initial_cluster.clone();
-        self.spawn(id, &["--initial-cluster", &members], env);
+        self.spawn(id, &["--initial-cluster", &members], env, None);
     }
 
     /// Starts node `id` with any extra flags.
     pub fn spawn_node(&mut self, id: u64, flags: &[&str]) {
-        self.spawn(id, flags, &[]);
+        self.spawn(id, flags, &[], None);
     }
 
-    fn spawn(&mut self, id: u64, flags: &[&str], env: &[(&str, &str)]) {
+    /// Starts node `id` unable to grow any file beyond `bytes`, as if its
+    /// disk filled up there: writes past it fail with EFBIG (SIGXFSZ is
+    /// ignored), which the node sees as a storage error.
+    pub fn start_node_with_full_disk_at(&mut self, id: u64, bytes: u64) {
+        let members = self.initial_cluster.clone();
+        self.spawn(id, &["--initial-cluster", &members], &[], Some(bytes));
+    }
+
+    fn spawn(
+        &mut self,
+        id: u64,
+        flags: &[&str],
+        env: &[(&str, &str)],
+        max_file_bytes: Option<u64>,
+    ) {
         let bin = self.bin.clone();
         let node = self.node_mut(id);
         assert!(node.child.is_none(), "node {id} is already running");
@@ -150,7 +164,8 @@ impl TestCluster {
             .append(true)
             .open(&node.log)
             .unwrap();
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .args(["server", "--node-id", &id.to_string()])
             .args(["--listen", &node.listen.to_string(), "--data-dir"])
             .arg(&node.data_dir)
@@ -158,12 +173,37 @@ impl TestCluster {
             .env("RUST_LOG", "info,openraft=warn")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start deadbolt server");
+            .stderr(log);
+        if let Some(bytes) = max_file_bytes {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit and signal are async-signal-safe, as
+            // pre_exec requires; an ignored signal stays ignored across exec.
+            unsafe {
+                command.pre_exec(move || {
+                    let limit = libc::rlimit {
+                        rlim_cur: bytes,
+                        rlim_max: bytes,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                    Ok(())
+                });
+            }
+        }
+        let child = command.spawn().expect("start deadbolt server");
         let pid = child.id() as i32;
         node.child = Some(child);
         self.network.lock().unwrap().pids.insert(pid, id);
+    }
+
+    /// Whether node `id` has exited by itself, and how.
+    pub fn exited(&mut self, id: u64) -> Option<ExitStatus> {
+        let node = self.node_mut(id);
+        let status = node.child.as_mut()?.try_wait().unwrap()?;
+        node.child = None;
+        Some(status)
     }
 
     /// Waits for node `id` to exit by itself; returns its status.
