@@ -12,11 +12,13 @@ use deadbolt_proto::v1::deadbolt_server::{Deadbolt, DeadboltServer};
 use deadbolt_proto::v1::raft_peer_server::RaftPeerServer;
 use deadbolt_proto::v1::*;
 use deadbolt_proto::{LEADER_KEY, MAX_MESSAGE_BYTES};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 /// Every gRPC service of a node, as one axum router.
-pub fn router(api: Api, raft: Raft) -> axum::Router {
-    let peers = RaftPeerServer::new(PeerService::new(raft))
+pub fn router(api: Api, raft: Raft, taking_part: Arc<AtomicBool>) -> axum::Router {
+    let peers = RaftPeerServer::new(PeerService::new(raft, taking_part))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::service::Routes::new(DeadboltServer::new(GrpcApi::new(api.clone())))

@@ -208,6 +208,7 @@ impl Server {
             waits,
             leases,
             ready_to_join: Default::default(),
+            taking_part: Arc::new(std::sync::atomic::AtomicBool::new(forming.is_none())),
         };
         Ok(Server {
             listener,
@@ -255,7 +256,8 @@ impl Server {
             stopped,
         ));
         let api = api::Api::new(node.clone());
-        let app = grpc::router(api.clone(), node.raft.clone()).merge(http::router(api));
+        let app = grpc::router(api.clone(), node.raft.clone(), node.taking_part.clone())
+            .merge(http::router(api));
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
         let mut stopping = stop.subscribe();

@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
@@ -225,11 +226,27 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
 /// and returns its `Result` whole, refusals included.
 pub struct PeerService {
     raft: Raft,
+    /// False while this node, with an empty data directory, has not yet
+    /// made sure it may join (see `cluster::form`): until then it takes no
+    /// part in Raft. An emptied node that answered a leader's appends would
+    /// report its log going backwards, which openraft treats as a bug.
+    taking_part: Arc<AtomicBool>,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft) -> Self {
-        PeerService { raft }
+    pub fn new(raft: Raft, taking_part: Arc<AtomicBool>) -> Self {
+        PeerService { raft, taking_part }
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn check_taking_part(&self) -> Result<(), tonic::Status> {
+        if self.taking_part.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(tonic::Status::unavailable(
+                "this node has an empty data directory and has not yet made sure it may join the cluster",
+            ))
+        }
     }
 }
 
@@ -256,6 +273,7 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        self.check_taking_part()?;
         encode(&self.raft.append_entries(decode(request)?).await)
     }
 
@@ -263,6 +281,7 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        self.check_taking_part()?;
         encode(&self.raft.vote(decode(request)?).await)
     }
 
@@ -270,6 +289,7 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        self.check_taking_part()?;
         encode(&self.raft.install_snapshot(decode(request)?).await)
     }
 }
