@@ -27,6 +27,8 @@ use std::time::Duration;
 
 /// How long forming waits for one peer's answer.
 const PEER_QUERY_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a membership change waits for an earlier one to finish.
+const MEMBERSHIP_WAIT: Duration = Duration::from_secs(10);
 /// Pause between rounds while the first node waits for the others to start.
 const FORMING_RETRY: Duration = Duration::from_millis(300);
 
@@ -263,14 +265,13 @@ impl Node {
         if let Err(reason) = peer_endpoint(address) {
             return Err(ApiError::new(ErrorKind::InvalidArgument, reason));
         }
-        self.raft
-            .add_learner(id, BasicNode::new(address), true)
-            .await
-            .map_err(|err| self.membership_error(err))?;
-        self.raft
-            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
-            .await
-            .map_err(|err| self.membership_error(err))?;
+        self.change_membership(|| self.raft.add_learner(id, BasicNode::new(address), true))
+            .await?;
+        self.change_membership(|| {
+            self.raft
+                .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+        })
+        .await?;
         tracing::info!(node_id = id, address, "added a voter");
         Ok(())
     }
@@ -294,12 +295,32 @@ impl Node {
         } else {
             ChangeMembers::RemoveNodes(ids)
         };
-        self.raft
-            .change_membership(change, false)
-            .await
-            .map_err(|err| self.membership_error(err))?;
+        self.change_membership(|| self.raft.change_membership(change.clone(), false))
+            .await?;
         tracing::info!(node_id = id, "removed a member");
         Ok(())
+    }
+
+    /// Runs a membership change, again while an earlier one is still
+    /// finishing (openraft allows one at a time; a `cluster add` right after
+    /// a `cluster remove` would otherwise fail for no reason of its own).
+    async fn change_membership<T, Fut>(&self, change: impl Fn() -> Fut) -> Result<T, ApiError>
+    where
+        Fut: std::future::Future<
+            Output = Result<T, RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>,
+        >,
+    {
+        let give_up = std::time::Instant::now() + MEMBERSHIP_WAIT;
+        loop {
+            match change().await {
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                    ChangeMembershipError::InProgress(_),
+                ))) if std::time::Instant::now() < give_up => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                result => return result.map_err(|err| self.membership_error(err)),
+            }
+        }
     }
 
     fn membership_error(
