@@ -41,21 +41,30 @@ async fn worker(
     register: Arc<FencedRegister>,
     stop: Arc<AtomicBool>,
 ) -> Vec<u64> {
-    let session = loop {
-        match client.open_session(Duration::from_secs(5)).await {
-            Ok(session) => break session,
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    };
     let mut tokens = Vec::new();
     let mut round = id;
+    let mut session: Option<deadbolt_client::Session> = None;
     while !stop.load(Ordering::Relaxed) {
+        // A failover slower than the lease (a loaded machine) loses the
+        // session: carry on with a new one.
+        let current = match &session {
+            Some(current) if !current.is_lost() => current.clone(),
+            _ => match client.open_session(Duration::from_secs(5)).await {
+                Ok(opened) => session.insert(opened).clone(),
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
         round += 1;
         let lock = format!("failover-{}", round % 3);
-        let Ok(guard) = session
+        let Ok(guard) = current
             .lock_timeout(&lock, Duration::from_millis(1500))
             .await
         else {
+            // Never spin: a tight loop of failures starves the runtime.
+            tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };
         register.write(&lock, guard.token());
