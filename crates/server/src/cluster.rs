@@ -127,7 +127,6 @@ pub async fn form(node: &Node, cluster: &InitialCluster) -> anyhow::Result<()> {
         |_| true,
     )
     .await?;
-    node.taking_part.store(true, Ordering::SeqCst);
     node.ready_to_join.store(true, Ordering::SeqCst);
     if me != cluster.founder() {
         tracing::info!(

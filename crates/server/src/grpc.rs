@@ -17,8 +17,8 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 /// Every gRPC service of a node, as one axum router.
-pub fn router(api: Api, raft: Raft, taking_part: Arc<AtomicBool>) -> axum::Router {
-    let peers = RaftPeerServer::new(PeerService::new(raft, taking_part))
+pub fn router(api: Api, raft: Raft, ready_to_join: Option<Arc<AtomicBool>>) -> axum::Router {
+    let peers = RaftPeerServer::new(PeerService::new(raft, ready_to_join))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::service::Routes::new(DeadboltServer::new(GrpcApi::new(api.clone())))

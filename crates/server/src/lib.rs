@@ -208,7 +208,6 @@ impl Server {
             waits,
             leases,
             ready_to_join: Default::default(),
-            taking_part: Arc::new(std::sync::atomic::AtomicBool::new(forming.is_none())),
         };
         Ok(Server {
             listener,
@@ -232,6 +231,8 @@ impl Server {
             node,
             forming,
         } = self;
+        // Forming: no part in Raft before the node is ready to join.
+        let ready_to_join = forming.is_some().then(|| node.ready_to_join.clone());
         let (refused_tx, refused) = tokio::sync::oneshot::channel();
         if let Some(cluster) = forming {
             let node = node.clone();
@@ -256,8 +257,8 @@ impl Server {
             stopped,
         ));
         let api = api::Api::new(node.clone());
-        let app = grpc::router(api.clone(), node.raft.clone(), node.taking_part.clone())
-            .merge(http::router(api));
+        let app =
+            grpc::router(api.clone(), node.raft.clone(), ready_to_join).merge(http::router(api));
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
         let mut stopping = stop.subscribe();

@@ -226,21 +226,25 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
 /// and returns its `Result` whole, refusals included.
 pub struct PeerService {
     raft: Raft,
-    /// False while this node, with an empty data directory, has not yet
-    /// made sure it may join (see `cluster::form`): until then it takes no
-    /// part in Raft. An emptied node that answered a leader's appends would
-    /// report its log going backwards, which openraft treats as a bug.
-    taking_part: Arc<AtomicBool>,
+    /// While forming a cluster (see `cluster::form`), the node's "ready to
+    /// join" flag: until it is set, the node takes no part in Raft. An
+    /// emptied node that answered a leader's appends would report its log
+    /// going backwards, which openraft treats as a bug. `None`: not forming.
+    ready_to_join: Option<Arc<AtomicBool>>,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft, taking_part: Arc<AtomicBool>) -> Self {
-        PeerService { raft, taking_part }
+    pub fn new(raft: Raft, ready_to_join: Option<Arc<AtomicBool>>) -> Self {
+        PeerService {
+            raft,
+            ready_to_join,
+        }
     }
 
     #[allow(clippy::result_large_err)]
     fn check_taking_part(&self) -> Result<(), tonic::Status> {
-        if self.taking_part.load(Ordering::SeqCst) {
+        let ready = self.ready_to_join.as_ref();
+        if ready.is_none_or(|ready| ready.load(Ordering::SeqCst)) {
             Ok(())
         } else {
             Err(tonic::Status::unavailable(

@@ -137,8 +137,6 @@ pub struct Node {
     /// Forming a cluster: this node found no formed cluster among its peers
     /// and waits to be taken in (see `cluster::form`).
     pub(crate) ready_to_join: Arc<std::sync::atomic::AtomicBool>,
-    /// Whether this node answers Raft RPCs yet (see `network::PeerService`).
-    pub(crate) taking_part: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How long a read or keepalive waits for a quorum to confirm this node still
