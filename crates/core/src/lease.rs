@@ -18,13 +18,14 @@
 //! never decides an expiry.
 
 use crate::{SessionId, SessionLease};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// Deadlines of the sessions this node is expiring as leader.
 #[derive(Debug, Default)]
 pub struct LeaseTracker {
-    leases: HashMap<SessionId, Lease>,
+    /// Ordered, so that checkpoints come out in the same order on every run.
+    leases: BTreeMap<SessionId, Lease>,
     /// The same deadlines, ordered, so the next one to pass is the first.
     by_deadline: BTreeSet<(Instant, SessionId)>,
 }

@@ -2,11 +2,12 @@
 //! this node gains or loses leadership.
 //!
 //! The deadlines themselves live in [`deadbolt_core::LeaseTracker`]; this
-//! module owns the clock (tokio's monotonic `Instant`), the task that
+//! module owns the clock (the node's [`Clock`]), the task that
 //! proposes `ExpireSession` when a deadline passes (and `CheckpointLease` for
 //! quiet sessions, `EndLockDelay` when a lock-delay is over), and the
 //! leadership watcher that (re)starts every session with a full TTL.
 
+use crate::clock::Clock;
 use crate::proposer::Proposer;
 use crate::raft_types::Raft;
 use crate::store::SharedTable;
@@ -27,8 +28,8 @@ const IDLE_TICK: Duration = Duration::from_millis(250);
 /// Raft log does not turn into a busy loop.
 const EXPIRY_RETRY: Duration = Duration::from_millis(500);
 
-#[derive(Default)]
 pub struct Leases {
+    clock: Clock,
     state: Mutex<LeaseState>,
     /// Wakes the expiry task: a new, possibly earlier, deadline exists.
     changed: Notify,
@@ -63,6 +64,14 @@ fn keep_alive_error(err: RenewError) -> KeepAliveError {
 }
 
 impl Leases {
+    pub fn new(clock: Clock) -> Self {
+        Leases {
+            clock,
+            state: Mutex::default(),
+            changed: Notify::new(),
+        }
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
         self.state.lock().expect("lease lock poisoned")
     }
@@ -74,7 +83,7 @@ impl Leases {
         }
         state
             .tracker
-            .renew(session, Instant::now())
+            .renew(session, self.clock.now())
             .map_err(keep_alive_error)
     }
 
@@ -87,7 +96,7 @@ impl Leases {
         }
         state
             .tracker
-            .renewed_through_log(session, Instant::now())
+            .renewed_through_log(session, self.clock.now())
             .map_err(keep_alive_error)
     }
 
@@ -98,7 +107,7 @@ impl Leases {
         if state.leading {
             state
                 .tracker
-                .track(session, SessionLease::fresh(ttl), Instant::now());
+                .track(session, SessionLease::fresh(ttl), self.clock.now());
             drop(state);
             self.changed.notify_one();
         }
@@ -115,7 +124,7 @@ impl Leases {
         if state.leading {
             state
                 .delays
-                .insert((Instant::now() + delay, lock.to_owned(), token));
+                .insert((self.clock.now() + delay, lock.to_owned(), token));
             drop(state);
             self.changed.notify_one();
         }
@@ -125,7 +134,7 @@ impl Leases {
     /// (or the time left at its checkpoint, from now), whatever keepalives an
     /// earlier leader saw. Leases can only get longer.
     fn start_leading(&self, table: &SharedTable) {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut state = self.state();
         state.tracker.clear();
         let applied = table.read().expect("state lock poisoned");
@@ -180,21 +189,23 @@ pub async fn expire_sessions(
     loop {
         let next = {
             let state = leases.state();
-            let idle = Instant::now() + IDLE_TICK;
+            let idle = leases.clock.now() + IDLE_TICK;
             let lease = state.tracker.next_deadline().unwrap_or(idle);
             let delay = state.delays.first().map_or(idle, |(at, _, _)| *at);
             lease.min(delay).min(idle)
         };
         tokio::select! {
-            _ = tokio::time::sleep_until(tokio::time::Instant::from_std(next)) => {}
+            // Biased: the deterministic simulation needs one order.
+            biased;
+            _ = leases.clock.sleep_until(next) => {}
             _ = leases.changed.notified() => {}
             _ = stop.changed() => return,
         }
-        let checkpoints = leases.state().tracker.take_due_checkpoints(Instant::now());
+        let checkpoints = leases.state().tracker.take_due_checkpoints(leases.clock.now());
         for due in checkpoints {
             tokio::spawn(checkpoint(proposer.clone(), due));
         }
-        for (lock, token) in leases.take_ended_delays(Instant::now()) {
+        for (lock, token) in leases.take_ended_delays(leases.clock.now()) {
             tokio::spawn(end_lock_delay(
                 leases.clone(),
                 proposer.clone(),
@@ -202,7 +213,7 @@ pub async fn expire_sessions(
                 token,
             ));
         }
-        let expired = leases.state().tracker.take_expired(Instant::now());
+        let expired = leases.state().tracker.take_expired(leases.clock.now());
         for session in expired {
             let leases = leases.clone();
             let proposer = proposer.clone();
@@ -214,7 +225,7 @@ pub async fn expire_sessions(
                         leases
                             .state()
                             .tracker
-                            .retry_expiry(session, Instant::now() + EXPIRY_RETRY);
+                            .retry_expiry(session, leases.clock.now() + EXPIRY_RETRY);
                     }
                 }
             });
@@ -234,7 +245,7 @@ async fn end_lock_delay(leases: Arc<Leases>, proposer: Proposer, lock: String, t
         if state.leading {
             state
                 .delays
-                .insert((Instant::now() + EXPIRY_RETRY, lock, token));
+                .insert((leases.clock.now() + EXPIRY_RETRY, lock, token));
         }
     }
 }
@@ -304,6 +315,7 @@ pub async fn follow_leadership(
             tracing::info!(node_id, ?state, "no longer leading");
         }
         tokio::select! {
+            biased;
             changed = metrics.changed() => if changed.is_err() { return },
             _ = stop.changed() => return,
         }

@@ -11,7 +11,9 @@
 //! [`run`] wires them together and serves until the shutdown future resolves.
 
 mod api;
+mod clock;
 mod cluster;
+pub mod embedded;
 mod grpc;
 mod http;
 mod leases;
@@ -19,6 +21,7 @@ mod network;
 mod node;
 mod proposer;
 mod raft_types;
+mod runtime;
 mod store;
 mod waits;
 
@@ -26,8 +29,10 @@ pub use cluster::InitialCluster;
 pub use store::DataDirError;
 
 use anyhow::Context;
+use clock::Clock;
 use leases::Leases;
 use node::{Node, Observers};
+use openraft::network::RaftNetworkFactory;
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use proposer::Proposer;
 use std::collections::BTreeMap;
@@ -36,7 +41,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use store::{LogStore, StateMachineStore};
+use raft_types::{NodeId, TypeConfig};
+use store::{LogStore, StateMachineStore, StorageIo};
 use tokio::sync::watch;
 use waits::Waits;
 
@@ -135,6 +141,59 @@ fn raft_config(snapshot_every: u64, timing: RaftTiming) -> anyhow::Result<Arc<Co
     Ok(Arc::new(config.validate().context("invalid raft config")?))
 }
 
+/// Opens a node's Raft log and state machine in `db` and starts Raft, with
+/// `network` to reach its peers. Shared by the server and the simulation.
+async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
+    id: NodeId,
+    raft_config: Arc<Config>,
+    db: redb::Database,
+    network: N,
+    clock: Clock,
+    io: StorageIo,
+) -> anyhow::Result<Node> {
+    let db = Arc::new(db);
+    let waits = Arc::new(Waits::default());
+    let leases = Arc::new(Leases::new(clock));
+    let observers = Arc::new(Observers {
+        waits: waits.clone(),
+        leases: leases.clone(),
+    });
+    let log_store = LogStore::new(db.clone(), io).context("cannot read the raft log")?;
+    let state_machine = StateMachineStore::open(db, observers)
+        .context("cannot load the snapshot from the data directory")?;
+    let table = state_machine.shared();
+    let raft = openraft::Raft::new(id, raft_config, network, log_store, state_machine)
+        .await
+        .context("cannot start raft")?;
+    Ok(Node {
+        id,
+        proposer: Proposer::start(raft.clone(), clock),
+        raft,
+        table,
+        waits,
+        leases,
+        ready_to_join: Default::default(),
+    })
+}
+
+/// Starts what a node does by itself, until `stopped`: following
+/// leadership (lease tracking on and off) and expiring leases.
+fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
+    tokio::spawn(leases::follow_leadership(
+        node.raft.clone(),
+        node.id,
+        node.leases.clone(),
+        node.waits.clone(),
+        node.table.clone(),
+        stopped.clone(),
+    ));
+    tokio::spawn(leases::expire_sessions(
+        node.leases.clone(),
+        node.proposer.clone(),
+        stopped,
+    ));
+}
+
 /// A server that has opened its data and bound its port, but is not yet
 /// serving. Split from [`Server::serve`] so callers (and tests) can learn the
 /// bound address first.
@@ -153,26 +212,17 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
-        let db = Arc::new(store::open_data_dir(&config.data_dir)?);
-        let waits = Arc::new(Waits::default());
-        let leases = Arc::new(Leases::default());
-        let observers = Arc::new(Observers {
-            waits: waits.clone(),
-            leases: leases.clone(),
-        });
-        let log_store = LogStore::new(db.clone()).context("cannot read the raft log")?;
-        let state_machine = StateMachineStore::open(db, observers)
-            .context("cannot load the snapshot from the data directory")?;
-        let table = state_machine.shared();
-        let raft = openraft::Raft::new(
+        let db = store::open_data_dir(&config.data_dir)?;
+        let node = open_node(
             config.node_id,
             raft_config,
+            db,
             network::PeerNetwork::default(),
-            log_store,
-            state_machine,
+            Clock::host(),
+            StorageIo::Threads,
         )
-        .await
-        .context("cannot start raft")?;
+        .await?;
+        let raft = node.raft.clone();
         // A restart finds the cluster in its data; only a new node needs this.
         let mut forming = None;
         if !raft.is_initialized().await? {
@@ -200,15 +250,6 @@ impl Server {
                 ),
             }
         }
-        let node = Node {
-            id: config.node_id,
-            proposer: Proposer::start(raft.clone()),
-            raft,
-            table,
-            waits,
-            leases,
-            ready_to_join: Default::default(),
-        };
         Ok(Server {
             listener,
             node,
@@ -243,19 +284,7 @@ impl Server {
             });
         }
         let (stop, stopped) = watch::channel(false);
-        tokio::spawn(leases::follow_leadership(
-            node.raft.clone(),
-            node.id,
-            node.leases.clone(),
-            node.waits.clone(),
-            node.table.clone(),
-            stopped.clone(),
-        ));
-        tokio::spawn(leases::expire_sessions(
-            node.leases.clone(),
-            node.proposer.clone(),
-            stopped,
-        ));
+        spawn_duties(&node, stopped);
         let api = api::Api::new(node.clone());
         let app =
             grpc::router(api.clone(), node.raft.clone(), ready_to_join).merge(http::router(api));

@@ -5,6 +5,7 @@
 //! [`Batch`], so a burst of N acquires costs one fsync rather than N (group
 //! commit). Nothing is acknowledged before its batch is committed and applied.
 
+use crate::clock::Clock;
 use crate::raft_types::{Batch, Raft};
 use deadbolt_core::{Command, LockError, Outcome};
 use openraft::error::{ClientWriteError, RaftError};
@@ -58,9 +59,9 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    pub fn start(raft: Raft) -> Self {
+    pub fn start(raft: Raft, clock: Clock) -> Self {
         let (queue, pending) = mpsc::unbounded_channel();
-        tokio::spawn(batch_loop(raft, pending));
+        tokio::spawn(batch_loop(raft, clock, pending));
         Proposer { queue }
     }
 
@@ -77,7 +78,7 @@ impl Proposer {
     }
 }
 
-async fn batch_loop(raft: Raft, mut pending: mpsc::UnboundedReceiver<Pending>) {
+async fn batch_loop(raft: Raft, clock: Clock, mut pending: mpsc::UnboundedReceiver<Pending>) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     loop {
         // Take the permit first: while none is free, requests pile up in the
@@ -106,10 +107,10 @@ async fn batch_loop(raft: Raft, mut pending: mpsc::UnboundedReceiver<Pending>) {
             let (commands, replies): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|p| (p.command, p.reply)).unzip();
             let count = commands.len();
-            let at_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| since.as_millis() as u64);
-            let batch = Batch { commands, at_ms };
+            let batch = Batch {
+                commands,
+                at_ms: clock.unix_ms(),
+            };
             let write = tokio::time::timeout(COMMIT_WAIT, raft.client_write(batch));
             let written = match write.await {
                 Ok(Ok(written)) => Ok(written),

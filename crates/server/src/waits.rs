@@ -9,7 +9,7 @@
 //! miss a grant that came before it subscribed.
 
 use deadbolt_core::{Event, LockTable, SessionId, Token};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use tokio::sync::oneshot;
@@ -41,7 +41,7 @@ impl Wait {
 #[derive(Default)]
 pub struct Waits {
     /// By session, then lock: a session's waits go away together with it.
-    waits: Mutex<HashMap<SessionId, HashMap<String, Wait>>>,
+    waits: Mutex<BTreeMap<SessionId, BTreeMap<String, Wait>>>,
     next_subscription: AtomicU64,
     /// Set at shutdown: no acquire call may start waiting any more.
     closed: AtomicBool,
@@ -56,7 +56,7 @@ pub struct Subscription {
 }
 
 impl Waits {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, HashMap<String, Wait>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<SessionId, BTreeMap<String, Wait>>> {
         self.waits.lock().expect("waits lock poisoned")
     }
 

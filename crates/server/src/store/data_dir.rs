@@ -72,6 +72,30 @@ pub fn open_data_dir(dir: &Path) -> Result<Database, DataDirError> {
         },
         other => unreadable(other.to_string()),
     })?;
+    prepare(db, db_path)
+}
+
+/// Opens the database on a simulated disk (the deterministic simulation's
+/// memory that survives a simulated crash), with the same checks as a
+/// data directory.
+pub fn open_simulated_disk(disk: impl redb::StorageBackend) -> Result<Database, DataDirError> {
+    let path = PathBuf::from("<simulated disk>");
+    let db = Database::builder()
+        .create_with_backend(disk)
+        .map_err(|e| DataDirError::Unreadable {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+    prepare(db, path)
+}
+
+/// Checks the format marker (writing it into a new database) and creates the
+/// tables.
+fn prepare(db: Database, db_path: PathBuf) -> Result<Database, DataDirError> {
+    let unreadable = |reason: String| DataDirError::Unreadable {
+        path: db_path.clone(),
+        reason,
+    };
     let txn = db.begin_write().map_err(|e| unreadable(e.to_string()))?;
     {
         let mut meta = txn

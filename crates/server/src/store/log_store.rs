@@ -7,6 +7,10 @@
 //! and a background [`Compactor`] thread deletes the entries below it a few
 //! hundred at a time. Deleting ten thousand entries in one transaction would
 //! stall every append behind it for over 100 ms.
+//!
+//! Under the deterministic simulation ([`StorageIo::Inline`]) the same work
+//! happens on the calling task instead: another thread would make the order
+//! of events depend on the host's scheduler.
 
 use super::{read_meta, write_meta, At, OrStorageError, LOG};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
@@ -18,20 +22,34 @@ use redb::{Database, ReadableTable};
 use std::fmt::Debug;
 use std::ops::RangeBounds;
 use std::sync::Arc;
+use std::time::Duration;
 
 const VOTE_KEY: &str = "vote";
 const PURGED_KEY: &str = "last_purged";
 
+/// Where the log's disk work runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageIo {
+    /// Appends on tokio's blocking pool, compaction on its own thread: a
+    /// real node, whose network must not wait on its disk.
+    Threads,
+    /// Everything on the calling task, in order: the deterministic
+    /// simulation, whose disk is memory.
+    Inline,
+}
+
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    io: StorageIo,
     compactor: Compactor,
 }
 
 impl LogStore {
-    pub fn new(db: Arc<Database>) -> Result<Self, StorageError> {
+    pub fn new(db: Arc<Database>, io: StorageIo) -> Result<Self, StorageError> {
         let store = LogStore {
-            compactor: Compactor::start(db.clone()),
+            compactor: Compactor::start(db.clone(), io),
+            io,
             db,
         };
         // Finish deletions a crash interrupted.
@@ -129,10 +147,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
-        let db = self.db.clone();
-        let written = tokio::task::spawn_blocking(move || write_entries(&db, &entries))
-            .await
-            .unwrap_or_else(|panic| Err(StorageIOError::write_logs(&panic).into()));
+        let written = match self.io {
+            StorageIo::Threads => {
+                let db = self.db.clone();
+                tokio::task::spawn_blocking(move || write_entries(&db, &entries))
+                    .await
+                    .unwrap_or_else(|panic| Err(StorageIOError::write_logs(&panic).into()))
+            }
+            StorageIo::Inline => write_entries(&self.db, &entries),
+        };
         // Only after the commit (fsync) returned may openraft count these
         // entries as persisted.
         match &written {
@@ -161,11 +184,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
-/// Deletes purged log entries in small transactions on its own thread. The
-/// thread ends when the last `LogStore` clone is dropped.
+/// Deletes purged log entries in small transactions on its own thread (or
+/// at once, inline). The thread ends when the last `LogStore` clone is
+/// dropped.
 #[derive(Clone)]
-struct Compactor {
-    targets: std::sync::mpsc::Sender<u64>,
+enum Compactor {
+    Thread { targets: std::sync::mpsc::Sender<u64> },
+    Inline { db: Arc<Database> },
 }
 
 /// Entries deleted per transaction (about a millisecond of work), and the
@@ -173,10 +198,13 @@ struct Compactor {
 /// append could wait for the whole compaction (measured: 80 ms for 9k
 /// entries) instead of for one chunk.
 const DELETE_CHUNK: u64 = 128;
-const DELETE_PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
+const DELETE_PAUSE: Duration = Duration::from_millis(2);
 
 impl Compactor {
-    fn start(db: Arc<Database>) -> Self {
+    fn start(db: Arc<Database>, io: StorageIo) -> Self {
+        if io == StorageIo::Inline {
+            return Compactor::Inline { db };
+        }
         let (targets, incoming) = std::sync::mpsc::channel::<u64>();
         std::thread::Builder::new()
             .name("log-compactor".into())
@@ -184,24 +212,33 @@ impl Compactor {
                 while let Ok(mut target) = incoming.recv() {
                     // Only the newest target matters.
                     target = incoming.try_iter().fold(target, u64::max);
-                    if let Err(err) = delete_entries_up_to(&db, target) {
-                        // Leftover entries below the marker are harmless; the
-                        // next purge (or restart) tries again.
-                        tracing::warn!(%err, "compacting the raft log failed");
-                    }
+                    delete_entries_reporting(&db, target, DELETE_PAUSE);
                 }
             })
             .expect("cannot start the log compactor thread");
-        Compactor { targets }
+        Compactor::Thread { targets }
     }
 
     fn delete_up_to(&self, index: u64) {
-        // The thread only stops when every sender is gone, so this succeeds.
-        let _ = self.targets.send(index);
+        match self {
+            // The thread only stops when every sender is gone, so this succeeds.
+            Compactor::Thread { targets } => {
+                let _ = targets.send(index);
+            }
+            Compactor::Inline { db } => delete_entries_reporting(db, index, Duration::ZERO),
+        }
     }
 }
 
-fn delete_entries_up_to(db: &Database, target: u64) -> Result<(), redb::Error> {
+fn delete_entries_reporting(db: &Database, target: u64, pause: Duration) {
+    if let Err(err) = delete_entries_up_to(db, target, pause) {
+        // Leftover entries below the marker are harmless; the next purge
+        // (or restart) tries again.
+        tracing::warn!(%err, "compacting the raft log failed");
+    }
+}
+
+fn delete_entries_up_to(db: &Database, target: u64, pause: Duration) -> Result<(), redb::Error> {
     loop {
         let mut txn = db.begin_write()?;
         let first = {
@@ -219,7 +256,9 @@ fn delete_entries_up_to(db: &Database, target: u64) -> Result<(), redb::Error> {
         // entries below the purge marker, which are ignored and deleted again.
         txn.set_durability(redb::Durability::None);
         txn.commit()?;
-        std::thread::sleep(DELETE_PAUSE);
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
     }
 }
 
@@ -247,7 +286,7 @@ mod tests {
     async fn purge_moves_the_marker_at_once_and_deletes_in_the_background() {
         let dir = tempfile::tempdir().unwrap();
         let db = Arc::new(super::super::open_data_dir(dir.path()).unwrap());
-        let mut store = LogStore::new(db.clone()).unwrap();
+        let mut store = LogStore::new(db.clone(), StorageIo::Threads).unwrap();
         let entries: Vec<_> = (1..=1000).map(entry).collect();
         write_entries(&db, &entries).unwrap();
 
@@ -256,14 +295,14 @@ mod tests {
         assert_eq!(state.last_purged_log_id.map(|id| id.index), Some(900));
         assert_eq!(state.last_log_id.map(|id| id.index), Some(1000));
 
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while stored_indexes(&db) != (901, 100) {
             assert!(
                 std::time::Instant::now() < deadline,
                 "compactor stuck at {:?}",
                 stored_indexes(&db)
             );
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let kept = store.try_get_log_entries(901..=1000).await.unwrap();
         assert_eq!(kept.len(), 100);

@@ -15,8 +15,8 @@ mod data_dir;
 mod log_store;
 mod state_machine;
 
-pub use data_dir::{open_data_dir, DataDirError};
-pub use log_store::LogStore;
+pub use data_dir::{open_data_dir, open_simulated_disk, DataDirError};
+pub use log_store::{LogStore, StorageIo};
 pub use state_machine::{EventSink, SharedTable, StateMachineStore};
 
 use crate::raft_types::{NodeId, StorageError};

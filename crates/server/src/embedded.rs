@@ -1,0 +1,77 @@
+//! Nodes run inside another program, with no sockets: the deterministic
+//! simulation (`crates/sim`) builds whole clusters from these, on one thread
+//! and tokio's paused clock.
+//!
+//! An [`EmbeddedNode`] is the same [`Node`] that `deadbolt server` serves:
+//! the same Raft, storage, proposer, leases and operations. Only three
+//! things are handed in instead of taken from the host: the disk (a redb
+//! storage backend), the network (an openraft network factory), and the
+//! [`Clock`].
+
+pub use crate::clock::Clock;
+pub use crate::node::{ApiError, Node};
+pub use crate::raft_types::{NodeId, Raft, TypeConfig};
+pub use crate::runtime::seed_raft_rng;
+use crate::store::StorageIo;
+use crate::{open_node, raft_config, spawn_duties, RaftTiming};
+use anyhow::Context;
+use openraft::network::RaftNetworkFactory;
+use openraft::BasicNode;
+use std::collections::BTreeMap;
+use tokio::sync::watch;
+
+pub struct EmbeddedNode {
+    node: Node,
+    stop: watch::Sender<bool>,
+}
+
+impl EmbeddedNode {
+    /// Opens the node's data on `disk` (refused like a data directory if it
+    /// is not ours) and starts it.
+    pub async fn start<N: RaftNetworkFactory<TypeConfig>>(
+        id: NodeId,
+        timing: RaftTiming,
+        snapshot_every: u64,
+        clock: Clock,
+        disk: impl redb::StorageBackend,
+        network: N,
+    ) -> anyhow::Result<EmbeddedNode> {
+        let db = crate::store::open_simulated_disk(disk)?;
+        let config = raft_config(snapshot_every, timing)?;
+        let node = open_node(id, config, db, network, clock, StorageIo::Inline).await?;
+        let (stop, stopped) = watch::channel(false);
+        spawn_duties(&node, stopped);
+        Ok(EmbeddedNode { node, stop })
+    }
+
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// For delivering peers' Raft messages and reading its metrics.
+    pub fn raft(&self) -> &Raft {
+        &self.node.raft
+    }
+
+    /// Forms a new cluster of `members` (id and address), from this node.
+    pub async fn initialize(&self, members: BTreeMap<NodeId, String>) -> anyhow::Result<()> {
+        let members: BTreeMap<NodeId, BasicNode> = members
+            .into_iter()
+            .map(|(id, address)| (id, BasicNode::new(address)))
+            .collect();
+        self.node
+            .raft
+            .initialize(members)
+            .await
+            .context("cannot initialize the cluster")
+    }
+
+    /// Stops the node as a crash would: from now on it does nothing on its
+    /// own, and its blocked acquires end. What its disk keeps is up to the
+    /// disk: the simulation restarts the node from what was synced.
+    pub async fn crash(self) {
+        let _ = self.stop.send(true);
+        self.node.waits.close();
+        let _ = self.node.raft.shutdown().await;
+    }
+}
