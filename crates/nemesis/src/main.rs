@@ -5,13 +5,12 @@
 //! the client and resource processes it starts (hidden subcommands of this
 //! same binary). See docs/safety.md.
 
-mod checker;
-mod history;
 mod resource;
 mod run;
 mod worker;
 
 use clap::{Parser, Subcommand};
+use deadbolt_nemesis::{checker, history};
 
 #[derive(Parser)]
 #[command(

@@ -9,6 +9,7 @@
 //! [`Clock`].
 
 pub use crate::clock::Clock;
+pub use crate::api::Api;
 pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{NodeId, Raft, TypeConfig};
 pub use crate::runtime::seed_raft_rng;

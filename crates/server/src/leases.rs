@@ -24,6 +24,8 @@ use tokio::sync::{watch, Notify};
 /// How often the expiry task wakes even without a deadline due. Bounds the
 /// delay after a missed notification.
 const IDLE_TICK: Duration = Duration::from_millis(250);
+/// The resolution of tokio's timers.
+const TIMER_TICK: Duration = Duration::from_millis(1);
 /// Pause before retrying an expiry that could not be committed, so a broken
 /// Raft log does not turn into a busy loop.
 const EXPIRY_RETRY: Duration = Duration::from_millis(500);
@@ -197,7 +199,10 @@ pub async fn expire_sessions(
         tokio::select! {
             // Biased: the deterministic simulation needs one order.
             biased;
-            _ = leases.clock.sleep_until(next) => {}
+            // A lease ends strictly after its deadline: wake a timer tick
+            // later, or a clock that reads exactly the deadline (tokio's
+            // paused clock does) would find nothing due and spin.
+            _ = leases.clock.sleep_until(next + TIMER_TICK) => {}
             _ = leases.changed.notified() => {}
             _ = stop.changed() => return,
         }

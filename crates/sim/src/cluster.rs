@@ -1,0 +1,139 @@
+//! [`SimCluster`]: the nodes of one simulated run, each a real
+//! [`EmbeddedNode`] on a [`SimDisk`], crashed and restarted at will.
+
+use crate::disk::SimDisk;
+use crate::network::{address, Fabric, Reachable, SimNetwork};
+use deadbolt_server::embedded::{Api, Clock, EmbeddedNode, NodeId};
+use deadbolt_server::RaftTiming;
+use rand::rngs::StdRng;
+use rand::Rng;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// The simulated Unix time at the start of every run (2026-01-01).
+const EPOCH_MS: u64 = 1_767_225_600_000;
+/// Snapshot often, so runs exercise snapshots, compaction and snapshot
+/// transfer to a node that fell behind.
+const SNAPSHOT_EVERY: u64 = 200;
+
+pub struct SimCluster {
+    pub fabric: Arc<Fabric>,
+    slots: BTreeMap<NodeId, Slot>,
+    incarnations: u64,
+}
+
+struct Slot {
+    disk: SimDisk,
+    running: Option<Running>,
+}
+
+struct Running {
+    node: EmbeddedNode,
+    crashed: watch::Sender<bool>,
+}
+
+impl SimCluster {
+    /// Starts `size` nodes on blank disks and forms them into one cluster.
+    pub async fn form(size: u64, fabric: Arc<Fabric>) -> anyhow::Result<SimCluster> {
+        let mut cluster = SimCluster {
+            fabric,
+            slots: BTreeMap::new(),
+            incarnations: 0,
+        };
+        for id in 1..=size {
+            cluster.slots.insert(
+                id,
+                Slot {
+                    disk: SimDisk::default(),
+                    running: None,
+                },
+            );
+            cluster.start(id, 1.0).await?;
+        }
+        let members = (1..=size).map(|id| (id, address(id))).collect();
+        let first = cluster.slots[&1].running.as_ref().expect("just started");
+        first.node.initialize(members).await?;
+        Ok(cluster)
+    }
+
+    pub fn ids(&self) -> Vec<NodeId> {
+        self.slots.keys().copied().collect()
+    }
+
+    /// Starts node `id` from its disk, its clock running at `clock_rate`
+    /// times real time.
+    pub async fn start(&mut self, id: NodeId, clock_rate: f64) -> anyhow::Result<()> {
+        self.incarnations += 1;
+        let incarnation = self.incarnations;
+        let slot = self.slots.get_mut(&id).expect("known node");
+        assert!(slot.running.is_none(), "node {id} is already running");
+        let clock = Clock::simulated(clock_rate, EPOCH_MS + tokio_elapsed_ms());
+        let network = SimNetwork {
+            id,
+            incarnation,
+            fabric: self.fabric.clone(),
+        };
+        let node = EmbeddedNode::start(
+            id,
+            RaftTiming::default(),
+            SNAPSHOT_EVERY,
+            clock,
+            slot.disk.clone(),
+            network,
+        )
+        .await?;
+        let (crashed, crashed_rx) = watch::channel(false);
+        self.fabric.node_up(
+            id,
+            Reachable {
+                incarnation,
+                raft: node.raft().clone(),
+                api: Api::new(node.node().clone()),
+                crashed: crashed_rx,
+            },
+        );
+        slot.running = Some(Running { node, crashed });
+        Ok(())
+    }
+
+    /// Crashes node `id`: it is gone from the network at once, and its disk
+    /// keeps what was synced plus a random part of the rest.
+    pub fn crash(&mut self, id: NodeId, rng: &mut StdRng) {
+        let slot = self.slots.get_mut(&id).expect("known node");
+        let Some(running) = slot.running.take() else {
+            return;
+        };
+        self.fabric.node_down(id);
+        let _ = running.crashed.send(true);
+        let keep = rng.gen_range(0.0..=1.0);
+        slot.disk = slot.disk.after_crash(keep, rng);
+        // Its tasks wind down in the background, cut off from everything;
+        // the disk they may still write to is no longer this node's.
+        tokio::spawn(running.node.crash());
+    }
+
+    /// The node that currently leads, by the running nodes' own account.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.slots.iter().find_map(|(&id, slot)| {
+            let running = slot.running.as_ref()?;
+            let metrics = running.node.raft().metrics().borrow().clone();
+            (metrics.current_leader == Some(id)).then_some(id)
+        })
+    }
+
+    /// Stops every node (the end of a run).
+    pub async fn shut_down(&mut self) {
+        for slot in self.slots.values_mut() {
+            if let Some(running) = slot.running.take() {
+                let _ = running.crashed.send(true);
+                running.node.crash().await;
+            }
+        }
+    }
+}
+
+/// Milliseconds since the run began, on the simulated clock.
+pub fn tokio_elapsed_ms() -> u64 {
+    crate::elapsed().as_millis() as u64
+}

@@ -1,0 +1,168 @@
+//! [`SimDisk`]: a node's disk in memory, as a redb storage backend, that
+//! remembers which writes were synced. A simulated crash keeps everything
+//! synced and, of the writes since the last sync, a random subset: the
+//! kernel may have written any of them back, in any order, before power was
+//! lost.
+
+use rand::Rng;
+use redb::StorageBackend;
+use std::io;
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, Default)]
+pub struct SimDisk {
+    state: Arc<Mutex<DiskState>>,
+}
+
+#[derive(Debug, Default)]
+struct DiskState {
+    /// What reads see.
+    current: Vec<u8>,
+    /// What a crash is certain to keep.
+    synced: Vec<u8>,
+    /// Writes since the last sync, oldest first.
+    unsynced: Vec<Write>,
+}
+
+#[derive(Debug)]
+enum Write {
+    Bytes { offset: usize, data: Vec<u8> },
+    Length(usize),
+}
+
+impl Write {
+    fn apply(&self, bytes: &mut Vec<u8>) {
+        match self {
+            Write::Bytes { offset, data } => {
+                let end = offset + data.len();
+                // A write that a crash keeps without the length change
+                // before it still lands (a file grows when written past
+                // its end).
+                if bytes.len() < end {
+                    bytes.resize(end, 0);
+                }
+                bytes[*offset..end].copy_from_slice(data);
+            }
+            Write::Length(length) => bytes.resize(*length, 0),
+        }
+    }
+}
+
+fn out_of_range() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, "beyond the end of the disk")
+}
+
+impl SimDisk {
+    fn state(&self) -> std::sync::MutexGuard<'_, DiskState> {
+        self.state.lock().expect("disk lock poisoned")
+    }
+
+    /// The disk a crash leaves: all synced writes, and each unsynced one
+    /// with probability `keep`.
+    pub fn after_crash(&self, keep: f64, rng: &mut impl Rng) -> SimDisk {
+        let state = self.state();
+        let mut bytes = state.synced.clone();
+        for write in &state.unsynced {
+            if rng.gen_bool(keep) {
+                write.apply(&mut bytes);
+            }
+        }
+        SimDisk {
+            state: Arc::new(Mutex::new(DiskState {
+                current: bytes.clone(),
+                synced: bytes,
+                unsynced: Vec::new(),
+            })),
+        }
+    }
+
+    /// Writes not yet synced; for the tests of this module.
+    #[cfg(test)]
+    fn unsynced_writes(&self) -> usize {
+        self.state().unsynced.len()
+    }
+}
+
+impl StorageBackend for SimDisk {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.state().current.len() as u64)
+    }
+
+    fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let state = self.state();
+        let offset = usize::try_from(offset).map_err(|_| out_of_range())?;
+        state
+            .current
+            .get(offset..offset + len)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(out_of_range)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let len = usize::try_from(len).map_err(|_| out_of_range())?;
+        let mut state = self.state();
+        state.current.resize(len, 0);
+        state.unsynced.push(Write::Length(len));
+        Ok(())
+    }
+
+    fn sync_data(&self, _eventual: bool) -> io::Result<()> {
+        let mut state = self.state();
+        let DiskState {
+            synced, unsynced, ..
+        } = &mut *state;
+        for write in unsynced.drain(..) {
+            write.apply(synced);
+        }
+        debug_assert!(state.synced == state.current, "a sync makes the disk whole");
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let offset = usize::try_from(offset).map_err(|_| out_of_range())?;
+        let mut state = self.state();
+        let target = state
+            .current
+            .get_mut(offset..offset + data.len())
+            .ok_or_else(out_of_range)?;
+        target.copy_from_slice(data);
+        state.unsynced.push(Write::Bytes {
+            offset,
+            data: data.to_vec(),
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    #[test]
+    fn a_crash_keeps_what_was_synced_and_may_lose_the_rest() {
+        let disk = SimDisk::default();
+        disk.set_len(8).unwrap();
+        disk.write(0, b"synced").unwrap();
+        disk.sync_data(false).unwrap();
+        disk.write(0, b"lost!!").unwrap();
+        assert_eq!(disk.unsynced_writes(), 1);
+        let mut rng = StdRng::seed_from_u64(1);
+
+        let crashed = disk.after_crash(0.0, &mut rng);
+        assert_eq!(crashed.read(0, 6).unwrap(), b"synced");
+        let lucky = disk.after_crash(1.0, &mut rng);
+        assert_eq!(lucky.read(0, 6).unwrap(), b"lost!!");
+        // The running disk is untouched by either.
+        assert_eq!(disk.read(0, 6).unwrap(), b"lost!!");
+    }
+
+    #[test]
+    fn reads_and_writes_past_the_end_are_errors() {
+        let disk = SimDisk::default();
+        disk.set_len(4).unwrap();
+        assert!(disk.write(2, b"abc").is_err());
+        assert!(disk.read(3, 2).is_err());
+    }
+}

@@ -1,0 +1,237 @@
+//! Deterministic simulation of a whole Deadbolt cluster in one process.
+//!
+//! A run is one seed. Everything in it, the Raft nodes (openraft, our
+//! storage on simulated disks, the state machine, proposer and leases), the
+//! network between them, the clients and the fenced resource, runs as tasks
+//! on one thread, on tokio's paused clock: time only moves when every task
+//! waits, and then jumps to the next timer. Every random choice (faults,
+//! message delays and losses, clients' choices, openraft's election timeouts,
+//! tokio's `select!` fairness) is drawn from the seed, so a seed replays the
+//! same run exactly; [`SeedReport::digest`] proves it.
+//!
+//! The history the clients record is judged by the same checker as the
+//! fault-injection suite on real processes (`deadbolt_nemesis::checker`).
+
+mod cluster;
+mod disk;
+mod faults;
+mod network;
+mod workload;
+
+#[cfg(not(tokio_unstable))]
+compile_error!(
+    "the simulation needs tokio's seeded scheduler: build with RUSTFLAGS=\"--cfg tokio_unstable\" \
+     (the workspace's .cargo/config.toml sets it)"
+);
+
+use cluster::SimCluster;
+use deadbolt_nemesis::checker::{check, Finals, Violation};
+use deadbolt_nemesis::history::{Accepted, Record};
+use deadbolt_proto::v1::{LockHistoryRequest, StoreGetRequest};
+use deadbolt_server::embedded::seed_raft_rng;
+use network::Fabric;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::Duration;
+use tokio::time::Instant;
+use workload::{History, Router, SimResource};
+
+/// What to simulate.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// How long faults are injected, in simulated time.
+    pub fault_time: Duration,
+    /// `false` removes the resource's fence: the checker must then find the
+    /// stale writes it would have refused.
+    pub fenced_resource: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions {
+            fault_time: Duration::from_secs(20),
+            fenced_resource: true,
+        }
+    }
+}
+
+/// After the faults stop, every lock must see a complete round within this.
+const LIVENESS_BOUND: Duration = Duration::from_secs(10);
+/// How long clients go on after the faults stop.
+const CALM_TIME: Duration = Duration::from_secs(12);
+
+/// The outcome of one seed.
+#[derive(Debug)]
+pub struct SeedReport {
+    pub seed: u64,
+    pub nodes: u64,
+    pub clients: usize,
+    pub ops: usize,
+    pub faults: u64,
+    pub violations: Vec<Violation>,
+    /// The faults, with their simulated times.
+    pub fault_log: Vec<String>,
+    pub history: Vec<Record>,
+    /// A hash of the history and of every write the resource accepted: two
+    /// runs of one seed have the same digest.
+    pub digest: u64,
+    /// Simulated time the run took.
+    pub simulated: Duration,
+}
+
+thread_local! {
+    static START: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Simulated time since the current run began.
+pub(crate) fn elapsed() -> Duration {
+    START.with(|start| start.get().map_or(Duration::ZERO, |start| start.elapsed()))
+}
+
+/// Runs one seed to the end, on the calling thread.
+pub fn simulate(seed: u64, options: &SimOptions) -> SeedReport {
+    seed_raft_rng(seed);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()))
+        .build()
+        .expect("cannot build the simulation runtime");
+    runtime.block_on(run(seed, options))
+}
+
+async fn run(seed: u64, options: &SimOptions) -> SeedReport {
+    START.with(|start| start.set(Some(Instant::now())));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let nodes = if rng.gen_bool(0.5) { 3 } else { 5 };
+    let fabric = Fabric::new(StdRng::seed_from_u64(rng.gen()));
+    let mut cluster = SimCluster::form(nodes, fabric.clone())
+        .await
+        .expect("a new simulated cluster forms");
+    let locks: Vec<String> = (0..rng.gen_range(1..=3)).map(|i| format!("lock-{i}")).collect();
+    let clients = rng.gen_range(3..=8);
+    let history = History::default();
+    let resource = std::sync::Arc::new(SimResource::new(options.fenced_resource));
+    let mut router = Router::new(fabric.clone(), cluster.ids(), 1);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let workers = workload::spawn_clients(
+        clients,
+        &locks,
+        &router,
+        &history,
+        &resource,
+        rng.gen(),
+        &stopped,
+    );
+
+    let mut fault_log = Vec::new();
+    let until = Instant::now() + options.fault_time;
+    let mut violations = Vec::new();
+    let faults = match faults::inject(&mut cluster, &mut rng, until, &mut fault_log).await {
+        Ok(faults) => faults,
+        Err(finding) => {
+            violations.push(Violation {
+                what: finding,
+                records: Vec::new(),
+            });
+            0
+        }
+    };
+    cluster.fabric.heal();
+    let healed_at = elapsed().as_nanos() as u64;
+    tokio::time::sleep(CALM_TIME).await;
+    let _ = stop.send(true);
+    for worker in workers {
+        // A client blocked in a long call is abandoned: its last
+        // operation counts as unknown.
+        if tokio::time::timeout(Duration::from_secs(10), worker).await.is_err() {
+            continue;
+        }
+    }
+
+    let (resource_counters, accepted) = resource.finals();
+    let mut finals = Finals {
+        store: BTreeMap::new(),
+        resource: BTreeMap::new(),
+        audit: BTreeMap::new(),
+    };
+    for lock in &locks {
+        let key = format!("counter:{lock}");
+        let read = router
+            .send(|api| {
+                let key = key.clone();
+                async move {
+                    api.store_get(StoreGetRequest {
+                        key,
+                        token: None,
+                        lock: None,
+                    })
+                    .await
+                }
+            })
+            .await;
+        let trail = router
+            .send(|api| {
+                let lock = lock.clone();
+                async move { api.lock_history(LockHistoryRequest { lock }).await }
+            })
+            .await;
+        match (read, trail) {
+            (Ok(read), Ok(trail)) => {
+                let value = if read.found {
+                    read.value.parse().expect("counters are numbers")
+                } else {
+                    0
+                };
+                finals.store.insert(lock.clone(), value);
+                finals.audit.insert(lock.clone(), trail.entries);
+            }
+            (read, trail) => violations.push(Violation {
+                what: format!("the healed cluster did not answer final reads of {lock}: {read:?} {trail:?}"),
+                records: Vec::new(),
+            }),
+        }
+        let value = resource_counters.get(lock).copied().unwrap_or(0);
+        finals.resource.insert(lock.clone(), value);
+    }
+    cluster.shut_down().await;
+
+    let records = history.records();
+    violations.extend(check(
+        &records,
+        &accepted,
+        &finals,
+        healed_at,
+        LIVENESS_BOUND.as_nanos() as u64,
+    ));
+    SeedReport {
+        seed,
+        nodes,
+        clients,
+        ops: records.len() / 2,
+        faults,
+        violations,
+        fault_log,
+        digest: digest(&records, &accepted),
+        history: records,
+        simulated: elapsed(),
+    }
+}
+
+fn digest(records: &[Record], accepted: &[Accepted]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    for record in records {
+        serde_json::to_string(record)
+            .expect("serializable")
+            .hash(&mut hasher);
+    }
+    for write in accepted {
+        serde_json::to_string(write)
+            .expect("serializable")
+            .hash(&mut hasher);
+    }
+    hasher.finish()
+}

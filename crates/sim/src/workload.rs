@@ -1,0 +1,528 @@
+//! The clients of a simulated run and the resource they protect.
+//!
+//! Each client does what a `deadbolt-nemesis worker` process does: take a
+//! lock, increment a counter in Deadbolt's fenced store and one on the
+//! [`SimResource`] (fenced with `deadbolt_fence`), release; every operation
+//! goes into the history the checker reads. Now and then a client pauses
+//! while holding its lock for longer than its lease (a GC pause, the seeds'
+//! scenario), keepalives included, and writes with its old token afterwards.
+
+use crate::network::{node_at, Fabric, Lost, Sender};
+use deadbolt_fence::FenceGates;
+use deadbolt_nemesis::history::{Accepted, Op, Phase, Record};
+use deadbolt_proto::v1::{
+    AcquireRequest, CloseSessionRequest, KeepAliveRequest, OpenSessionRequest, ReleaseRequest,
+    StoreGetRequest, StorePutRequest,
+};
+use deadbolt_proto::ErrorKind;
+use deadbolt_server::embedded::{Api, ApiError, NodeId};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A client's lease.
+pub const SESSION_TTL: Duration = Duration::from_secs(2);
+/// How long an acquire waits on the server.
+const ACQUIRE_WAIT: Duration = Duration::from_secs(2);
+/// How long a client looks for the leader before it gives up on a request
+/// (as the real client's `LEADER_SEARCH`).
+const LEADER_SEARCH: Duration = Duration::from_secs(2);
+const ELECTION_PAUSE: Duration = Duration::from_millis(50);
+/// The chance that a client pauses after taking a lock.
+const PAUSE_CHANCE: f64 = 0.03;
+
+/// The history of a run, in the order things happened.
+#[derive(Clone, Default)]
+pub struct History {
+    records: Arc<Mutex<Vec<Record>>>,
+}
+
+impl History {
+    fn push(&self, record: Record) {
+        self.records.lock().expect("history poisoned").push(record);
+    }
+
+    pub fn records(&self) -> Vec<Record> {
+        self.records.lock().expect("history poisoned").clone()
+    }
+}
+
+/// Simulated time since the run began, in nanoseconds: the history's clock.
+fn now_ns() -> u64 {
+    crate::elapsed().as_nanos() as u64
+}
+
+/// A counter per lock behind a fence per lock, like the
+/// `deadbolt-nemesis resource` process. `fenced: false` removes the fence,
+/// to show that the checker catches what the fence prevents.
+pub struct SimResource {
+    gates: FenceGates<String>,
+    fenced: bool,
+    counters: Mutex<BTreeMap<String, u64>>,
+    accepted: Mutex<Vec<Accepted>>,
+}
+
+impl SimResource {
+    pub fn new(fenced: bool) -> Self {
+        SimResource {
+            gates: FenceGates::new(),
+            fenced,
+            counters: Mutex::default(),
+            accepted: Mutex::default(),
+        }
+    }
+
+    fn value(&self, lock: &str) -> u64 {
+        let counters = self.counters.lock().expect("resource poisoned");
+        counters.get(lock).copied().unwrap_or(0)
+    }
+
+    /// A fenced read: raises the lock's fence to `token`.
+    fn read(&self, lock: &str, token: u64) -> Result<u64, String> {
+        if self.fenced {
+            self.gates
+                .admit(lock, token)
+                .map_err(|stale| stale.to_string())?;
+        }
+        Ok(self.value(lock))
+    }
+
+    fn write(&self, lock: &str, token: u64, value: u64) -> Result<(), String> {
+        let store = || {
+            self.counters
+                .lock()
+                .expect("resource poisoned")
+                .insert(lock.to_owned(), value);
+            self.accepted
+                .lock()
+                .expect("resource poisoned")
+                .push(Accepted {
+                    at: now_ns(),
+                    lock: lock.to_owned(),
+                    token,
+                    value,
+                });
+        };
+        if !self.fenced {
+            store();
+            return Ok(());
+        }
+        let gate = self.gates.gate(lock);
+        gate.admit_with(token, store)
+            .map_err(|stale| stale.to_string())
+    }
+
+    pub fn finals(&self) -> (BTreeMap<String, u64>, Vec<Accepted>) {
+        (
+            self.counters.lock().expect("resource poisoned").clone(),
+            self.accepted.lock().expect("resource poisoned").clone(),
+        )
+    }
+}
+
+/// Why a request failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// It certainly took no effect.
+    Refused(ApiError),
+    /// It may have taken effect.
+    Unknown(String),
+}
+
+impl Failure {
+    fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            Failure::Refused(err) => Some(err.kind),
+            Failure::Unknown(_) => None,
+        }
+    }
+
+    fn phase(&self) -> Phase {
+        match self {
+            Failure::Refused(_) => Phase::Fail,
+            Failure::Unknown(_) => Phase::Info,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            Failure::Refused(err) => err.message.clone(),
+            Failure::Unknown(why) => format!("unknown outcome: {why}"),
+        }
+    }
+}
+
+/// Finds the leader for a client, as the real client does: on "not
+/// leader" or a refused connection (which certainly had no effect) it tries
+/// the leader named, or the next node.
+#[derive(Clone)]
+pub struct Router {
+    fabric: Arc<Fabric>,
+    nodes: Vec<NodeId>,
+    target: NodeId,
+}
+
+impl Router {
+    pub fn new(fabric: Arc<Fabric>, nodes: Vec<NodeId>, first: NodeId) -> Self {
+        Router {
+            fabric,
+            nodes,
+            target: first,
+        }
+    }
+
+    fn next_node(&mut self) {
+        let at = self.nodes.iter().position(|&id| id == self.target);
+        self.target = self.nodes[at.map_or(0, |at| (at + 1) % self.nodes.len())];
+    }
+
+    pub async fn send<T, Fut>(&mut self, request: impl Fn(Api) -> Fut) -> Result<T, Failure>
+    where
+        Fut: Future<Output = Result<T, ApiError>>,
+    {
+        let give_up = Instant::now() + LEADER_SEARCH;
+        loop {
+            let answer = self
+                .fabric
+                .call(Sender::Client, self.target, |node| request(node.api))
+                .await;
+            let no_effect = match answer {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err)) if err.kind == ErrorKind::NotLeader => {
+                    match err.leader.as_deref().and_then(node_at) {
+                        Some(leader) => self.target = leader,
+                        None => self.next_node(),
+                    }
+                    err
+                }
+                Ok(Err(err)) if matches!(err.kind, ErrorKind::Unavailable | ErrorKind::Internal) => {
+                    return Err(Failure::Unknown(err.message))
+                }
+                Ok(Err(err)) => return Err(Failure::Refused(err)),
+                Err(Lost::Refused) => {
+                    self.next_node();
+                    ApiError::new(ErrorKind::Unavailable, "connection refused")
+                }
+                Err(Lost::NoAnswer) => return Err(Failure::Unknown("no answer".into())),
+            };
+            if Instant::now() + ELECTION_PAUSE >= give_up {
+                return Err(Failure::Refused(no_effect));
+            }
+            tokio::time::sleep(ELECTION_PAUSE).await;
+        }
+    }
+}
+
+/// An open session and the task that keeps it alive.
+struct Session {
+    id: u64,
+    lost: Arc<AtomicBool>,
+    keepalive: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.keepalive.abort();
+    }
+}
+
+pub struct Client {
+    pub id: usize,
+    pub router: Router,
+    pub rng: StdRng,
+    pub locks: Vec<String>,
+    pub history: History,
+    pub resource: Arc<SimResource>,
+    /// Until when this client is paused (its keepalives too).
+    pub paused_until: Arc<Mutex<Instant>>,
+    pub attempts: u64,
+}
+
+impl Client {
+    fn record(&self, op: Op, phase: Phase, lock: &str, token: Option<u64>, value: Option<u64>, error: Option<String>) {
+        self.history.push(Record {
+            at: now_ns(),
+            client: self.id,
+            op,
+            phase,
+            lock: lock.to_owned(),
+            token,
+            value,
+            error,
+        });
+    }
+
+    /// Rounds until `stop`.
+    pub async fn run(mut self, stop: tokio::sync::watch::Receiver<bool>) {
+        let mut session: Option<Session> = None;
+        while !*stop.borrow() {
+            let current = match session.take() {
+                Some(open) if !open.lost.load(Ordering::Relaxed) => open,
+                _ => match self.open_session().await {
+                    Some(open) => open,
+                    None => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let lock = self.locks[self.rng.gen_range(0..self.locks.len())].clone();
+            if self.round(current.id, &lock).await {
+                session = Some(current);
+            } else {
+                // A grant we may not know of may be held by this session:
+                // end it (the lease ends it anyway, if this is lost too).
+                let id = current.id;
+                drop(current);
+                let _ = self
+                    .router
+                    .send(|api| async move {
+                        api.close_session(CloseSessionRequest { session_id: id }).await
+                    })
+                    .await;
+            }
+        }
+    }
+
+    async fn open_session(&mut self) -> Option<Session> {
+        let ttl_ms = SESSION_TTL.as_millis() as u64;
+        let opened = self
+            .router
+            .send(|api| async move { api.open_session(OpenSessionRequest { ttl_ms }).await })
+            .await
+            .ok()?;
+        let lost = Arc::new(AtomicBool::new(false));
+        let keepalive = tokio::spawn(keep_alive(
+            opened.session_id,
+            self.router.clone(),
+            self.paused_until.clone(),
+            lost.clone(),
+        ));
+        Some(Session {
+            id: opened.session_id,
+            lost,
+            keepalive,
+        })
+    }
+
+    /// Acquire, two increments, release. False if the session is in doubt.
+    async fn round(&mut self, session_id: u64, lock: &str) -> bool {
+        self.record(Op::Acquire, Phase::Invoke, lock, None, None, None);
+        self.attempts += 1;
+        let attempt = self.attempts;
+        let acquired = self
+            .router
+            .send(|api| {
+                let lock = lock.to_owned();
+                async move {
+                    api.acquire(AcquireRequest {
+                        session_id,
+                        lock,
+                        wait: true,
+                        timeout_ms: Some(ACQUIRE_WAIT.as_millis() as u64),
+                        attempt,
+                        lock_delay_ms: 0,
+                    })
+                    .await
+                }
+            })
+            .await;
+        let token = match acquired {
+            Ok(granted) => granted.token,
+            Err(failure) => {
+                self.record(Op::Acquire, failure.phase(), lock, None, None, Some(failure.message()));
+                let session_fine = matches!(
+                    failure.kind(),
+                    Some(ErrorKind::WaitTimeout | ErrorKind::Busy | ErrorKind::NotLeader)
+                );
+                return session_fine;
+            }
+        };
+        self.record(Op::Acquire, Phase::Ok, lock, Some(token), None, None);
+
+        if self.rng.gen_bool(PAUSE_CHANCE) {
+            let pause = SESSION_TTL.mul_f64(self.rng.gen_range(1.5..3.0));
+            *self.paused_until.lock().expect("pause poisoned") = Instant::now() + pause;
+            tokio::time::sleep(pause).await;
+        }
+
+        self.store_increment(lock, token).await;
+        self.resource_increment(lock, token).await;
+
+        self.record(Op::Release, Phase::Invoke, lock, Some(token), None, None);
+        let released = self
+            .router
+            .send(|api| {
+                let lock = lock.to_owned();
+                async move {
+                    api.release(ReleaseRequest {
+                        session_id,
+                        lock,
+                        token,
+                    })
+                    .await
+                }
+            })
+            .await;
+        match released {
+            Ok(_) => {
+                self.record(Op::Release, Phase::Ok, lock, Some(token), None, None);
+                true
+            }
+            Err(failure) => {
+                self.record(Op::Release, failure.phase(), lock, Some(token), None, Some(failure.message()));
+                false
+            }
+        }
+    }
+
+    /// A fenced read, then a strict fenced put of the value + 1.
+    async fn store_increment(&mut self, lock: &str, token: u64) {
+        self.record(Op::StoreIncrement, Phase::Invoke, lock, Some(token), None, None);
+        let key = format!("counter:{lock}");
+        let read = self
+            .router
+            .send(|api| {
+                let (key, lock) = (key.clone(), lock.to_owned());
+                async move {
+                    api.store_get(StoreGetRequest {
+                        key,
+                        token: Some(token),
+                        lock: Some(lock),
+                    })
+                    .await
+                }
+            })
+            .await;
+        let current = match read {
+            // A read changes no counter: whatever its outcome, the
+            // increment certainly did not happen.
+            Err(failure) => {
+                let error = Some(failure.message());
+                self.record(Op::StoreIncrement, Phase::Fail, lock, Some(token), None, error);
+                return;
+            }
+            Ok(read) if read.found => read.value.parse::<u64>().expect("counters are numbers"),
+            Ok(_) => 0,
+        };
+        let next = current + 1;
+        let written = self
+            .router
+            .send(|api| {
+                let (key, lock) = (key.clone(), lock.to_owned());
+                async move {
+                    api.store_put(StorePutRequest {
+                        key,
+                        value: next.to_string(),
+                        token,
+                        lock: Some(lock),
+                    })
+                    .await
+                }
+            })
+            .await;
+        match written {
+            Ok(_) => self.record(Op::StoreIncrement, Phase::Ok, lock, Some(token), Some(next), None),
+            Err(failure) => {
+                let error = Some(failure.message());
+                self.record(Op::StoreIncrement, failure.phase(), lock, Some(token), Some(next), error)
+            }
+        }
+    }
+
+    /// The same on the resource, across the simulated network.
+    async fn resource_increment(&mut self, lock: &str, token: u64) {
+        self.record(Op::ResourceIncrement, Phase::Invoke, lock, Some(token), None, None);
+        let resource = self.resource.clone();
+        let read = self.router.fabric.reach(|| resource.read(lock, token)).await;
+        let current = match read {
+            Ok(Ok(value)) => value,
+            Ok(Err(stale)) => {
+                self.record(Op::ResourceIncrement, Phase::Fail, lock, Some(token), None, Some(stale));
+                return;
+            }
+            Err(lost) => {
+                let error = Some(format!("read: {lost:?}"));
+                self.record(Op::ResourceIncrement, Phase::Fail, lock, Some(token), None, error);
+                return;
+            }
+        };
+        let next = current + 1;
+        let written = self.router.fabric.reach(|| resource.write(lock, token, next)).await;
+        let (phase, error) = match written {
+            Ok(Ok(())) => (Phase::Ok, None),
+            Ok(Err(stale)) => (Phase::Fail, Some(stale)),
+            Err(Lost::Refused) => (Phase::Fail, Some("refused".to_owned())),
+            Err(Lost::NoAnswer) => (Phase::Info, Some("no answer".to_owned())),
+        };
+        self.record(Op::ResourceIncrement, phase, lock, Some(token), Some(next), error);
+    }
+}
+
+/// Renews the session every TTL/3, except while the client is paused.
+/// Marks it lost once the server refuses it, or once a TTL has passed since
+/// the last acknowledged keepalive was sent.
+async fn keep_alive(
+    session_id: u64,
+    mut router: Router,
+    paused_until: Arc<Mutex<Instant>>,
+    lost: Arc<AtomicBool>,
+) {
+    let mut last_acknowledged_send = Instant::now();
+    loop {
+        tokio::time::sleep(SESSION_TTL / 3).await;
+        let paused = *paused_until.lock().expect("pause poisoned");
+        if paused > Instant::now() {
+            tokio::time::sleep_until(paused).await;
+        }
+        if last_acknowledged_send + SESSION_TTL <= Instant::now() {
+            break;
+        }
+        let sent = Instant::now();
+        let renewed = router
+            .send(|api| async move { api.keep_alive(KeepAliveRequest { session_id }).await })
+            .await;
+        match renewed {
+            Ok(_) => last_acknowledged_send = sent,
+            Err(Failure::Refused(err))
+                if matches!(err.kind, ErrorKind::UnknownSession | ErrorKind::SessionExpiring) =>
+            {
+                break
+            }
+            Err(_) => {}
+        }
+    }
+    lost.store(true, Ordering::Relaxed);
+}
+
+/// Starts `count` clients on `locks`, each with its own random stream.
+pub fn spawn_clients(
+    count: usize,
+    locks: &[String],
+    router: &Router,
+    history: &History,
+    resource: &Arc<SimResource>,
+    seed: u64,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..count)
+        .map(|id| {
+            let client = Client {
+                id,
+                router: router.clone(),
+                rng: StdRng::seed_from_u64(seed ^ (id as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                locks: locks.to_vec(),
+                history: history.clone(),
+                resource: resource.clone(),
+                paused_until: Arc::new(Mutex::new(Instant::now())),
+                attempts: 0,
+            };
+            tokio::spawn(client.run(stop.clone()))
+        })
+        .collect()
+}
