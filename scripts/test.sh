@@ -31,3 +31,6 @@ awk '/^test result:/ { passed += $4; failed += $6 }
 
 echo "== fault injection: a short nemesis run (scripts/nemesis.sh; longer runs: docs/safety.md)"
 scripts/nemesis.sh --debug --duration 30s --seed 1
+
+echo "== deterministic simulation: a budget of seeds (scripts/sim.sh; longer runs: docs/safety.md)"
+scripts/sim.sh --seeds 300

@@ -8,8 +8,8 @@
 //! storage backend), the network (an openraft network factory), and the
 //! [`Clock`].
 
-pub use crate::clock::Clock;
 pub use crate::api::Api;
+pub use crate::clock::Clock;
 pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{NodeId, Raft, TypeConfig};
 pub use crate::runtime::seed_raft_rng;

@@ -206,7 +206,10 @@ pub async fn expire_sessions(
             _ = leases.changed.notified() => {}
             _ = stop.changed() => return,
         }
-        let checkpoints = leases.state().tracker.take_due_checkpoints(leases.clock.now());
+        let checkpoints = leases
+            .state()
+            .tracker
+            .take_due_checkpoints(leases.clock.now());
         for due in checkpoints {
             tokio::spawn(checkpoint(proposer.clone(), due));
         }

@@ -71,8 +71,7 @@ impl AsyncRuntime for DeadboltRuntime {
     type Sleep = <Tokio as AsyncRuntime>::Sleep;
     type Instant = <Tokio as AsyncRuntime>::Instant;
     type TimeoutError = <Tokio as AsyncRuntime>::TimeoutError;
-    type Timeout<R, T: Future<Output = R> + OptionalSend> =
-        <Tokio as AsyncRuntime>::Timeout<R, T>;
+    type Timeout<R, T: Future<Output = R> + OptionalSend> = <Tokio as AsyncRuntime>::Timeout<R, T>;
     type ThreadLocalRng = RaftRng;
     type OneshotSender<T: OptionalSend> = <Tokio as AsyncRuntime>::OneshotSender<T>;
     type OneshotReceiverError = <Tokio as AsyncRuntime>::OneshotReceiverError;

@@ -111,7 +111,9 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     let mut cluster = SimCluster::form(nodes, fabric.clone())
         .await
         .expect("a new simulated cluster forms");
-    let locks: Vec<String> = (0..rng.gen_range(1..=3)).map(|i| format!("lock-{i}")).collect();
+    let locks: Vec<String> = (0..rng.gen_range(1..=3))
+        .map(|i| format!("lock-{i}"))
+        .collect();
     let clients = rng.gen_range(3..=8);
     let history = History::default();
     let resource = std::sync::Arc::new(SimResource::new(options.fenced_resource));
@@ -147,7 +149,10 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     for worker in workers {
         // A client blocked in a long call is abandoned: its last
         // operation counts as unknown.
-        if tokio::time::timeout(Duration::from_secs(10), worker).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(10), worker)
+            .await
+            .is_err()
+        {
             continue;
         }
     }
@@ -190,7 +195,9 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
                 finals.audit.insert(lock.clone(), trail.entries);
             }
             (read, trail) => violations.push(Violation {
-                what: format!("the healed cluster did not answer final reads of {lock}: {read:?} {trail:?}"),
+                what: format!(
+                    "the healed cluster did not answer final reads of {lock}: {read:?} {trail:?}"
+                ),
                 records: Vec::new(),
             }),
         }

@@ -64,10 +64,7 @@ fn print_report(report: &SeedReport, verbose: bool) {
     }
     if verbose {
         for record in &report.history {
-            println!(
-                "  {}",
-                serde_json::to_string(record).expect("serializable")
-            );
+            println!("  {}", serde_json::to_string(record).expect("serializable"));
         }
     }
     if !report.violations.is_empty() {
@@ -96,7 +93,11 @@ fn main() {
         println!(
             "replay: digest {:016x} ({})",
             again.digest,
-            if replayed { "identical" } else { "DIFFERENT: the run is not deterministic" }
+            if replayed {
+                "identical"
+            } else {
+                "DIFFERENT: the run is not deterministic"
+            }
         );
         let failed = !first.violations.is_empty() || !replayed;
         println!(

@@ -303,8 +303,7 @@ impl SimConnection {
                 err,
             ))),
             Err(lost) => {
-                let reason =
-                    std::io::Error::other(format!("node {}: {lost:?}", self.target));
+                let reason = std::io::Error::other(format!("node {}: {lost:?}", self.target));
                 Err(RPCError::Unreachable(Unreachable::new(&reason)))
             }
         }
@@ -317,8 +316,11 @@ impl RaftNetwork<TypeConfig> for SimConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
-        self.send(rpc, |raft, rpc| async move { raft.append_entries(rpc).await })
-            .await
+        self.send(
+            rpc,
+            |raft, rpc| async move { raft.append_entries(rpc).await },
+        )
+        .await
     }
 
     async fn install_snapshot(
@@ -326,8 +328,11 @@ impl RaftNetwork<TypeConfig> for SimConnection {
         rpc: InstallSnapshotRequest<TypeConfig>,
         _option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
-        self.send(rpc, |raft, rpc| async move { raft.install_snapshot(rpc).await })
-            .await
+        self.send(
+            rpc,
+            |raft, rpc| async move { raft.install_snapshot(rpc).await },
+        )
+        .await
     }
 
     async fn vote(

@@ -200,7 +200,9 @@ impl Router {
                     }
                     err
                 }
-                Ok(Err(err)) if matches!(err.kind, ErrorKind::Unavailable | ErrorKind::Internal) => {
+                Ok(Err(err))
+                    if matches!(err.kind, ErrorKind::Unavailable | ErrorKind::Internal) =>
+                {
                     return Err(Failure::Unknown(err.message))
                 }
                 Ok(Err(err)) => return Err(Failure::Refused(err)),
@@ -244,7 +246,15 @@ pub struct Client {
 }
 
 impl Client {
-    fn record(&self, op: Op, phase: Phase, lock: &str, token: Option<u64>, value: Option<u64>, error: Option<String>) {
+    fn record(
+        &self,
+        op: Op,
+        phase: Phase,
+        lock: &str,
+        token: Option<u64>,
+        value: Option<u64>,
+        error: Option<String>,
+    ) {
         self.history.push(Record {
             at: now_ns(),
             client: self.id,
@@ -282,7 +292,8 @@ impl Client {
                 let _ = self
                     .router
                     .send(|api| async move {
-                        api.close_session(CloseSessionRequest { session_id: id }).await
+                        api.close_session(CloseSessionRequest { session_id: id })
+                            .await
                     })
                     .await;
             }
@@ -335,7 +346,14 @@ impl Client {
         let token = match acquired {
             Ok(granted) => granted.token,
             Err(failure) => {
-                self.record(Op::Acquire, failure.phase(), lock, None, None, Some(failure.message()));
+                self.record(
+                    Op::Acquire,
+                    failure.phase(),
+                    lock,
+                    None,
+                    None,
+                    Some(failure.message()),
+                );
                 let session_fine = matches!(
                     failure.kind(),
                     Some(ErrorKind::WaitTimeout | ErrorKind::Busy | ErrorKind::NotLeader)
@@ -375,7 +393,14 @@ impl Client {
                 true
             }
             Err(failure) => {
-                self.record(Op::Release, failure.phase(), lock, Some(token), None, Some(failure.message()));
+                self.record(
+                    Op::Release,
+                    failure.phase(),
+                    lock,
+                    Some(token),
+                    None,
+                    Some(failure.message()),
+                );
                 false
             }
         }
@@ -383,7 +408,14 @@ impl Client {
 
     /// A fenced read, then a strict fenced put of the value + 1.
     async fn store_increment(&mut self, lock: &str, token: u64) {
-        self.record(Op::StoreIncrement, Phase::Invoke, lock, Some(token), None, None);
+        self.record(
+            Op::StoreIncrement,
+            Phase::Invoke,
+            lock,
+            Some(token),
+            None,
+            None,
+        );
         let key = format!("counter:{lock}");
         let read = self
             .router
@@ -404,7 +436,14 @@ impl Client {
             // increment certainly did not happen.
             Err(failure) => {
                 let error = Some(failure.message());
-                self.record(Op::StoreIncrement, Phase::Fail, lock, Some(token), None, error);
+                self.record(
+                    Op::StoreIncrement,
+                    Phase::Fail,
+                    lock,
+                    Some(token),
+                    None,
+                    error,
+                );
                 return;
             }
             Ok(read) if read.found => read.value.parse::<u64>().expect("counters are numbers"),
@@ -427,40 +466,90 @@ impl Client {
             })
             .await;
         match written {
-            Ok(_) => self.record(Op::StoreIncrement, Phase::Ok, lock, Some(token), Some(next), None),
+            Ok(_) => self.record(
+                Op::StoreIncrement,
+                Phase::Ok,
+                lock,
+                Some(token),
+                Some(next),
+                None,
+            ),
             Err(failure) => {
                 let error = Some(failure.message());
-                self.record(Op::StoreIncrement, failure.phase(), lock, Some(token), Some(next), error)
+                self.record(
+                    Op::StoreIncrement,
+                    failure.phase(),
+                    lock,
+                    Some(token),
+                    Some(next),
+                    error,
+                )
             }
         }
     }
 
     /// The same on the resource, across the simulated network.
     async fn resource_increment(&mut self, lock: &str, token: u64) {
-        self.record(Op::ResourceIncrement, Phase::Invoke, lock, Some(token), None, None);
+        self.record(
+            Op::ResourceIncrement,
+            Phase::Invoke,
+            lock,
+            Some(token),
+            None,
+            None,
+        );
         let resource = self.resource.clone();
-        let read = self.router.fabric.reach(|| resource.read(lock, token)).await;
+        let read = self
+            .router
+            .fabric
+            .reach(|| resource.read(lock, token))
+            .await;
         let current = match read {
             Ok(Ok(value)) => value,
             Ok(Err(stale)) => {
-                self.record(Op::ResourceIncrement, Phase::Fail, lock, Some(token), None, Some(stale));
+                self.record(
+                    Op::ResourceIncrement,
+                    Phase::Fail,
+                    lock,
+                    Some(token),
+                    None,
+                    Some(stale),
+                );
                 return;
             }
             Err(lost) => {
                 let error = Some(format!("read: {lost:?}"));
-                self.record(Op::ResourceIncrement, Phase::Fail, lock, Some(token), None, error);
+                self.record(
+                    Op::ResourceIncrement,
+                    Phase::Fail,
+                    lock,
+                    Some(token),
+                    None,
+                    error,
+                );
                 return;
             }
         };
         let next = current + 1;
-        let written = self.router.fabric.reach(|| resource.write(lock, token, next)).await;
+        let written = self
+            .router
+            .fabric
+            .reach(|| resource.write(lock, token, next))
+            .await;
         let (phase, error) = match written {
             Ok(Ok(())) => (Phase::Ok, None),
             Ok(Err(stale)) => (Phase::Fail, Some(stale)),
             Err(Lost::Refused) => (Phase::Fail, Some("refused".to_owned())),
             Err(Lost::NoAnswer) => (Phase::Info, Some("no answer".to_owned())),
         };
-        self.record(Op::ResourceIncrement, phase, lock, Some(token), Some(next), error);
+        self.record(
+            Op::ResourceIncrement,
+            phase,
+            lock,
+            Some(token),
+            Some(next),
+            error,
+        );
     }
 }
 
@@ -490,7 +579,10 @@ async fn keep_alive(
         match renewed {
             Ok(_) => last_acknowledged_send = sent,
             Err(Failure::Refused(err))
-                if matches!(err.kind, ErrorKind::UnknownSession | ErrorKind::SessionExpiring) =>
+                if matches!(
+                    err.kind,
+                    ErrorKind::UnknownSession | ErrorKind::SessionExpiring
+                ) =>
             {
                 break
             }
@@ -515,7 +607,9 @@ pub fn spawn_clients(
             let client = Client {
                 id,
                 router: router.clone(),
-                rng: StdRng::seed_from_u64(seed ^ (id as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                rng: StdRng::seed_from_u64(
+                    seed ^ (id as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                ),
                 locks: locks.to_vec(),
                 history: history.clone(),
                 resource: resource.clone(),

@@ -80,12 +80,13 @@ pub fn open_data_dir(dir: &Path) -> Result<Database, DataDirError> {
 /// data directory.
 pub fn open_simulated_disk(disk: impl redb::StorageBackend) -> Result<Database, DataDirError> {
     let path = PathBuf::from("<simulated disk>");
-    let db = Database::builder()
-        .create_with_backend(disk)
-        .map_err(|e| DataDirError::Unreadable {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+    let db =
+        Database::builder()
+            .create_with_backend(disk)
+            .map_err(|e| DataDirError::Unreadable {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
     prepare(db, path)
 }
 

@@ -189,8 +189,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 /// dropped.
 #[derive(Clone)]
 enum Compactor {
-    Thread { targets: std::sync::mpsc::Sender<u64> },
-    Inline { db: Arc<Database> },
+    Thread {
+        targets: std::sync::mpsc::Sender<u64>,
+    },
+    Inline {
+        db: Arc<Database>,
+    },
 }
 
 /// Entries deleted per transaction (about a millisecond of work), and the
