@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 /// The simulated Unix time at the start of every run (2026-01-01).
-const EPOCH_MS: u64 = 1_767_225_600_000;
+pub const EPOCH_MS: u64 = 1_767_225_600_000;
 /// Snapshot often, so runs exercise snapshots, compaction and snapshot
 /// transfer to a node that fell behind.
 const SNAPSHOT_EVERY: u64 = 200;
@@ -21,7 +21,14 @@ pub struct SimCluster {
     pub fabric: Arc<Fabric>,
     slots: BTreeMap<NodeId, Slot>,
     incarnations: u64,
+    /// Some node ran with a clock outside the bound that lease timing
+    /// assumes (`CLOCK_DRIFT_BOUND`).
+    pub clock_faulted: bool,
 }
+
+/// How far a clock's rate may stray from real time for the lease guarantee
+/// to hold (docs/safety.md: 2 %).
+pub const CLOCK_DRIFT_BOUND: f64 = 0.02;
 
 struct Slot {
     disk: SimDisk,
@@ -40,6 +47,7 @@ impl SimCluster {
             fabric,
             slots: BTreeMap::new(),
             incarnations: 0,
+            clock_faulted: false,
         };
         for id in 1..=size {
             cluster.slots.insert(
@@ -66,6 +74,7 @@ impl SimCluster {
     pub async fn start(&mut self, id: NodeId, clock_rate: f64) -> anyhow::Result<()> {
         self.incarnations += 1;
         let incarnation = self.incarnations;
+        self.clock_faulted |= (clock_rate - 1.0).abs() > CLOCK_DRIFT_BOUND;
         let slot = self.slots.get_mut(&id).expect("known node");
         assert!(slot.running.is_none(), "node {id} is already running");
         let clock = Clock::simulated(clock_rate, EPOCH_MS + tokio_elapsed_ms());

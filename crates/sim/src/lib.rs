@@ -205,6 +205,9 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         finals.resource.insert(lock.clone(), value);
     }
     cluster.shut_down().await;
+    if !cluster.clock_faulted {
+        violations.extend(early_expiries(&finals.audit, &history.lease_starts()));
+    }
 
     let records = history.records();
     violations.extend(check(
@@ -226,6 +229,40 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         history: records,
         simulated: elapsed(),
     }
+}
+
+/// Leases that ended early: a holder's expiry in the audit trail, proposed
+/// less than a TTL after the client sent its last acknowledged keepalive.
+/// Valid only while every clock kept within the drift bound.
+fn early_expiries(
+    audit: &BTreeMap<String, Vec<deadbolt_proto::v1::AuditEntry>>,
+    lease_starts: &BTreeMap<u64, u64>,
+) -> Vec<Violation> {
+    // Audit stamps are whole milliseconds of a clock started on a whole
+    // millisecond, and drift within the bound adds well under one more.
+    const STAMP_SLACK_MS: u64 = 3;
+    let ttl_ms = workload::SESSION_TTL.as_millis() as u64;
+    let mut early = Vec::new();
+    for (lock, trail) in audit {
+        for entry in trail.iter().filter(|entry| entry.what == "expired") {
+            let Some(&start_ns) = lease_starts.get(&entry.session_id) else {
+                continue;
+            };
+            let expired_ms = entry.at_ms.saturating_sub(cluster::EPOCH_MS);
+            let earliest_ms = start_ns / 1_000_000 + ttl_ms;
+            if expired_ms + STAMP_SLACK_MS < earliest_ms {
+                early.push(Violation {
+                    what: format!(
+                        "session {} lost {lock} to expiry at {expired_ms} ms, before its TTL ran out \
+                         ({earliest_ms} ms: {ttl_ms} ms after its last acknowledged keepalive was sent)",
+                        entry.session_id
+                    ),
+                    records: vec![format!("{entry:?}")],
+                });
+            }
+        }
+    }
+    early
 }
 
 fn digest(records: &[Record], accepted: &[Accepted]) -> u64 {

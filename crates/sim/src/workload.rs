@@ -36,10 +36,12 @@ const ELECTION_PAUSE: Duration = Duration::from_millis(50);
 /// The chance that a client pauses after taking a lock.
 const PAUSE_CHANCE: f64 = 0.03;
 
-/// The history of a run, in the order things happened.
+/// The history of a run, in the order things happened, and when each
+/// session's lease last (re)started by its client's account.
 #[derive(Clone, Default)]
 pub struct History {
     records: Arc<Mutex<Vec<Record>>>,
+    lease_starts: Arc<Mutex<BTreeMap<u64, u64>>>,
 }
 
 impl History {
@@ -49,6 +51,19 @@ impl History {
 
     pub fn records(&self) -> Vec<Record> {
         self.records.lock().expect("history poisoned").clone()
+    }
+
+    /// The open or keepalive of `session` sent at `sent_ns` was
+    /// acknowledged: its lease runs at least a TTL from then.
+    fn lease_renewed(&self, session: u64, sent_ns: u64) {
+        let mut starts = self.lease_starts.lock().expect("history poisoned");
+        let start = starts.entry(session).or_default();
+        *start = (*start).max(sent_ns);
+    }
+
+    /// Each session's latest acknowledged lease start (send time, ns).
+    pub fn lease_starts(&self) -> BTreeMap<u64, u64> {
+        self.lease_starts.lock().expect("history poisoned").clone()
     }
 }
 
@@ -302,15 +317,18 @@ impl Client {
 
     async fn open_session(&mut self) -> Option<Session> {
         let ttl_ms = SESSION_TTL.as_millis() as u64;
+        let sent = now_ns();
         let opened = self
             .router
             .send(|api| async move { api.open_session(OpenSessionRequest { ttl_ms }).await })
             .await
             .ok()?;
+        self.history.lease_renewed(opened.session_id, sent);
         let lost = Arc::new(AtomicBool::new(false));
         let keepalive = tokio::spawn(keep_alive(
             opened.session_id,
             self.router.clone(),
+            self.history.clone(),
             self.paused_until.clone(),
             lost.clone(),
         ));
@@ -559,6 +577,7 @@ impl Client {
 async fn keep_alive(
     session_id: u64,
     mut router: Router,
+    history: History,
     paused_until: Arc<Mutex<Instant>>,
     lost: Arc<AtomicBool>,
 ) {
@@ -573,11 +592,15 @@ async fn keep_alive(
             break;
         }
         let sent = Instant::now();
+        let sent_ns = now_ns();
         let renewed = router
             .send(|api| async move { api.keep_alive(KeepAliveRequest { session_id }).await })
             .await;
         match renewed {
-            Ok(_) => last_acknowledged_send = sent,
+            Ok(_) => {
+                last_acknowledged_send = sent;
+                history.lease_renewed(session_id, sent_ns);
+            }
             Err(Failure::Refused(err))
                 if matches!(
                     err.kind,
