@@ -21,6 +21,8 @@ pub struct SimCluster {
     pub fabric: Arc<Fabric>,
     slots: BTreeMap<NodeId, Slot>,
     incarnations: u64,
+    /// Whether restarts may give a node a faulty clock.
+    pub clock_faults: bool,
     /// Some node ran with a clock outside the bound that lease timing
     /// assumes (`CLOCK_DRIFT_BOUND`).
     pub clock_faulted: bool,
@@ -42,11 +44,16 @@ struct Running {
 
 impl SimCluster {
     /// Starts `size` nodes on blank disks and forms them into one cluster.
-    pub async fn form(size: u64, fabric: Arc<Fabric>) -> anyhow::Result<SimCluster> {
+    pub async fn form(
+        size: u64,
+        clock_faults: bool,
+        fabric: Arc<Fabric>,
+    ) -> anyhow::Result<SimCluster> {
         let mut cluster = SimCluster {
             fabric,
             slots: BTreeMap::new(),
             incarnations: 0,
+            clock_faults,
             clock_faulted: false,
         };
         for id in 1..=size {

@@ -26,10 +26,10 @@ fn at() -> String {
     format!("{:>8.3}s", crate::elapsed().as_secs_f64())
 }
 
-/// A clock rate: almost always true to a few parts per million, sometimes
-/// (a clock fault) anywhere from half to twice real time.
-fn clock_rate(rng: &mut StdRng) -> f64 {
-    if rng.gen_bool(0.25) {
+/// A clock rate: true to a few parts per million, or in a run with clock
+/// faults, for a quarter of restarts, anywhere from half to twice real time.
+fn clock_rate(rng: &mut StdRng, clock_faults: bool) -> f64 {
+    if clock_faults && rng.gen_bool(0.25) {
         rng.gen_range(0.5..=2.0)
     } else {
         1.0 + rng.gen_range(-1e-5..=1e-5)
@@ -44,7 +44,7 @@ async fn restart(
     rng: &mut StdRng,
     log: &mut FaultLog,
 ) -> Result<(), String> {
-    let rate = clock_rate(rng);
+    let rate = clock_rate(rng, cluster.clock_faults);
     log.push(format!("{} restart node {id} (clock rate {rate:.3})", at()));
     cluster
         .start(id, rate)
