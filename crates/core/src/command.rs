@@ -15,8 +15,9 @@ pub enum Command {
     OpenSession { ttl_ms: u64 },
     /// The client ended its session: release its locks, drop its waits.
     CloseSession { session: SessionId },
-    /// The leader saw the session's lease run out. Same effect as a close.
-    ExpireSession { session: SessionId },
+    /// The leader of `term` saw the session's lease run out. Same effect as
+    /// a close.
+    ExpireSession { session: SessionId, term: u64 },
     /// Take `lock` for `session`. With `wait`, join the FIFO queue if the lock
     /// is held; without, fail with [`LockError::Busy`].
     Acquire {
@@ -60,6 +61,7 @@ pub enum Command {
         session: SessionId,
         remaining_ms: u64,
         renewals: u64,
+        term: u64,
     },
     /// A keepalive came for a checkpointed session: the checkpoint no longer
     /// bounds its lease. Committed before that keepalive is acknowledged.
@@ -79,9 +81,14 @@ pub enum Command {
         token: Token,
         lock: Option<String>,
     },
-    /// The leader's timer for a lock-delay ran out: grant the lock to the
-    /// next waiter (if it is still delayed for the grant with `token`).
-    EndLockDelay { lock: String, token: Token },
+    /// The timer of the leader of `term` for a lock-delay ran out: grant the
+    /// lock to the next waiter (if it is still delayed for the grant with
+    /// `token`).
+    EndLockDelay {
+        lock: String,
+        token: Token,
+        term: u64,
+    },
     /// Delete `key`, fenced like a put; the key keeps its fence.
     StoreDelete {
         key: String,
@@ -91,6 +98,17 @@ pub enum Command {
 }
 
 impl Command {
+    /// The leader term whose timers decided this command, for the commands
+    /// that only a leader's timers propose (see [`crate::LockTable::apply_in_term`]).
+    pub fn decided_in_term(&self) -> Option<u64> {
+        match self {
+            Command::ExpireSession { term, .. }
+            | Command::CheckpointLease { term, .. }
+            | Command::EndLockDelay { term, .. } => Some(*term),
+            _ => None,
+        }
+    }
+
     /// About how many bytes the command takes in the log: its strings plus
     /// a fixed allowance for the rest. For batching, not for exact sizes.
     pub fn approximate_size(&self) -> usize {

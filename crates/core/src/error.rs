@@ -57,4 +57,6 @@ pub enum LockError {
     ValueTooLarge { bytes: usize, limit: usize },
     #[error("the store already has {limit} keys")]
     TooManyKeys { limit: usize },
+    #[error("decided by the leader of term {decided} but committed in term {committed}: ignored")]
+    Superseded { decided: u64, committed: u64 },
 }

@@ -129,6 +129,28 @@ impl LockTable {
         self.apply_at(command, 0)
     }
 
+    /// Applies a command committed in a log entry of leader `term`. A
+    /// command that a leader's timers decided (an expiry, a lease
+    /// checkpoint, the end of a lock-delay) counts only if it was committed
+    /// in the term that decided it; otherwise it is refused as
+    /// [`LockError::Superseded`]. Such a command may wait in the proposer
+    /// through a leadership change and reach the log in a later term, when
+    /// the leader (even the same node, leading again) has restarted its
+    /// timers and may have acknowledged keepalives since: applying it then
+    /// could end a lease early.
+    pub fn apply_in_term(&mut self, command: &Command, at_ms: u64, term: u64) -> Applied {
+        match command.decided_in_term() {
+            Some(decided) if decided != term => Applied {
+                outcome: Err(LockError::Superseded {
+                    decided,
+                    committed: term,
+                }),
+                events: Vec::new(),
+            },
+            _ => self.apply_at(command, at_ms),
+        }
+    }
+
     /// [`apply`](Self::apply), with the wall-clock time (Unix ms) at which
     /// the leader proposed the command, for the audit trail.
     pub fn apply_at(&mut self, command: &Command, at_ms: u64) -> Applied {
@@ -154,7 +176,7 @@ impl LockTable {
             Command::CloseSession { session } => {
                 self.end_session(*session, SessionEnd::Closed, &mut events)
             }
-            Command::ExpireSession { session } => {
+            Command::ExpireSession { session, .. } => {
                 self.end_session(*session, SessionEnd::Expired, &mut events)
             }
             Command::Acquire {
@@ -170,7 +192,7 @@ impl LockTable {
                     self.note_lock_delay(*session, lock, *lock_delay_ms);
                     Outcome::Acquire(outcome)
                 }),
-            Command::EndLockDelay { lock, token } => {
+            Command::EndLockDelay { lock, token, .. } => {
                 Ok(self.end_lock_delay(lock, *token, &mut events))
             }
             Command::Release {
@@ -188,6 +210,7 @@ impl LockTable {
                 session,
                 remaining_ms,
                 renewals,
+                ..
             } => self.checkpoint_lease(*session, *remaining_ms, *renewals),
             Command::LeaseRenewed { session } => self.lease_renewed(*session),
             Command::StorePut {

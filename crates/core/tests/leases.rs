@@ -136,7 +136,10 @@ proptest! {
             leader.track(session, SessionLease::fresh(ttl), now);
             clients.push((session, ttl, now, false));
         }
+        // Checkpoints proposed and not yet committed, each with the term that
+        // decided it; one may still be waiting when the leadership changes.
         let mut proposed = std::collections::VecDeque::new();
+        let mut term = 1;
         for step in steps {
             match step {
                 ClusterStep::Renew { session, commit_ok } => {
@@ -165,21 +168,33 @@ proptest! {
                             session: due.session,
                             remaining_ms: due.remaining.as_millis() as u64,
                             renewals: due.renewals,
+                            term,
                         });
                     }
                 }
                 ClusterStep::CommitCheckpoint => {
                     if let Some(checkpoint) = proposed.pop_front() {
-                        // Ends in an error only for a session already gone.
-                        let _ = table.apply(&checkpoint);
+                        // Ends in an error for a session already gone, or a
+                        // checkpoint decided in an earlier term.
+                        let _ = table.apply_in_term(&checkpoint, 0, term);
                     }
                 }
                 ClusterStep::ChangeLeader { commits } => {
-                    for (i, checkpoint) in proposed.drain(..).enumerate() {
-                        if commits & (1 << (i % 8)) != 0 {
-                            let _ = table.apply(&checkpoint);
+                    // Each pending checkpoint commits in the old term, is
+                    // lost, or is still queued and reaches the log in a later
+                    // term (the old leader's proposer held it, and the node
+                    // leads again).
+                    let pending: Vec<Command> = proposed.drain(..).collect();
+                    for (i, checkpoint) in pending.into_iter().enumerate() {
+                        match (commits >> (2 * (i % 4))) & 3 {
+                            0 | 1 => {
+                                let _ = table.apply_in_term(&checkpoint, 0, term);
+                            }
+                            2 => proposed.push_back(checkpoint),
+                            _ => {}
                         }
                     }
+                    term += 1;
                     leader = LeaseTracker::new();
                     for (session, lease) in table.sessions() {
                         leader.track(session, lease, now);
@@ -197,7 +212,8 @@ proptest! {
                             session, now - client.2, client.1
                         );
                         client.3 = true;
-                        let applied = table.apply(&Command::ExpireSession { session });
+                        let expiry = Command::ExpireSession { session, term };
+                        let applied = table.apply_in_term(&expiry, 0, term);
                         prop_assert!(applied.outcome.is_ok());
                     }
                 }

@@ -141,6 +141,7 @@ fn command(step: &Step, seen: &Observed) -> Command {
             session: seen.session(s),
         },
         Step::Expire(s) => Command::ExpireSession {
+            term: 1,
             session: seen.session(s),
         },
         Step::Acquire(s, l, wait, attempt, delayed) => Command::Acquire {
@@ -151,6 +152,7 @@ fn command(step: &Step, seen: &Observed) -> Command {
             lock_delay_ms: if delayed { 1000 } else { 0 },
         },
         Step::EndDelay(l) => Command::EndLockDelay {
+            term: 1,
             lock: LOCKS[l].into(),
             token: seen.delayed.get(LOCKS[l]).copied().unwrap_or(Token(1)),
         },
@@ -232,7 +234,7 @@ fn run(
             return applied.outcome;
         }
         Ok(Outcome::LockDelayEnded { ended }) => {
-            let Command::EndLockDelay { lock, token } = command else {
+            let Command::EndLockDelay { lock, token, .. } = command else {
                 unreachable!()
             };
             assert_eq!(*ended, seen.delayed.get(lock) == Some(token));
@@ -275,7 +277,11 @@ proptest! {
             run(&mut table, &mut seen, &Command::CloseSession { session }).unwrap();
         }
         for (lock, token) in seen.delayed.clone() {
-            run(&mut table, &mut seen, &Command::EndLockDelay { lock, token }).unwrap();
+            run(&mut table, &mut seen, &Command::EndLockDelay {
+                    lock,
+                    token,
+                    term: 1,
+                }).unwrap();
         }
         prop_assert_eq!(table.lock_count(), 0);
         prop_assert_eq!(table.session_count(), 0);
@@ -458,7 +464,13 @@ fn the_audit_trail_tells_who_held_a_lock_and_how_it_ended() {
     table.apply_at(&acquire(a), 1_000).outcome.unwrap();
     table.apply_at(&acquire(b), 2_000).outcome.unwrap();
     table
-        .apply_at(&Command::ExpireSession { session: a }, 3_000)
+        .apply_at(
+            &Command::ExpireSession {
+                session: a,
+                term: 1,
+            },
+            3_000,
+        )
         .outcome
         .unwrap();
     table

@@ -39,12 +39,29 @@ pub struct Leases {
 
 #[derive(Default)]
 struct LeaseState {
-    /// True once this node leads and has applied everything committed before
-    /// its term. Only then may it renew or expire anything.
-    leading: bool,
+    /// The term this node leads, once it has applied everything committed
+    /// before that term. Only then may it renew or expire anything, and
+    /// what its timers propose carries the term (see
+    /// `LockTable::apply_in_term`).
+    leading: Option<u64>,
     tracker: LeaseTracker,
     /// Locks in lock-delay: when each delay ends, by this node's clock.
     delays: BTreeSet<(Instant, String, Token)>,
+}
+
+impl LeaseState {
+    /// Lock-delays whose time has come, removed from the timer.
+    fn take_ended_delays(&mut self, now: Instant) -> Vec<(String, Token)> {
+        let mut ended = Vec::new();
+        while let Some((at, _, _)) = self.delays.first() {
+            if *at > now {
+                break;
+            }
+            let (_, lock, token) = self.delays.pop_first().expect("just seen");
+            ended.push((lock, token));
+        }
+        ended
+    }
 }
 
 /// Why a keepalive was refused.
@@ -80,20 +97,19 @@ impl Leases {
 
     pub fn renew(&self, session: SessionId) -> Result<Duration, KeepAliveError> {
         let mut state = self.state();
-        if !state.leading {
+        if state.leading.is_none() {
             return Err(KeepAliveError::NotLeader);
         }
-        state
-            .tracker
-            .renew(session, self.clock.now())
-            .map_err(keep_alive_error)
+        let renewed = state.tracker.renew(session, self.clock.now());
+        tracing::debug!(session = session.0, ?renewed, "keepalive");
+        renewed.map_err(keep_alive_error)
     }
 
     /// The `LeaseRenewed` that a keepalive for a checkpointed session needed
     /// is committed: renew as usual.
     pub fn renewed_through_log(&self, session: SessionId) -> Result<Duration, KeepAliveError> {
         let mut state = self.state();
-        if !state.leading {
+        if state.leading.is_none() {
             return Err(KeepAliveError::NotLeader);
         }
         state
@@ -106,7 +122,7 @@ impl Leases {
     /// earlier than when its opener sees the reply.
     pub fn opened(&self, session: SessionId, ttl: Duration) {
         let mut state = self.state();
-        if state.leading {
+        if state.leading.is_some() {
             state
                 .tracker
                 .track(session, SessionLease::fresh(ttl), self.clock.now());
@@ -123,7 +139,7 @@ impl Leases {
     /// which is no earlier than from when the session expired.
     pub fn lock_delayed(&self, lock: &str, token: Token, delay: Duration) {
         let mut state = self.state();
-        if state.leading {
+        if state.leading.is_some() {
             state
                 .delays
                 .insert((self.clock.now() + delay, lock.to_owned(), token));
@@ -135,7 +151,7 @@ impl Leases {
     /// This node now leads: every live session gets a full TTL from now
     /// (or the time left at its checkpoint, from now), whatever keepalives an
     /// earlier leader saw. Leases can only get longer.
-    fn start_leading(&self, table: &SharedTable) {
+    fn start_leading(&self, term: u64, table: &SharedTable) {
         let now = self.clock.now();
         let mut state = self.state();
         state.tracker.clear();
@@ -149,34 +165,20 @@ impl Leases {
             .delayed_locks()
             .map(|(lock, token, delay)| (now + delay, lock.to_owned(), token))
             .collect();
-        state.leading = true;
+        state.leading = Some(term);
         drop(state);
         self.changed.notify_one();
     }
 
     fn stop_leading(&self) {
         let mut state = self.state();
-        state.leading = false;
+        state.leading = None;
         state.tracker.clear();
         state.delays.clear();
     }
 
-    /// Lock-delays whose time has come, removed from the timer.
-    fn take_ended_delays(&self, now: Instant) -> Vec<(String, Token)> {
-        let mut state = self.state();
-        let mut ended = Vec::new();
-        while let Some((at, _, _)) = state.delays.first() {
-            if *at > now {
-                break;
-            }
-            let (_, lock, token) = state.delays.pop_first().expect("just seen");
-            ended.push((lock, token));
-        }
-        ended
-    }
-
     pub fn is_leading(&self) -> bool {
-        self.state().leading
+        self.state().leading.is_some()
     }
 }
 
@@ -206,54 +208,76 @@ pub async fn expire_sessions(
             _ = leases.changed.notified() => {}
             _ = stop.changed() => return,
         }
-        let checkpoints = leases
-            .state()
-            .tracker
-            .take_due_checkpoints(leases.clock.now());
+        let now = leases.clock.now();
+        let (term, checkpoints, ended_delays, expired) = {
+            let mut state = leases.state();
+            let Some(term) = state.leading else {
+                continue;
+            };
+            let checkpoints = state.tracker.take_due_checkpoints(now);
+            let ended_delays = state.take_ended_delays(now);
+            let expired = state.tracker.take_expired(now);
+            (term, checkpoints, ended_delays, expired)
+        };
         for due in checkpoints {
-            tokio::spawn(checkpoint(proposer.clone(), due));
+            tokio::spawn(checkpoint(proposer.clone(), due, term));
         }
-        for (lock, token) in leases.take_ended_delays(leases.clock.now()) {
+        for (lock, token) in ended_delays {
             tokio::spawn(end_lock_delay(
                 leases.clone(),
                 proposer.clone(),
                 lock,
                 token,
+                term,
             ));
         }
-        let expired = leases.state().tracker.take_expired(leases.clock.now());
         for session in expired {
-            let leases = leases.clone();
-            let proposer = proposer.clone();
-            tokio::spawn(async move {
-                match proposer.propose(Command::ExpireSession { session }).await {
-                    Ok(_) => tracing::info!(session = session.0, "session expired"),
-                    Err(err) => {
-                        tracing::warn!(session = session.0, %err, "could not commit expiry; will retry");
-                        leases
-                            .state()
-                            .tracker
-                            .retry_expiry(session, leases.clock.now() + EXPIRY_RETRY);
-                    }
-                }
-            });
+            tokio::spawn(expire(leases.clone(), proposer.clone(), session, term));
         }
     }
 }
 
-/// Commits the end of a lock-delay; retried (later) if it cannot be.
-async fn end_lock_delay(leases: Arc<Leases>, proposer: Proposer, lock: String, token: Token) {
+/// Commits the expiry of a session whose lease ran out in `term`; retried
+/// (later) while this node still leads that term.
+async fn expire(leases: Arc<Leases>, proposer: Proposer, session: SessionId, term: u64) {
+    match proposer
+        .propose(Command::ExpireSession { session, term })
+        .await
+    {
+        Ok(Ok(_)) => tracing::info!(session = session.0, "session expired"),
+        // Closed meanwhile, or superseded: a later term's leader tracks it.
+        Ok(Err(refused)) => tracing::debug!(session = session.0, %refused, "expiry not applied"),
+        Err(err) => {
+            let mut state = leases.state();
+            if state.leading == Some(term) {
+                tracing::warn!(session = session.0, %err, "could not commit expiry; will retry");
+                let retry_at = leases.clock.now() + EXPIRY_RETRY;
+                state.tracker.retry_expiry(session, retry_at);
+            }
+        }
+    }
+}
+
+/// Commits the end of a lock-delay that ran out in `term`; retried (later)
+/// while this node still leads that term.
+async fn end_lock_delay(
+    leases: Arc<Leases>,
+    proposer: Proposer,
+    lock: String,
+    token: Token,
+    term: u64,
+) {
     let command = Command::EndLockDelay {
         lock: lock.clone(),
         token,
+        term,
     };
     if let Err(err) = proposer.propose(command).await {
-        tracing::warn!(lock, %err, "could not end a lock-delay; will retry");
         let mut state = leases.state();
-        if state.leading {
-            state
-                .delays
-                .insert((leases.clock.now() + EXPIRY_RETRY, lock, token));
+        if state.leading == Some(term) {
+            tracing::warn!(lock, %err, "could not end a lock-delay; will retry");
+            let retry_at = leases.clock.now() + EXPIRY_RETRY;
+            state.delays.insert((retry_at, lock, token));
         }
     }
 }
@@ -261,12 +285,13 @@ async fn end_lock_delay(leases: Arc<Leases>, proposer: Proposer, lock: String, t
 /// Writes a quiet session's remaining lease to the log. A failure needs no
 /// retry: the session stays marked, so its next keepalive goes through the
 /// log anyway, and a new leader without the checkpoint gives a full TTL.
-async fn checkpoint(proposer: Proposer, due: DueCheckpoint) {
+async fn checkpoint(proposer: Proposer, due: DueCheckpoint, term: u64) {
     let command = Command::CheckpointLease {
         session: due.session,
         // Rounded up: a checkpoint may overstate the time left, never understate it.
         remaining_ms: u64::try_from(due.remaining.as_micros().div_ceil(1000)).unwrap_or(u64::MAX),
         renewals: due.renewals,
+        term,
     };
     if let Err(err) = proposer.propose(command).await {
         tracing::debug!(session = due.session.0, %err, "lease checkpoint not committed");
@@ -302,7 +327,7 @@ pub async fn follow_leadership(
             }
             match raft.ensure_linearizable().await {
                 Ok(_) => {
-                    leases.start_leading(&table);
+                    leases.start_leading(term, &table);
                     led_term = Some(term);
                     tracing::info!(
                         node_id,

@@ -53,6 +53,8 @@ impl From<LockError> for ApiError {
             | LockError::LockDelayTooLong { .. }
             | LockError::InvalidKey { .. }
             | LockError::ValueTooLarge { .. } => ErrorKind::InvalidArgument,
+            // Only the leader's own timer commands are ever superseded.
+            LockError::Superseded { .. } => ErrorKind::Unavailable,
             LockError::TooManyWaiters { .. }
             | LockError::TooManySessions { .. }
             | LockError::TooManyLocks { .. }

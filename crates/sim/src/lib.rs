@@ -89,8 +89,8 @@ thread_local! {
     static START: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
-/// Simulated time since the current run began.
-pub(crate) fn elapsed() -> Duration {
+/// Simulated time since the current run began (on the thread running it).
+pub fn elapsed() -> Duration {
     START.with(|start| start.get().map_or(Duration::ZERO, |start| start.elapsed()))
 }
 

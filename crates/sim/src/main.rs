@@ -42,6 +42,15 @@ struct Cli {
     unfenced: bool,
 }
 
+/// Log lines carry the simulated time.
+struct SimulatedTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimulatedTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "{:>9.3}s", deadbolt_sim::elapsed().as_secs_f64())
+    }
+}
+
 fn print_report(report: &SeedReport, verbose: bool) {
     println!(
         "seed {}: nodes={} clients={} ops={} faults={} violations={} simulated={:.1}s digest={:016x}",
@@ -78,6 +87,7 @@ fn main() {
     if let Ok(filter) = std::env::var("DEADBOLT_SIM_LOG") {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_timer(SimulatedTime)
             .with_writer(std::io::stderr)
             .init();
     }

@@ -248,16 +248,17 @@ impl Drop for Session {
     }
 }
 
-pub struct Client {
-    pub id: usize,
-    pub router: Router,
-    pub rng: StdRng,
-    pub locks: Vec<String>,
-    pub history: History,
-    pub resource: Arc<SimResource>,
+struct Client {
+    id: usize,
+    router: Router,
+    rng: StdRng,
+    locks: Vec<String>,
+    history: History,
+    resource: Arc<SimResource>,
     /// Until when this client is paused (its keepalives too).
-    pub paused_until: Arc<Mutex<Instant>>,
-    pub attempts: u64,
+    paused_until: Arc<Mutex<Instant>>,
+    /// Acquire attempts so far; each acquire is a new attempt.
+    attempts: u64,
 }
 
 impl Client {
@@ -283,7 +284,7 @@ impl Client {
     }
 
     /// Rounds until `stop`.
-    pub async fn run(mut self, stop: tokio::sync::watch::Receiver<bool>) {
+    async fn run(mut self, stop: tokio::sync::watch::Receiver<bool>) {
         let mut session: Option<Session> = None;
         while !*stop.borrow() {
             let current = match session.take() {
@@ -600,6 +601,12 @@ async fn keep_alive(
             Ok(_) => {
                 last_acknowledged_send = sent;
                 history.lease_renewed(session_id, sent_ns);
+                tracing::debug!(
+                    session_id,
+                    node = router.target,
+                    sent_ms = sent_ns / 1_000_000,
+                    "keepalive acknowledged"
+                );
             }
             Err(Failure::Refused(err))
                 if matches!(

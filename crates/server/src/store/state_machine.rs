@@ -153,7 +153,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Normal(Batch { commands, at_ms }) => commands
                         .iter()
                         .map(|command| {
-                            let applied = state.table.apply_at(command, at_ms);
+                            let term = entry.log_id.leader_id.term;
+                            let applied = state.table.apply_in_term(command, at_ms, term);
                             events.extend(applied.events);
                             applied.outcome
                         })
