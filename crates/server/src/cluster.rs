@@ -309,12 +309,14 @@ impl Node {
             Output = Result<T, RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>>,
         >,
     {
-        let give_up = std::time::Instant::now() + MEMBERSHIP_WAIT;
+        // tokio's clock, as everything a node decides by (the simulation
+        // pauses it).
+        let give_up = tokio::time::Instant::now() + MEMBERSHIP_WAIT;
         loop {
             match change().await {
                 Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
                     ChangeMembershipError::InProgress(_),
-                ))) if std::time::Instant::now() < give_up => {
+                ))) if tokio::time::Instant::now() < give_up => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 result => return result.map_err(|err| self.membership_error(err)),

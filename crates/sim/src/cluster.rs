@@ -129,6 +129,14 @@ impl SimCluster {
         tokio::spawn(running.node.crash());
     }
 
+    /// Loses node `id`'s data: it restarts with a blank disk. Only while it
+    /// is down.
+    pub fn wipe(&mut self, id: NodeId) {
+        let slot = self.slots.get_mut(&id).expect("known node");
+        assert!(slot.running.is_none(), "node {id} is running");
+        slot.disk = SimDisk::default();
+    }
+
     /// The node that currently leads, by the running nodes' own account.
     pub fn leader(&self) -> Option<NodeId> {
         self.slots.iter().find_map(|(&id, slot)| {

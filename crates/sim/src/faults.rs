@@ -8,10 +8,16 @@
 //! - partitions: the leader isolated, one node isolated, a majority and a
 //!   minority, or (five nodes) a bridge, where one node sees both halves;
 //! - a lossy, slow network: messages lost (5-30 %) and delayed (up to
-//!   100 ms), so they also arrive out of order.
+//!   100 ms), so they also arrive out of order;
+//! - a node loses its disk and is replaced as an operator would: `cluster
+//!   remove`, restart empty, `cluster add` (learner, catch-up by snapshot,
+//!   voter).
 
 use crate::cluster::SimCluster;
-use crate::network::LinkQuality;
+use crate::network::{address, LinkQuality};
+use crate::workload::{Failure, Router};
+use deadbolt_proto::v1::{AddMemberRequest, RemoveMemberRequest};
+use deadbolt_proto::ErrorKind;
 use deadbolt_server::embedded::NodeId;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -56,6 +62,7 @@ async fn restart(
 /// Returns how many were injected, or why a node could not restart.
 pub async fn inject(
     cluster: &mut SimCluster,
+    router: &mut Router,
     rng: &mut StdRng,
     until: Instant,
     log: &mut FaultLog,
@@ -71,7 +78,8 @@ pub async fn inject(
             _ => *ids.choose(rng).expect("nodes"),
         };
         faults += 1;
-        match rng.gen_range(0..10) {
+        match rng.gen_range(0..11) {
+            10 => replace(cluster, router, victim, rng, log).await?,
             0..=3 => {
                 log.push(format!("{} crash node {victim} (leader: {leader:?})", at()));
                 cluster.crash(victim, rng);
@@ -116,6 +124,73 @@ pub async fn inject(
         }
     }
     Ok(faults)
+}
+
+/// Node `lost` loses its disk and comes back as a new member: removed from
+/// the cluster, restarted empty, added again. No other fault runs meanwhile,
+/// so both changes must go through.
+async fn replace(
+    cluster: &mut SimCluster,
+    router: &mut Router,
+    lost: NodeId,
+    rng: &mut StdRng,
+    log: &mut FaultLog,
+) -> Result<(), String> {
+    log.push(format!(
+        "{} node {lost} loses its disk: remove, restart empty, add",
+        at()
+    ));
+    cluster.crash(lost, rng);
+    cluster.wipe(lost);
+    membership_change(router, "remove", lost, |api| async move {
+        api.remove_member(RemoveMemberRequest { node_id: lost })
+            .await
+    })
+    .await?;
+    restart(cluster, lost, rng, log).await?;
+    membership_change(router, "add", lost, |api| async move {
+        let request = AddMemberRequest {
+            node_id: lost,
+            address: address(lost),
+        };
+        api.add_member(request).await
+    })
+    .await?;
+    log.push(format!("{} node {lost} is a voter again", at()));
+    Ok(())
+}
+
+/// Sends a membership change until the leader takes it: a healthy cluster
+/// must, within a minute.
+async fn membership_change<T, Fut>(
+    router: &mut Router,
+    what: &str,
+    node: NodeId,
+    change: impl Fn(deadbolt_server::embedded::Api) -> Fut,
+) -> Result<(), String>
+where
+    Fut: std::future::Future<Output = Result<T, deadbolt_server::embedded::ApiError>>,
+{
+    let give_up = Instant::now() + Duration::from_secs(60);
+    loop {
+        let failure = match router.send(&change).await {
+            Ok(_) => return Ok(()),
+            // Already done by an attempt whose answer was lost.
+            Err(Failure::Refused(err))
+                if err.kind == ErrorKind::InvalidArgument
+                    && err.message.contains("not a member") =>
+            {
+                return Ok(())
+            }
+            Err(failure) => failure,
+        };
+        if Instant::now() >= give_up {
+            return Err(format!(
+                "a healthy cluster did not {what} node {node} within a minute: {failure:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Splits the nodes for a partition: `victim` alone, or (half the time,

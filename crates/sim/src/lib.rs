@@ -138,7 +138,16 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     let mut fault_log = Vec::new();
     let until = Instant::now() + options.fault_time;
     let mut violations = Vec::new();
-    let faults = match faults::inject(&mut cluster, &mut rng, until, &mut fault_log).await {
+    let mut nemesis_router = Router::new(fabric.clone(), cluster.ids(), 1);
+    let injected = faults::inject(
+        &mut cluster,
+        &mut nemesis_router,
+        &mut rng,
+        until,
+        &mut fault_log,
+    )
+    .await;
+    let faults = match injected {
         Ok(faults) => faults,
         Err(finding) => {
             violations.push(Violation {

@@ -261,26 +261,55 @@ struct Client {
     attempts: u64,
 }
 
-impl Client {
-    fn record(
-        &self,
-        op: Op,
-        phase: Phase,
-        lock: &str,
-        token: Option<u64>,
-        value: Option<u64>,
-        error: Option<String>,
-    ) {
+/// One operation of a client: recorded as invoked when it starts, and once
+/// more when it ends.
+struct Step {
+    history: History,
+    client: usize,
+    op: Op,
+    lock: String,
+    token: Option<u64>,
+}
+
+impl Step {
+    fn record(&self, phase: Phase, value: Option<u64>, error: Option<String>) {
         self.history.push(Record {
             at: now_ns(),
-            client: self.id,
-            op,
+            client: self.client,
+            op: self.op,
             phase,
-            lock: lock.to_owned(),
-            token,
+            lock: self.lock.clone(),
+            token: self.token,
             value,
             error,
         });
+    }
+
+    fn ok(self, value: Option<u64>) {
+        self.record(Phase::Ok, value, None);
+    }
+
+    /// Ended as `failure` says: certainly without effect, or unknown.
+    fn failed(self, failure: &Failure, value: Option<u64>) {
+        self.record(failure.phase(), value, Some(failure.message()));
+    }
+
+    fn refused(self, error: String) {
+        self.record(Phase::Fail, None, Some(error));
+    }
+}
+
+impl Client {
+    fn start(&self, op: Op, lock: &str, token: Option<u64>) -> Step {
+        let step = Step {
+            history: self.history.clone(),
+            client: self.id,
+            op,
+            lock: lock.to_owned(),
+            token,
+        };
+        step.record(Phase::Invoke, None, None);
+        step
     }
 
     /// Rounds until `stop`.
@@ -342,7 +371,7 @@ impl Client {
 
     /// Acquire, two increments, release. False if the session is in doubt.
     async fn round(&mut self, session_id: u64, lock: &str) -> bool {
-        self.record(Op::Acquire, Phase::Invoke, lock, None, None, None);
+        let mut acquire = self.start(Op::Acquire, lock, None);
         self.attempts += 1;
         let attempt = self.attempts;
         let acquired = self
@@ -365,22 +394,16 @@ impl Client {
         let token = match acquired {
             Ok(granted) => granted.token,
             Err(failure) => {
-                self.record(
-                    Op::Acquire,
-                    failure.phase(),
-                    lock,
-                    None,
-                    None,
-                    Some(failure.message()),
-                );
                 let session_fine = matches!(
                     failure.kind(),
                     Some(ErrorKind::WaitTimeout | ErrorKind::Busy | ErrorKind::NotLeader)
                 );
+                acquire.failed(&failure, None);
                 return session_fine;
             }
         };
-        self.record(Op::Acquire, Phase::Ok, lock, Some(token), None, None);
+        acquire.token = Some(token);
+        acquire.ok(None);
 
         if self.rng.gen_bool(PAUSE_CHANCE) {
             let pause = SESSION_TTL.mul_f64(self.rng.gen_range(1.5..3.0));
@@ -391,7 +414,7 @@ impl Client {
         self.store_increment(lock, token).await;
         self.resource_increment(lock, token).await;
 
-        self.record(Op::Release, Phase::Invoke, lock, Some(token), None, None);
+        let release = self.start(Op::Release, lock, Some(token));
         let released = self
             .router
             .send(|api| {
@@ -408,18 +431,11 @@ impl Client {
             .await;
         match released {
             Ok(_) => {
-                self.record(Op::Release, Phase::Ok, lock, Some(token), None, None);
+                release.ok(None);
                 true
             }
             Err(failure) => {
-                self.record(
-                    Op::Release,
-                    failure.phase(),
-                    lock,
-                    Some(token),
-                    None,
-                    Some(failure.message()),
-                );
+                release.failed(&failure, None);
                 false
             }
         }
@@ -427,14 +443,7 @@ impl Client {
 
     /// A fenced read, then a strict fenced put of the value + 1.
     async fn store_increment(&mut self, lock: &str, token: u64) {
-        self.record(
-            Op::StoreIncrement,
-            Phase::Invoke,
-            lock,
-            Some(token),
-            None,
-            None,
-        );
+        let step = self.start(Op::StoreIncrement, lock, Some(token));
         let key = format!("counter:{lock}");
         let read = self
             .router
@@ -453,18 +462,7 @@ impl Client {
         let current = match read {
             // A read changes no counter: whatever its outcome, the
             // increment certainly did not happen.
-            Err(failure) => {
-                let error = Some(failure.message());
-                self.record(
-                    Op::StoreIncrement,
-                    Phase::Fail,
-                    lock,
-                    Some(token),
-                    None,
-                    error,
-                );
-                return;
-            }
+            Err(failure) => return step.refused(failure.message()),
             Ok(read) if read.found => read.value.parse::<u64>().expect("counters are numbers"),
             Ok(_) => 0,
         };
@@ -485,38 +483,14 @@ impl Client {
             })
             .await;
         match written {
-            Ok(_) => self.record(
-                Op::StoreIncrement,
-                Phase::Ok,
-                lock,
-                Some(token),
-                Some(next),
-                None,
-            ),
-            Err(failure) => {
-                let error = Some(failure.message());
-                self.record(
-                    Op::StoreIncrement,
-                    failure.phase(),
-                    lock,
-                    Some(token),
-                    Some(next),
-                    error,
-                )
-            }
+            Ok(_) => step.ok(Some(next)),
+            Err(failure) => step.failed(&failure, Some(next)),
         }
     }
 
     /// The same on the resource, across the simulated network.
     async fn resource_increment(&mut self, lock: &str, token: u64) {
-        self.record(
-            Op::ResourceIncrement,
-            Phase::Invoke,
-            lock,
-            Some(token),
-            None,
-            None,
-        );
+        let step = self.start(Op::ResourceIncrement, lock, Some(token));
         let resource = self.resource.clone();
         let read = self
             .router
@@ -525,29 +499,8 @@ impl Client {
             .await;
         let current = match read {
             Ok(Ok(value)) => value,
-            Ok(Err(stale)) => {
-                self.record(
-                    Op::ResourceIncrement,
-                    Phase::Fail,
-                    lock,
-                    Some(token),
-                    None,
-                    Some(stale),
-                );
-                return;
-            }
-            Err(lost) => {
-                let error = Some(format!("read: {lost:?}"));
-                self.record(
-                    Op::ResourceIncrement,
-                    Phase::Fail,
-                    lock,
-                    Some(token),
-                    None,
-                    error,
-                );
-                return;
-            }
+            Ok(Err(stale)) => return step.refused(stale),
+            Err(lost) => return step.refused(format!("read: {lost:?}")),
         };
         let next = current + 1;
         let written = self
@@ -555,20 +508,12 @@ impl Client {
             .fabric
             .reach(|| resource.write(lock, token, next))
             .await;
-        let (phase, error) = match written {
-            Ok(Ok(())) => (Phase::Ok, None),
-            Ok(Err(stale)) => (Phase::Fail, Some(stale)),
-            Err(Lost::Refused) => (Phase::Fail, Some("refused".to_owned())),
-            Err(Lost::NoAnswer) => (Phase::Info, Some("no answer".to_owned())),
-        };
-        self.record(
-            Op::ResourceIncrement,
-            phase,
-            lock,
-            Some(token),
-            Some(next),
-            error,
-        );
+        match written {
+            Ok(Ok(())) => step.ok(Some(next)),
+            Ok(Err(stale)) => step.record(Phase::Fail, Some(next), Some(stale)),
+            Err(Lost::Refused) => step.record(Phase::Fail, Some(next), Some("refused".into())),
+            Err(Lost::NoAnswer) => step.record(Phase::Info, Some(next), Some("no answer".into())),
+        }
     }
 }
 
