@@ -100,9 +100,10 @@ impl Leases {
         if state.leading.is_none() {
             return Err(KeepAliveError::NotLeader);
         }
-        let renewed = state.tracker.renew(session, self.clock.now());
-        tracing::debug!(session = session.0, ?renewed, "keepalive");
-        renewed.map_err(keep_alive_error)
+        state
+            .tracker
+            .renew(session, self.clock.now())
+            .map_err(keep_alive_error)
     }
 
     /// The `LeaseRenewed` that a keepalive for a checkpointed session needed
@@ -151,11 +152,17 @@ impl Leases {
     /// This node now leads: every live session gets a full TTL from now
     /// (or the time left at its checkpoint, from now), whatever keepalives an
     /// earlier leader saw. Leases can only get longer.
-    fn start_leading(&self, term: u64, table: &SharedTable) {
+    /// `last_log`: the end of this leader's log when it took over, which
+    /// must be applied by now (see `applied_all_before_leading`).
+    fn start_leading(&self, term: u64, last_log: Option<u64>, table: &SharedTable) {
         let now = self.clock.now();
         let mut state = self.state();
         state.tracker.clear();
         let applied = table.read().expect("state lock poisoned");
+        assert!(
+            applied.last_applied.map(|id| id.index) >= last_log,
+            "lease tracking must start from the whole log a leader took over"
+        );
         for (session, lease) in applied.table.sessions() {
             state.tracker.track(session, lease, now);
         }
@@ -352,7 +359,7 @@ pub async fn follow_leadership(
             }
             match applied_all_before_leading(&raft, last_log).await {
                 Ok(()) => {
-                    leases.start_leading(term, &table);
+                    leases.start_leading(term, last_log, &table);
                     led_term = Some(term);
                     tracing::info!(
                         node_id,

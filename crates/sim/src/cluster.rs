@@ -84,7 +84,7 @@ impl SimCluster {
         self.clock_faulted |= (clock_rate - 1.0).abs() > CLOCK_DRIFT_BOUND;
         let slot = self.slots.get_mut(&id).expect("known node");
         assert!(slot.running.is_none(), "node {id} is already running");
-        let clock = Clock::simulated(clock_rate, EPOCH_MS + tokio_elapsed_ms());
+        let clock = Clock::simulated(clock_rate, EPOCH_MS + crate::elapsed().as_millis() as u64);
         let network = SimNetwork {
             id,
             incarnation,
@@ -155,9 +155,4 @@ impl SimCluster {
             }
         }
     }
-}
-
-/// Milliseconds since the run began, on the simulated clock.
-pub fn tokio_elapsed_ms() -> u64 {
-    crate::elapsed().as_millis() as u64
 }

@@ -193,20 +193,10 @@ impl Fabric {
         };
         let (delay, lost) = self.draw_leg();
         tokio::time::sleep(delay).await;
-        // The answer travels back on the same link, from the same
-        // incarnation, to a sender that must still be there.
-        let back = {
-            let state = self.state();
-            let responder_current = state
-                .nodes
-                .get(&to)
-                .is_some_and(|node| node.incarnation == target.incarnation);
-            let link_up = match from {
-                Sender::Node { id, .. } => !state.cut.contains(&(to, id)),
-                Sender::Client => true,
-            };
-            responder_current && link_up && Self::route(&state, from, to).is_some()
-        };
+        // The answer travels back on the same link (cuts are symmetric),
+        // from the same incarnation, to a sender that must still be there.
+        let back = Self::route(&self.state(), from, to)
+            .is_some_and(|node| node.incarnation == target.incarnation);
         match answer {
             Some(answer) if back && !lost => Ok(answer),
             _ => {
