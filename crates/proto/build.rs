@@ -8,8 +8,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_build::configure()
         .type_attribute(
             ".deadbolt.v1",
-            "#[derive(serde::Serialize, serde::Deserialize)] #[serde(default)]",
+            "#[derive(serde::Serialize, serde::Deserialize)]",
         )
+        .message_attribute(".deadbolt.v1", "#[serde(default)]")
         .compile_protos(&["proto/deadbolt.proto"], &["proto"])?;
     println!("cargo:rerun-if-changed=proto/deadbolt.proto");
     Ok(())

@@ -194,6 +194,111 @@ async fn grpc_api_refuses_bad_requests_with_clear_errors() {
     assert_eq!(err.kind(), ErrorKind::NotHolder);
 }
 
+/// The `Calls` stream, spoken raw: each answer carries its request's id,
+/// a malformed request gets an error for its id alone, and a cancelled
+/// acquire is given back on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_stream_answers_by_id_and_refuses_malformed_calls() {
+    use deadbolt_proto::v1::call_request::Call;
+    use deadbolt_proto::v1::call_response::Result as Answer;
+    use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
+    use deadbolt_proto::v1::*;
+    use std::collections::HashMap;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let client = server.client().await;
+    let (holder, _) = client
+        .open_session_raw(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let (waiter, _) = client
+        .open_session_raw(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(server.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (requests, outgoing) = tokio::sync::mpsc::unbounded_channel();
+    let mut answers = DeadboltClient::new(channel)
+        .calls(tokio_stream::wrappers::UnboundedReceiverStream::new(
+            outgoing,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let send = |id, call| requests.send(CallRequest { id, call }).unwrap();
+    let acquire = |session_id, wait| {
+        Some(Call::Acquire(AcquireRequest {
+            session_id,
+            lock: "a".into(),
+            wait,
+            attempt: 1,
+            ..Default::default()
+        }))
+    };
+    send(1, acquire(holder, false));
+    send(2, None);
+    send(3, acquire(777, false));
+    send(4, acquire(waiter, true));
+    send(4, acquire(waiter, true));
+    let mut answered = HashMap::new();
+    while answered.len() < 4 {
+        let answer = answers.message().await.unwrap().expect("an answer");
+        assert!(answered.insert(answer.id, answer.result.unwrap()).is_none());
+    }
+    let kind = |id| match &answered[&id] {
+        Answer::Error(error) => error.kind.clone(),
+        other => panic!("call {id}: expected an error, got {other:?}"),
+    };
+    let Answer::Acquire(AcquireResponse { token }) = answered[&1] else {
+        panic!("call 1: {:?}", answered[&1]);
+    };
+    assert_eq!(kind(2), "invalid_argument");
+    assert_eq!(kind(3), "unknown_session");
+    // The second request with id 4: the first is still blocked.
+    assert_eq!(kind(4), "invalid_argument");
+
+    // Cancel the blocked acquire, then release: the waiter may get the lock
+    // in between, but the server gives back what was cancelled.
+    send(4, Some(Call::Cancel(CancelCall {})));
+    send(
+        5,
+        Some(Call::Release(ReleaseRequest {
+            session_id: holder,
+            lock: "a".into(),
+            token,
+        })),
+    );
+    let released = answers.message().await.unwrap().unwrap();
+    assert_eq!(released.id, 5, "the cancelled call gets no answer");
+    assert!(matches!(released.result, Some(Answer::Release(_))));
+    let freed = tokio::time::Instant::now() + Duration::from_secs(10);
+    while client.lock_status("a").await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < freed,
+            "the cancelled acquire kept the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The stream still serves, and ends once the client has said all.
+    send(
+        6,
+        Some(Call::KeepAlive(KeepAliveRequest { session_id: holder })),
+    );
+    let renewed = answers.message().await.unwrap().unwrap();
+    assert_eq!(renewed.id, 6);
+    assert!(
+        matches!(renewed.result, Some(Answer::KeepAlive(_))),
+        "{renewed:?}"
+    );
+    drop(requests);
+    assert!(answers.message().await.unwrap().is_none());
+}
+
 fn start_server_expecting_failure(data_dir: &std::path::Path) -> String {
     let output = Command::new(BIN)
         .args([

@@ -9,8 +9,11 @@
 //! and moves on to the next when a call finds that one unreachable or not the
 //! leader, so a later call lands elsewhere.
 
+use crate::calls::Calls;
 use crate::error::describe_chain;
 use crate::{Error, ErrorKind, HealthResponse, LockState, Session};
+use deadbolt_proto::v1::call_request::Call;
+use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::cluster_client::ClusterClient;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{
@@ -74,6 +77,31 @@ struct Current {
     /// the client on by one endpoint rather than one each.
     generation: u64,
     channel: Channel,
+    /// The `Calls` stream on `channel`, opened on first use.
+    calls: Option<Calls>,
+}
+
+impl Current {
+    fn new(index: usize, generation: u64, channel: Channel) -> Current {
+        Current {
+            index,
+            generation,
+            channel,
+            calls: None,
+        }
+    }
+
+    fn channel(&mut self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// The `Calls` stream, opening a new one if there is none or it ended.
+    fn calls(&mut self) -> Calls {
+        match &self.calls {
+            Some(calls) if !calls.has_ended() => calls.clone(),
+            _ => self.calls.insert(Calls::open(self.channel.clone())).clone(),
+        }
+    }
 }
 
 impl Client {
@@ -98,11 +126,7 @@ impl Client {
             match target.endpoint.connect().await {
                 Ok(channel) => {
                     tracing::debug!(endpoint = %target.address, "connected");
-                    let current = Current {
-                        index,
-                        generation: 0,
-                        channel,
-                    };
+                    let current = Current::new(index, 0, channel);
                     return Ok(Client {
                         shared: Arc::new(Shared {
                             current: Mutex::new(current),
@@ -195,12 +219,12 @@ impl Client {
     /// Renews a session's lease by its TTL (returned), counted from when the
     /// server receives the request.
     pub async fn keep_alive_raw(&self, session_id: u64) -> Result<Duration, Error> {
-        let request = KeepAliveRequest { session_id };
-        let response = self
-            .call(request, |channel, request| async move {
-                DeadboltClient::new(channel).keep_alive(request).await
-            })
-            .await?;
+        let call = || Call::KeepAlive(KeepAliveRequest { session_id });
+        let answer = |answer| match answer {
+            Answer::KeepAlive(response) => Some(response),
+            _ => None,
+        };
+        let response = self.call_streamed(call, answer).await?;
         Ok(Duration::from_millis(response.ttl_ms))
     }
 
@@ -239,41 +263,44 @@ impl Client {
         timeout: Option<Duration>,
         lock_delay: Duration,
     ) -> Result<u64, Error> {
-        let request = AcquireRequest {
-            lock_delay_ms: millis(lock_delay),
-            session_id,
-            lock: lock.to_owned(),
-            wait,
-            timeout_ms: timeout.map(millis),
-            attempt: 0,
-        };
-        let response = self
-            .call(request, |channel, mut request| async move {
+        let call = || {
+            Call::Acquire(AcquireRequest {
+                lock_delay_ms: millis(lock_delay),
+                session_id,
+                lock: lock.to_owned(),
+                wait,
+                timeout_ms: timeout.map(millis),
                 // A fresh, larger id for every send, resends to another node
                 // included: if a send is abandoned (the future dropped, the
                 // connection lost), the server gives back what it would have
                 // answered, unless a later attempt took over. Reusing an id
                 // would let a stale node's abandon take back a grant a later
                 // send of the same id received.
-                request.attempt = next_attempt();
-                DeadboltClient::new(channel).acquire(request).await
+                attempt: next_attempt(),
             })
-            .await?;
+        };
+        let answer = |answer| match answer {
+            Answer::Acquire(response) => Some(response),
+            _ => None,
+        };
+        let response = self.call_streamed(call, answer).await?;
         Ok(response.token)
     }
 
     /// Releases `lock`, held by the session with fencing token `token`.
     pub async fn release_raw(&self, session_id: u64, lock: &str, token: u64) -> Result<(), Error> {
-        let request = ReleaseRequest {
-            session_id,
-            lock: lock.to_owned(),
-            token,
+        let call = || {
+            Call::Release(ReleaseRequest {
+                session_id,
+                lock: lock.to_owned(),
+                token,
+            })
         };
-        self.call(request, |channel, request| async move {
-            DeadboltClient::new(channel).release(request).await
-        })
-        .await?;
-        Ok(())
+        let answer = |answer| match answer {
+            Answer::Release(_) => Some(()),
+            _ => None,
+        };
+        self.call_streamed(call, answer).await
     }
 
     /// Whether `token` is the current grant of `lock` (a linearizable check,
@@ -427,14 +454,55 @@ impl Client {
         Req: Clone,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        let send = &send;
+        self.call_over(Current::channel, request, |channel, request| async move {
+            send(channel, request)
+                .await
+                .map(tonic::Response::into_inner)
+        })
+        .await
+    }
+
+    /// Makes one call over the `Calls` stream (see [`Calls`]), with the
+    /// retries of [`call`](Self::call). `call` builds the request afresh for
+    /// every send; `answer` picks the expected answer out.
+    async fn call_streamed<T>(
+        &self,
+        call: impl Fn() -> Call,
+        answer: impl Fn(Answer) -> Option<T>,
+    ) -> Result<T, Error> {
+        let (call, answer) = (&call, &answer);
+        self.call_over(Current::calls, (), |calls, ()| async move {
+            match calls.call(call()).await? {
+                Answer::Error(error) => Err(error.into_status()),
+                other => answer(other)
+                    .ok_or_else(|| tonic::Status::internal("the server answered a different call")),
+            }
+        })
+        .await
+    }
+
+    /// Sends `request` over what `link` takes from the current endpoint (its
+    /// channel, or its `Calls` stream), retrying elsewhere as
+    /// [`call`](Self::call) describes.
+    async fn call_over<Link, Req, T, Fut>(
+        &self,
+        link: impl Fn(&mut Current) -> Link,
+        request: Req,
+        send: impl Fn(Link, Req) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Req: Clone,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
         let searching_since = std::time::Instant::now();
         loop {
-            let (index, generation, channel) = {
-                let current = self.current();
-                (current.index, current.generation, current.channel.clone())
+            let (index, generation, link) = {
+                let mut current = self.current();
+                (current.index, current.generation, link(&mut current))
             };
-            let status = match send(channel, request.clone()).await {
-                Ok(response) => return Ok(response.into_inner()),
+            let status = match send(link, request.clone()).await {
+                Ok(response) => return Ok(response),
                 Err(status) => status,
             };
             let error = Error::from_status(&status, &self.shared.targets[index].address);
@@ -466,14 +534,14 @@ impl Client {
             return;
         }
         let leader = leader.map(normalize_endpoint);
-        current.index = targets
+        let index = targets
             .iter()
             .position(|target| Some(&target.address) == leader.as_ref())
             .unwrap_or((current.index + 1) % targets.len());
-        current.generation += 1;
         // Lazy: dialling happens on the next call, which reports failure the
         // same way as any other call.
-        current.channel = targets[current.index].endpoint.connect_lazy();
+        let channel = targets[index].endpoint.connect_lazy();
+        *current = Current::new(index, current.generation + 1, channel);
         tracing::debug!(endpoint = %targets[current.index].address, "switched endpoint");
     }
 

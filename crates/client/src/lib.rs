@@ -99,6 +99,7 @@
 //! ```
 
 mod backoff;
+mod calls;
 mod client;
 mod clock;
 mod error;

@@ -5,6 +5,22 @@ pub mod v1 {
     tonic::include_proto!("deadbolt.v1");
 }
 
+impl v1::CallError {
+    /// The status the unary RPC would have ended with, so that one error
+    /// path serves both kinds of call.
+    pub fn into_status(self) -> tonic::Status {
+        let kind = ErrorKind::parse(&self.kind).unwrap_or(ErrorKind::Internal);
+        let mut status = kind.status(self.message);
+        if let Some(leader) = self
+            .leader
+            .and_then(|address| tonic::metadata::MetadataValue::try_from(address).ok())
+        {
+            status.metadata_mut().insert(LEADER_KEY, leader);
+        }
+        status
+    }
+}
+
 /// Name of the gRPC trailer that carries a machine-readable error kind.
 pub const ERROR_KIND_KEY: &str = "deadbolt-error";
 
@@ -139,5 +155,30 @@ mod tests {
             assert_eq!(ErrorKind::parse(kind.as_str()), Some(kind));
             assert_eq!(ErrorKind::of_status(&kind.status("x")), kind);
         }
+    }
+
+    #[test]
+    fn a_call_error_becomes_the_status_a_unary_call_ends_with() {
+        let error = super::v1::CallError {
+            kind: "not_leader".into(),
+            message: "ask elsewhere".into(),
+            leader: Some("http://10.0.0.2:7070".into()),
+        };
+        let status = error.into_status();
+        assert_eq!(ErrorKind::of_status(&status), ErrorKind::NotLeader);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(status.message(), "ask elsewhere");
+        assert_eq!(
+            status.metadata().get(super::LEADER_KEY).unwrap(),
+            "http://10.0.0.2:7070"
+        );
+        let unknown = super::v1::CallError {
+            kind: "from_the_future".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            ErrorKind::of_status(&unknown.into_status()),
+            ErrorKind::Internal
+        );
     }
 }

@@ -1,9 +1,11 @@
 //! The gRPC front end: `deadbolt.v1.Deadbolt` and `deadbolt.v1.Cluster`
 //! calls go to [`Api`], and [`ApiError`]s come back as statuses carrying a
 //! `deadbolt-error` kind (and `deadbolt-leader` when the leader is known).
-//! The peers' `RaftPeer` service is mounted here too, on the same port.
+//! The `Calls` stream is served by [`CallStream`], and the peers' `RaftPeer`
+//! service is mounted here too, on the same port.
 
 use crate::api::Api;
+use crate::calls::CallStream;
 use crate::network::PeerService;
 use crate::node::ApiError;
 use crate::raft_types::Raft;
@@ -11,10 +13,10 @@ use deadbolt_proto::v1::cluster_server::{Cluster, ClusterServer};
 use deadbolt_proto::v1::deadbolt_server::{Deadbolt, DeadboltServer};
 use deadbolt_proto::v1::raft_peer_server::RaftPeerServer;
 use deadbolt_proto::v1::*;
-use deadbolt_proto::{LEADER_KEY, MAX_MESSAGE_BYTES};
+use deadbolt_proto::MAX_MESSAGE_BYTES;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 /// Every gRPC service of a node, as one axum router.
 pub fn router(api: Api, raft: Raft, ready_to_join: Option<Arc<AtomicBool>>) -> axum::Router {
@@ -39,14 +41,7 @@ impl GrpcApi {
 
 impl From<ApiError> for Status {
     fn from(err: ApiError) -> Self {
-        let mut status = err.kind.status(err.message);
-        if let Some(leader) = err
-            .leader
-            .and_then(|address| tonic::metadata::MetadataValue::try_from(address).ok())
-        {
-            status.metadata_mut().insert(LEADER_KEY, leader);
-        }
-        status
+        CallError::from(err).into_status()
     }
 }
 
@@ -84,6 +79,15 @@ impl Deadbolt for GrpcApi {
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Reply<ReleaseResponse> {
         Ok(Response::new(self.api.release(request.into_inner()).await?))
+    }
+
+    type CallsStream = CallStream;
+
+    async fn calls(&self, request: Request<Streaming<CallRequest>>) -> Reply<CallStream> {
+        Ok(Response::new(CallStream::new(
+            self.api.clone(),
+            request.into_inner(),
+        )))
     }
 
     async fn lock_status(&self, request: Request<LockStatusRequest>) -> Reply<LockStatusResponse> {

@@ -11,6 +11,7 @@
 //! [`run`] wires them together and serves until the shutdown future resolves.
 
 mod api;
+mod calls;
 mod clock;
 mod cluster;
 pub mod embedded;

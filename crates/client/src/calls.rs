@@ -1,0 +1,178 @@
+//! [`Calls`]: acquire, release and keepalive requests multiplexed over one
+//! `Deadbolt.Calls` gRPC stream per connection.
+//!
+//! Each call costs one small message each way instead of a whole HTTP/2
+//! request (see `deadbolt_server`'s `calls` module for the measured
+//! reason). To the rest of the client a call looks like a unary RPC: it
+//! resolves to the answer or to the [`Status`] the unary RPC would have
+//! ended with, and dropping it abandons the call on the server as dropping
+//! a unary call would (a `cancel` message instead of a reset stream).
+//!
+//! A stream that breaks (the server went away, the connection failed)
+//! fails every call in flight with the transport's status, exactly like the
+//! unary calls on that connection; the next call opens a new stream.
+
+use deadbolt_proto::v1::call_request::Call;
+use deadbolt_proto::v1::call_response::Result as Answer;
+use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
+use deadbolt_proto::v1::{CallRequest, CallResponse, CancelCall};
+use deadbolt_proto::ErrorKind;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::Channel;
+use tonic::Status;
+
+/// The largest call sent. Calls carry a lock name (at most 512 bytes) and a
+/// few numbers; the server refuses messages over 4 MiB by ending the stream.
+const MAX_CALL_BYTES: usize = 64 * 1024;
+
+/// One open `Calls` stream. Cheap to clone; clones share the stream, which
+/// ends when the last clone is dropped.
+#[derive(Debug, Clone)]
+pub(crate) struct Calls {
+    requests: mpsc::UnboundedSender<CallRequest>,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_id: u64,
+    /// Where each call in flight wants its answer.
+    waiting: HashMap<u64, oneshot::Sender<Result<Answer, Status>>>,
+    /// Why the stream ended, once it has.
+    ended: Option<Status>,
+}
+
+impl Calls {
+    /// Opens the stream on `channel` in the background: calls made before
+    /// the server has answered are sent as soon as it does.
+    pub(crate) fn open(channel: Channel) -> Calls {
+        let (requests, outgoing) = mpsc::unbounded_channel();
+        let state = Arc::new(Mutex::new(State::default()));
+        tokio::spawn(deliver_answers(channel, outgoing, state.clone()));
+        Calls { requests, state }
+    }
+
+    pub(crate) fn has_ended(&self) -> bool {
+        self.state().ended.is_some()
+    }
+
+    /// Sends `call` and waits for its answer.
+    // A `Status` is what every tonic call fails with; boxing it here alone
+    // would only add an allocation to the error path.
+    #[allow(clippy::result_large_err)]
+    pub(crate) async fn call(&self, call: Call) -> Result<Answer, Status> {
+        let size = call.encoded_len();
+        if size > MAX_CALL_BYTES {
+            // The server would end the whole stream over it, failing the
+            // other calls in flight too.
+            return Err(ErrorKind::InvalidArgument.status(format!(
+                "the request is {size} bytes, more than the {MAX_CALL_BYTES} a call may take: is the lock name that long?"
+            )));
+        }
+        let (id, answer) = {
+            let mut state = self.state();
+            if let Some(ended) = &state.ended {
+                return Err(ended.clone());
+            }
+            state.next_id += 1;
+            let id = state.next_id;
+            let (reply, answer) = oneshot::channel();
+            state.waiting.insert(id, reply);
+            (id, answer)
+        };
+        let mut in_flight = InFlight {
+            calls: self,
+            id,
+            answered: false,
+        };
+        // A send fails only once the stream has ended, and then the answer
+        // below is that ending.
+        let _ = self.requests.send(CallRequest {
+            id,
+            call: Some(call),
+        });
+        let answer = answer.await;
+        in_flight.answered = true;
+        answer.unwrap_or_else(|_| Err(Status::unavailable("the call stream ended")))
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+}
+
+/// A call sent and not yet answered; dropped early, it cancels the call.
+struct InFlight<'a> {
+    calls: &'a Calls,
+    id: u64,
+    answered: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        if self.calls.state().waiting.remove(&self.id).is_some() {
+            let _ = self.calls.requests.send(CallRequest {
+                id: self.id,
+                call: Some(Call::Cancel(CancelCall {})),
+            });
+        }
+    }
+}
+
+/// Runs the stream: hands each answer to its caller, and when the stream
+/// ends, fails every call still waiting with the reason.
+async fn deliver_answers(
+    channel: Channel,
+    outgoing: mpsc::UnboundedReceiver<CallRequest>,
+    state: Arc<Mutex<State>>,
+) {
+    let requests = UnboundedReceiverStream::new(outgoing);
+    let ended = match DeadboltClient::new(channel).calls(requests).await {
+        Ok(answers) => {
+            let mut answers = answers.into_inner();
+            loop {
+                match answers.message().await {
+                    Ok(Some(CallResponse {
+                        id,
+                        result: Some(answer),
+                    })) => {
+                        // No one waiting: the call was cancelled meanwhile.
+                        if let Some(reply) = lock(&state).waiting.remove(&id) {
+                            let _ = reply.send(Ok(answer));
+                        }
+                    }
+                    Ok(Some(CallResponse { id, result: None })) => {
+                        if let Some(reply) = lock(&state).waiting.remove(&id) {
+                            let _ = reply
+                                .send(Err(Status::internal("the server sent an empty answer")));
+                        }
+                    }
+                    Ok(None) => break Status::unavailable("the server closed the call stream"),
+                    Err(status) => break status,
+                }
+            }
+        }
+        Err(status) => status,
+    };
+    tracing::debug!(%ended, "call stream ended");
+    let waiting = {
+        let mut state = lock(&state);
+        state.ended = Some(ended.clone());
+        std::mem::take(&mut state.waiting)
+    };
+    for (_, reply) in waiting {
+        let _ = reply.send(Err(ended.clone()));
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // Every update leaves the state whole, so a panic elsewhere while
+    // holding the lock cannot leave it inconsistent.
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
