@@ -7,8 +7,11 @@
 //! - `failover`: kills the leader (with a command you give) again and again;
 //!   how long from each kill until a client's next successful grant.
 //!
-//! Every client has its own session and connection. The bench also checks
-//! what it can see: tokens never repeat and grow with every grant.
+//! Every client has its own session and, by default, its own connection, as
+//! in lockbench; `--connections N` spreads the sessions over N connections
+//! instead, as a program whose workers share one `Client` would. The bench
+//! also checks what it can see: tokens never repeat and grow with every
+//! grant.
 
 use crate::{exit, parse_duration};
 use anyhow::Context;
@@ -30,9 +33,14 @@ enum Workload {
 pub struct BenchArgs {
     #[arg(value_enum)]
     workload: Workload,
-    /// Concurrent clients, each with its own session and connection.
-    #[arg(long, default_value_t = 16)]
-    clients: usize,
+    /// Concurrent clients, each with its own session.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    clients: u32,
+    /// Connections the clients' sessions are spread over, round robin
+    /// (default: one per client). Sessions on one connection share its
+    /// `Calls` stream, as the workers of one program sharing a `Client` do.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    connections: Option<u32>,
     /// Measured time (after warm-up).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     duration: Duration,
@@ -83,9 +91,13 @@ struct ClientStats {
 }
 
 async fn loops(endpoints: &[String], args: &BenchArgs, contended: bool) -> Result<(), Error> {
-    let mut sessions = Vec::with_capacity(args.clients);
-    for _ in 0..args.clients {
-        let client = Client::connect(endpoints.iter().cloned()).await?;
+    let connections = args.connections.unwrap_or(args.clients).min(args.clients);
+    let mut clients = Vec::new();
+    for _ in 0..connections {
+        clients.push(Client::connect(endpoints.iter().cloned()).await?);
+    }
+    let mut sessions = Vec::new();
+    for client in clients.iter().cycle().take(args.clients as usize) {
         sessions.push(client.open_session(args.ttl).await?);
     }
     let measuring = Arc::new(AtomicBool::new(false));
@@ -161,13 +173,14 @@ async fn loops(endpoints: &[String], args: &BenchArgs, contended: bool) -> Resul
         "acquire+release pairs/s"
     };
     println!(
-        "{}: {} clients, {:.1}s: {rate:.0} {what}",
+        "{}: {} clients over {connections} connection{}, {:.1}s: {rate:.0} {what}",
         if contended {
             "contended"
         } else {
             "uncontended"
         },
         args.clients,
+        if connections == 1 { "" } else { "s" },
         elapsed.as_secs_f64()
     );
     println!(
