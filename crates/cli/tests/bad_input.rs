@@ -261,9 +261,14 @@ async fn call_stream_answers_by_id_and_refuses_malformed_calls() {
     // The second request with id 4: the first is still blocked.
     assert_eq!(kind(4), "invalid_argument");
 
-    // Cancel the blocked acquire, then release: the waiter may get the lock
-    // in between, but the server gives back what was cancelled.
+    // Cancel the blocked acquire and reuse its id at once, then release:
+    // the waiter may get the lock in between, but the server gives back
+    // what was cancelled, and the call that reused the id is answered.
     send(4, Some(Call::Cancel(CancelCall {})));
+    send(
+        4,
+        Some(Call::KeepAlive(KeepAliveRequest { session_id: waiter })),
+    );
     send(
         5,
         Some(Call::Release(ReleaseRequest {
@@ -272,9 +277,13 @@ async fn call_stream_answers_by_id_and_refuses_malformed_calls() {
             token,
         })),
     );
-    let released = answers.message().await.unwrap().unwrap();
-    assert_eq!(released.id, 5, "the cancelled call gets no answer");
-    assert!(matches!(released.result, Some(Answer::Release(_))));
+    let mut answered = HashMap::new();
+    while answered.len() < 2 {
+        let answer = answers.message().await.unwrap().expect("an answer");
+        assert!(answered.insert(answer.id, answer.result.unwrap()).is_none());
+    }
+    assert!(matches!(answered[&4], Answer::KeepAlive(_)), "{answered:?}");
+    assert!(matches!(answered[&5], Answer::Release(_)), "{answered:?}");
     let freed = tokio::time::Instant::now() + Duration::from_secs(10);
     while client.lock_status("a").await.unwrap().is_some() {
         assert!(
@@ -282,6 +291,27 @@ async fn call_stream_answers_by_id_and_refuses_malformed_calls() {
             "the cancelled acquire kept the lock"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Reusing a cancelled call's id at once, again and again: every new
+    // call is answered, never taken for the cancelled one.
+    for id in 100..150 {
+        send(id, acquire(waiter, true));
+        send(id, Some(Call::Cancel(CancelCall {})));
+        send(
+            id,
+            Some(Call::KeepAlive(KeepAliveRequest { session_id: waiter })),
+        );
+        let answer = tokio::time::timeout(Duration::from_secs(10), answers.message())
+            .await
+            .expect("the call that reused the id was answered")
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.id, id);
+        assert!(
+            matches!(answer.result, Some(Answer::KeepAlive(_))),
+            "{answer:?}"
+        );
     }
 
     // The stream still serves, and ends once the client has said all.
@@ -341,15 +371,26 @@ fn foreign_or_corrupt_data_directory_is_refused_at_start() {
     );
 }
 
-#[test]
-fn sigterm_shuts_down_gracefully() {
+/// With a client connected (its `Calls` stream open, a lock held), SIGTERM
+/// still stops the server at once: the stream ends rather than holding the
+/// graceful shutdown open, and the client hears so instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_shuts_down_gracefully() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = TestServer::start(&dir.path().join("data"));
-    let status = server.terminate();
+    let client = server.client().await;
+    let session = client.open_session(Duration::from_secs(30)).await.unwrap();
+    let _held = session.lock("held-at-shutdown").await.unwrap();
+
+    let status = tokio::task::block_in_place(|| server.terminate());
     assert!(status.success(), "{status}");
-    assert!(
-        server.log_text().contains("stopped"),
-        "{}",
-        server.log_text()
-    );
+    let log = server.log_text();
+    assert!(log.contains("stopped"), "{log}");
+    assert!(!log.contains("connections still open"), "{log}");
+
+    let err = client
+        .acquire_raw(session.id(), "after-shutdown", false, None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }

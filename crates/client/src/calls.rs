@@ -132,42 +132,56 @@ async fn deliver_answers(
     outgoing: mpsc::UnboundedReceiver<CallRequest>,
     state: Arc<Mutex<State>>,
 ) {
+    // Also if this task is cancelled (its runtime shut down) or panics: no
+    // call may wait forever on a stream nobody reads.
+    let mut ending = Ending {
+        state: state.clone(),
+        reason: Status::unavailable("the call stream's task stopped"),
+    };
     let requests = UnboundedReceiverStream::new(outgoing);
-    let ended = match DeadboltClient::new(channel).calls(requests).await {
-        Ok(answers) => {
-            let mut answers = answers.into_inner();
-            loop {
-                match answers.message().await {
-                    Ok(Some(CallResponse {
-                        id,
-                        result: Some(answer),
-                    })) => {
-                        // No one waiting: the call was cancelled meanwhile.
-                        if let Some(reply) = lock(&state).waiting.remove(&id) {
-                            let _ = reply.send(Ok(answer));
-                        }
-                    }
-                    Ok(Some(CallResponse { id, result: None })) => {
-                        if let Some(reply) = lock(&state).waiting.remove(&id) {
-                            let _ = reply
-                                .send(Err(Status::internal("the server sent an empty answer")));
-                        }
-                    }
-                    Ok(None) => break Status::unavailable("the server closed the call stream"),
-                    Err(status) => break status,
+    let mut answers = match DeadboltClient::new(channel).calls(requests).await {
+        Ok(answers) => answers.into_inner(),
+        Err(status) => {
+            ending.reason = status;
+            return;
+        }
+    };
+    ending.reason = loop {
+        match answers.message().await {
+            Ok(Some(CallResponse { id, result })) => {
+                // No one waiting: the call was cancelled meanwhile.
+                if let Some(reply) = lock(&state).waiting.remove(&id) {
+                    let _ =
+                        reply
+                            .send(result.ok_or_else(|| {
+                                Status::internal("the server sent an empty answer")
+                            }));
                 }
             }
+            Ok(None) => break Status::unavailable("the server closed the call stream"),
+            Err(status) => break status,
         }
-        Err(status) => status,
     };
-    tracing::debug!(%ended, "call stream ended");
-    let waiting = {
-        let mut state = lock(&state);
-        state.ended = Some(ended.clone());
-        std::mem::take(&mut state.waiting)
-    };
-    for (_, reply) in waiting {
-        let _ = reply.send(Err(ended.clone()));
+}
+
+/// Ends the stream for its callers when dropped: marks it ended and fails
+/// every call still waiting with `reason`.
+struct Ending {
+    state: Arc<Mutex<State>>,
+    reason: Status,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        tracing::debug!(reason = %self.reason, "call stream ended");
+        let waiting = {
+            let mut state = lock(&self.state);
+            state.ended = Some(self.reason.clone());
+            std::mem::take(&mut state.waiting)
+        };
+        for (_, reply) in waiting {
+            let _ = reply.send(Err(self.reason.clone()));
+        }
     }
 }
 

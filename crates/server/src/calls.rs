@@ -9,7 +9,8 @@
 //! Each call runs through [`Api`] exactly as its unary RPC does, so the two
 //! paths cannot answer differently. The stream itself polls all its calls:
 //! no task per call and no channel hop between a call finishing and its
-//! answer being written.
+//! answer being written. When the server shuts down, the stream turns new
+//! calls away and ends once the calls in flight are answered.
 
 use crate::api::Api;
 use crate::node::ApiError;
@@ -22,17 +23,33 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tonic::{Status, Streaming};
 
-/// Calls in flight on one stream. Past this the stream stops reading
-/// requests until some finish: backpressure, not an error, since the client
-/// may simply have many blocked acquires.
-const MAX_IN_FLIGHT: usize = 4096;
+/// Acquires in flight on one stream; past this, a new acquire is refused
+/// with `limit_reached`. Releases, keepalives and cancels always run: a
+/// client with many blocked acquires must still be able to keep its
+/// sessions alive and free what it holds.
+const MAX_ACQUIRES_IN_FLIGHT: usize = 4096;
 
-/// A call being served: resolves to its id and its answer, or no answer if
-/// the client cancelled it.
-type RunningCall = Pin<Box<dyn Future<Output = (u64, Option<Answer>)> + Send>>;
+/// A call being served.
+type RunningCall = Pin<Box<dyn Future<Output = Finished> + Send>>;
+
+struct Finished {
+    id: u64,
+    acquire: bool,
+    /// Which call with this id: a client may reuse the id of a call it
+    /// cancelled while that call is still winding down.
+    serial: u64,
+    /// `None` if the client cancelled the call.
+    answer: Option<Answer>,
+}
+
+/// How to cancel a call in flight.
+struct Cancel {
+    serial: u64,
+    sender: oneshot::Sender<()>,
+}
 
 /// The answers of one `Calls` stream, as they finish.
 pub struct CallStream {
@@ -40,20 +57,39 @@ pub struct CallStream {
     /// `None` once the client has sent its last request: the stream then
     /// ends when the calls in flight have been answered.
     requests: Option<Streaming<CallRequest>>,
+    /// Resolves when the server begins to shut down. From then on new calls
+    /// are turned away (to another node), and the stream ends once the calls
+    /// in flight are answered: a client never half-closes its stream, which
+    /// would otherwise hold the graceful shutdown open.
+    stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
+    stopped: bool,
     running: FuturesUnordered<RunningCall>,
     /// How to cancel each call in flight, by id.
-    cancels: HashMap<u64, oneshot::Sender<()>>,
-    /// Answers to requests refused without running (a malformed request).
+    cancels: HashMap<u64, Cancel>,
+    next_serial: u64,
+    acquires_in_flight: usize,
+    /// Answers to calls turned away without running.
     refused: VecDeque<CallResponse>,
 }
 
 impl CallStream {
-    pub fn new(api: Api, requests: Streaming<CallRequest>) -> Self {
+    pub fn new(
+        api: Api,
+        requests: Streaming<CallRequest>,
+        mut stopping: watch::Receiver<bool>,
+    ) -> Self {
         CallStream {
             api,
             requests: Some(requests),
+            stopping: Box::pin(async move {
+                // An error means the server is gone: stopping too.
+                let _ = stopping.wait_for(|stopping| *stopping).await;
+            }),
+            stopped: false,
             running: FuturesUnordered::new(),
             cancels: HashMap::new(),
+            next_serial: 0,
+            acquires_in_flight: 0,
             refused: VecDeque::new(),
         }
     }
@@ -64,34 +100,57 @@ impl CallStream {
             Some(Call::Cancel(_)) => {
                 // Unknown ids are fine: the call may have finished already.
                 if let Some(cancel) = self.cancels.remove(&id) {
-                    let _ = cancel.send(());
+                    let _ = cancel.sender.send(());
                 }
                 return;
             }
-            Some(call) if !self.cancels.contains_key(&id) => call,
-            Some(_) => {
-                return self.refuse(
-                    id,
-                    format!("call id {id} is already in flight on this stream"),
-                )
+            None => {
+                let message = "the call request names no call";
+                return self.refuse(id, ErrorKind::InvalidArgument, message.into());
             }
-            None => return self.refuse(id, "the call request names no call".into()),
+            Some(_) if self.cancels.contains_key(&id) => {
+                let message = format!("call id {id} is already in flight on this stream");
+                return self.refuse(id, ErrorKind::InvalidArgument, message);
+            }
+            Some(_) if self.stopped => {
+                // Never started, so safe to send elsewhere at once.
+                let message = "this node is shutting down".to_owned();
+                return self.refuse(id, ErrorKind::NotLeader, message);
+            }
+            Some(Call::Acquire(_)) if self.acquires_in_flight >= MAX_ACQUIRES_IN_FLIGHT => {
+                let message = format!(
+                    "{MAX_ACQUIRES_IN_FLIGHT} acquires are in flight on this stream; \
+                     wait for some to finish"
+                );
+                return self.refuse(id, ErrorKind::LimitReached, message);
+            }
+            Some(call) => call,
         };
-        let (cancel, cancelled) = oneshot::channel();
-        self.cancels.insert(id, cancel);
-        let api = self.api.clone();
+        self.next_serial += 1;
+        let serial = self.next_serial;
+        let acquire = matches!(call, Call::Acquire(_));
+        self.acquires_in_flight += usize::from(acquire);
+        let (sender, cancelled) = oneshot::channel();
+        self.cancels.insert(id, Cancel { serial, sender });
+        let work = run(self.api.clone(), call);
         self.running.push(Box::pin(async move {
-            let work = run(api, call);
-            tokio::select! {
-                answer = work => (id, Some(answer)),
-                // Dropping `work` abandons the call as a dropped unary call would.
-                _ = cancelled => (id, None),
+            let answer = tokio::select! {
+                answer = work => Some(answer),
+                // Dropping `work` abandons the call as a dropped unary call
+                // would. (A dropped sender only means the entry was replaced.)
+                Ok(()) = cancelled => None,
+            };
+            Finished {
+                id,
+                acquire,
+                serial,
+                answer,
             }
         }));
     }
 
-    fn refuse(&mut self, id: u64, message: String) {
-        let error = ApiError::new(ErrorKind::InvalidArgument, message);
+    fn refuse(&mut self, id: u64, kind: ErrorKind, message: String) {
+        let error = ApiError::new(kind, message);
         self.refused.push_back(CallResponse {
             id,
             result: Some(Answer::Error(error.into())),
@@ -124,40 +183,57 @@ impl Stream for CallStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        while this.running.len() + this.refused.len() < MAX_IN_FLIGHT {
-            let Some(requests) = &mut this.requests else {
-                break;
-            };
-            match requests.poll_next_unpin(cx) {
-                Poll::Ready(Some(Ok(request))) => this.start(request),
-                // A malformed message or a broken connection: the stream
-                // ends with this status, and the calls in flight are
-                // abandoned with it.
-                Poll::Ready(Some(Err(status))) => {
-                    this.requests = None;
-                    this.running.clear();
-                    this.cancels.clear();
-                    return Poll::Ready(Some(Err(status)));
-                }
-                Poll::Ready(None) => this.requests = None,
-                Poll::Pending => break,
-            }
-        }
-        if let Some(refused) = this.refused.pop_front() {
-            return Poll::Ready(Some(Ok(refused)));
+        if !this.stopped && this.stopping.as_mut().poll(cx).is_ready() {
+            this.stopped = true;
         }
         loop {
+            // Read every request that has arrived: each is started, refused
+            // or a cancel, so reading never waits on the calls in flight.
+            while let Some(requests) = &mut this.requests {
+                match requests.poll_next_unpin(cx) {
+                    Poll::Ready(Some(Ok(request))) => this.start(request),
+                    // A malformed message or a broken connection: the
+                    // stream ends with this status, and the calls in flight
+                    // are abandoned with it.
+                    Poll::Ready(Some(Err(status))) => {
+                        this.requests = None;
+                        this.running.clear();
+                        this.cancels.clear();
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                    Poll::Ready(None) => this.requests = None,
+                    Poll::Pending => break,
+                }
+            }
+            if let Some(refused) = this.refused.pop_front() {
+                return Poll::Ready(Some(Ok(refused)));
+            }
             match this.running.poll_next_unpin(cx) {
-                Poll::Ready(Some((id, answer))) => {
-                    this.cancels.remove(&id);
+                Poll::Ready(Some(Finished {
+                    id,
+                    acquire,
+                    serial,
+                    answer,
+                })) => {
+                    this.acquires_in_flight -= usize::from(acquire);
+                    if this
+                        .cancels
+                        .get(&id)
+                        .is_some_and(|cancel| cancel.serial == serial)
+                    {
+                        this.cancels.remove(&id);
+                    }
                     if let Some(answer) = answer {
                         return Poll::Ready(Some(Ok(CallResponse {
                             id,
                             result: Some(answer),
                         })));
                     }
+                    // Cancelled: nothing to send; look again.
                 }
-                Poll::Ready(None) if this.requests.is_none() => return Poll::Ready(None),
+                Poll::Ready(None) if this.requests.is_none() || this.stopped => {
+                    return Poll::Ready(None)
+                }
                 // Idle: the requests' waker brings us back.
                 Poll::Ready(None) | Poll::Pending => return Poll::Pending,
             }

@@ -16,26 +16,37 @@ use deadbolt_proto::v1::*;
 use deadbolt_proto::MAX_MESSAGE_BYTES;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
 /// Every gRPC service of a node, as one axum router.
-pub fn router(api: Api, raft: Raft, ready_to_join: Option<Arc<AtomicBool>>) -> axum::Router {
+/// `stopping` turns true when the server begins to shut down.
+pub fn router(
+    api: Api,
+    raft: Raft,
+    ready_to_join: Option<Arc<AtomicBool>>,
+    stopping: watch::Receiver<bool>,
+) -> axum::Router {
     let peers = RaftPeerServer::new(PeerService::new(raft, ready_to_join))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    tonic::service::Routes::new(DeadboltServer::new(GrpcApi::new(api.clone())))
-        .add_service(ClusterServer::new(GrpcApi::new(api)))
-        .add_service(peers)
-        .into_axum_router()
+    tonic::service::Routes::new(DeadboltServer::new(GrpcApi::new(
+        api.clone(),
+        stopping.clone(),
+    )))
+    .add_service(ClusterServer::new(GrpcApi::new(api, stopping)))
+    .add_service(peers)
+    .into_axum_router()
 }
 
 pub struct GrpcApi {
     api: Api,
+    stopping: watch::Receiver<bool>,
 }
 
 impl GrpcApi {
-    pub fn new(api: Api) -> Self {
-        GrpcApi { api }
+    pub fn new(api: Api, stopping: watch::Receiver<bool>) -> Self {
+        GrpcApi { api, stopping }
     }
 }
 
@@ -87,6 +98,7 @@ impl Deadbolt for GrpcApi {
         Ok(Response::new(CallStream::new(
             self.api.clone(),
             request.into_inner(),
+            self.stopping.clone(),
         )))
     }
 

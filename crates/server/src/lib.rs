@@ -287,8 +287,13 @@ impl Server {
         let (stop, stopped) = watch::channel(false);
         spawn_duties(&node, stopped);
         let api = api::Api::new(node.clone());
-        let app =
-            grpc::router(api.clone(), node.raft.clone(), ready_to_join).merge(http::router(api));
+        let app = grpc::router(
+            api.clone(),
+            node.raft.clone(),
+            ready_to_join,
+            stop.subscribe(),
+        )
+        .merge(http::router(api));
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
         let mut stopping = stop.subscribe();
