@@ -22,6 +22,7 @@ use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::{oneshot, watch};
 use tonic::{Status, Streaming};
@@ -53,7 +54,9 @@ struct Cancel {
 
 /// The answers of one `Calls` stream, as they finish.
 pub struct CallStream {
-    api: Api,
+    /// Shared by the calls: one reference count per call rather than a
+    /// clone of every handle inside `Api`.
+    api: Arc<Api>,
     /// `None` once the client has sent its last request: the stream then
     /// ends when the calls in flight have been answered.
     requests: Option<Streaming<CallRequest>>,
@@ -79,7 +82,7 @@ impl CallStream {
         mut stopping: watch::Receiver<bool>,
     ) -> Self {
         CallStream {
-            api,
+            api: Arc::new(api),
             requests: Some(requests),
             stopping: Box::pin(async move {
                 // An error means the server is gone: stopping too.
@@ -158,7 +161,7 @@ impl CallStream {
     }
 }
 
-async fn run(api: Api, call: Call) -> Answer {
+async fn run(api: Arc<Api>, call: Call) -> Answer {
     let answer = match call {
         Call::Acquire(request) => api.acquire(request).await.map(Answer::Acquire),
         Call::Release(request) => api.release(request).await.map(Answer::Release),
