@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# How much of a durable grant's cost is the Raft log's storage? Runs the same
+# `deadbolt bench` workloads, alternating, against three builds of one server:
+#
+#   redb     the shipped server: each appended batch is a redb transaction,
+#            committed with fsync
+#   file     log-without-redb.patch, log appended to a preallocated file and
+#            fdatasync'd (what a dedicated log file would cost at best)
+#   memory   log-without-redb.patch, log in memory only: no disk at all
+#
+#   bench/experiments/storage-ceiling.sh [--rounds 3] [--duration 5s] [--clients 16]
+#
+# `file` and `memory` are experiments, NOT durable (`memory` loses the log on
+# any restart); the patch is applied in a scratch git worktree and never to
+# this checkout. Everything shares the machine's cores: compare ratios.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+
+rounds=3 duration=5s clients=16
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --rounds) rounds=$2; shift 2 ;;
+    --duration) duration=$2; shift 2 ;;
+    --clients) clients=$2; shift 2 ;;
+    *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    esac
+done
+
+work=$(mktemp -d)
+server_pid=
+cleanup() {
+    [[ -n $server_pid ]] && kill -9 "$server_pid" 2>/dev/null || true
+    git worktree remove --force "$work/tree" >/dev/null 2>&1 || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+cargo build --release --quiet -p deadbolt-cli
+cp target/release/deadbolt "$work/deadbolt-redb"
+git worktree add --quiet --detach "$work/tree" HEAD
+git -C "$work/tree" apply "$root/bench/experiments/log-without-redb.patch"
+# The shared target directory keeps the dependencies from being rebuilt.
+(cd "$work/tree" && CARGO_TARGET_DIR=$root/target cargo build --release --quiet -p deadbolt-cli)
+cp target/release/deadbolt "$work/deadbolt-experiment"
+cargo build --release --quiet -p deadbolt-cli # put the shipped binary back
+
+port=7181
+for round in $(seq "$rounds"); do
+    for mode in redb file memory; do
+        data=$work/data-$mode-$round
+        case $mode in
+        redb) "$work/deadbolt-redb" server --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
+        file) DEADBOLT_EXPERIMENT_LOG=$work/log-$round.bin "$work/deadbolt-experiment" server \
+            --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
+        memory) DEADBOLT_EXPERIMENT_LOG=memory "$work/deadbolt-experiment" server \
+            --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
+        esac
+        server_pid=$!
+        for _ in $(seq 100); do
+            curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+        line=$mode
+        for workload in uncontended contended; do
+            figure=$(DEADBOLT_ENDPOINT=127.0.0.1:$port "$work/deadbolt-redb" bench "$workload" \
+                --clients "$clients" --duration "$duration" 2>/dev/null | sed -n 1p |
+                grep -oE '[0-9]+ (acquire\+release pairs|grants)/s')
+            line="$line  $workload: $figure"
+        done
+        echo "round $round  $line"
+        kill -9 "$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+        server_pid=
+        port=$((port + 1))
+    done
+done
