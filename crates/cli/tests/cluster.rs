@@ -458,3 +458,29 @@ async fn a_node_whose_disk_fills_stops_and_the_others_serve_on() {
     let after = session.lock("after-full-disk").await.unwrap();
     assert!(after.token() > guard.token());
 }
+
+/// `cluster add` of a node that never answers must not make it a voter: on
+/// a single node that would leave no quorum, and every write would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_node_that_never_answers_is_refused_and_loses_no_quorum() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = common::TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    // Port 1 on loopback: nothing listens there.
+    let added = deadbolt(&endpoint, &["cluster", "add", "4", "127.0.0.1:1"]);
+    let stderr = String::from_utf8_lossy(&added.stderr);
+    assert!(!added.status.success(), "{added:?}");
+    assert!(
+        stderr.contains("node 4 at 127.0.0.1:1 did not catch up")
+            && stderr.contains("it was not added"),
+        "{stderr}"
+    );
+
+    let status = deadbolt(&endpoint, &["cluster", "status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(!status.contains("127.0.0.1:1"), "{status}");
+    // Writes still commit on the one voter.
+    let client = server.client().await;
+    let session = client.open_session(Duration::from_secs(10)).await.unwrap();
+    session.lock("still-writable").await.unwrap();
+}

@@ -29,6 +29,10 @@ use std::time::Duration;
 const PEER_QUERY_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a membership change waits for an earlier one to finish.
 const MEMBERSHIP_WAIT: Duration = Duration::from_secs(10);
+/// How long `cluster add` waits for the new node to hold the whole log
+/// before giving up on it. Lock tables are small: a reachable node catches
+/// up (snapshot included) in well under a second.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(20);
 /// Pause between rounds while the first node waits for the others to start.
 const FORMING_RETRY: Duration = Duration::from_millis(300);
 
@@ -259,13 +263,38 @@ impl Node {
     }
 
     /// Adds `id` as a learner, waits until it has caught up, then makes it
-    /// a voter.
+    /// a voter. A node that never catches up (not started, not started with
+    /// `--join`, a wrong address) is taken out again and never votes: a
+    /// voter that cannot answer would count against the quorum, and on a
+    /// single node would stop every write.
     pub async fn add_member(&self, id: NodeId, address: &str) -> Result<(), ApiError> {
         if let Err(reason) = peer_endpoint(address) {
             return Err(ApiError::new(ErrorKind::InvalidArgument, reason));
         }
-        self.change_membership(|| self.raft.add_learner(id, BasicNode::new(address), true))
+        // Not openraft's blocking wait: it counts a learner as caught up
+        // once it is within `replication_lag_threshold` (5000) entries of
+        // the leader, which a node that was never reached always is on a
+        // young cluster.
+        let added = self
+            .change_membership(|| self.raft.add_learner(id, BasicNode::new(address), false))
             .await?;
+        if let Err(why) = self.wait_caught_up(id, added.log_id.index).await {
+            let nodes = ChangeMembers::RemoveNodes(BTreeSet::from([id]));
+            let removed = self
+                .change_membership(|| self.raft.change_membership(nodes.clone(), false))
+                .await;
+            let left = match removed {
+                Ok(_) => "it was not added",
+                Err(_) => "it is still listed as a learner (no vote): `deadbolt cluster remove` it",
+            };
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "node {id} at {address} did not catch up: {why}. Is it running, \
+                     started with --join, and reachable at that address from the leader? {left}"
+                ),
+            ));
+        }
         self.change_membership(|| {
             self.raft
                 .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
@@ -273,6 +302,33 @@ impl Node {
         .await?;
         tracing::info!(node_id = id, address, "added a voter");
         Ok(())
+    }
+
+    /// Waits until learner `id` holds the log up to `index` (the entry that
+    /// made it a learner), as this leader's replication reports it.
+    async fn wait_caught_up(&self, id: NodeId, index: u64) -> Result<(), String> {
+        let mut metrics = self.raft.metrics();
+        let caught_up = async {
+            loop {
+                {
+                    let now = metrics.borrow_and_update();
+                    let Some(replication) = &now.replication else {
+                        return Err("this node stopped leading".to_owned());
+                    };
+                    let matched = replication.get(&id).cloned().flatten();
+                    if matched.is_some_and(|matched| matched.index >= index) {
+                        return Ok(());
+                    }
+                }
+                if metrics.changed().await.is_err() {
+                    return Err("this node is shutting down".to_owned());
+                }
+            }
+        };
+        // tokio's clock, as everything a node decides by.
+        tokio::time::timeout(CATCH_UP_WAIT, caught_up)
+            .await
+            .unwrap_or_else(|_| Err(format!("nothing replicated to it within {CATCH_UP_WAIT:?}")))
     }
 
     /// Removes `id` from the cluster altogether.
