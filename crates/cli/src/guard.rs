@@ -86,7 +86,12 @@ pub fn main(args: GuardArgs) -> i32 {
         Ok(child) => child,
         Err(err) => {
             eprintln!("deadbolt run: cannot start {:?}: {err}", args.command[0]);
-            return 127;
+            // As shells report it: not found, or found but not runnable.
+            return if err.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
         }
     };
     COMMAND_GROUP.store(child.id() as i32, Ordering::SeqCst);

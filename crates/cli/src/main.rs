@@ -18,7 +18,10 @@ use std::time::Duration;
 
 const AFTER_HELP: &str = "\
 Exit codes:
-  0     success (for `run`: the command's own exit code is returned)
+  0     success (for `run`: the command's own exit code is returned,
+        128+N if it died of signal N)
+  126   `run`: the command was found but could not be started
+  127   `run`: the command was not found
   75    the lock is busy, or the wait for it timed out
   76    the lock was lost (the lease could not be renewed) while running,
         or a token is stale (store put/get/delete, check)

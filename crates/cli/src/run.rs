@@ -23,7 +23,9 @@ use tokio::signal::unix::{signal, SignalKind};
 pub struct RunArgs {
     #[command(flatten)]
     target: LockArgs,
-    /// Time between SIGTERM and SIGKILL when the lease is at risk
+    /// Time between SIGTERM and SIGKILL when the lease is at risk, and
+    /// between a SIGTERM, SIGINT or SIGHUP to `deadbolt run` (passed on to
+    /// the command) and the SIGKILL of a command still running by then
     /// (default: a quarter of the TTL, at most 5s).
     #[arg(long, value_parser = parse_duration)]
     grace: Option<Duration>,
@@ -184,6 +186,13 @@ async fn run_holding(
     let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
     let at_risk = session.lost(margin + grace);
     tokio::pin!(at_risk);
+    // Armed by the first stop signal passed on: a command that ignores it
+    // must not keep the lock (and everyone waiting for it) indefinitely.
+    let mut kill_at: Option<Instant> = None;
+    let pass_on = |signal: i32, kill_at: &mut Option<Instant>| {
+        signal_guard(keeper, signal);
+        kill_at.get_or_insert_with(|| Instant::now() + grace);
+    };
     // The guard exits only once the command and everything it started are
     // dead, so its exit is what allows the release below.
     loop {
@@ -205,11 +214,28 @@ async fn run_holding(
                 eprintln!("deadbolt run: lock {:?} lost while running", args.target.lock);
                 break exit::LOCK_LOST;
             }
+            () = sleep_until_set(kill_at) => {
+                eprintln!(
+                    "deadbolt run: {:?} still running {} after it was told to stop; killing it",
+                    args.command[0],
+                    humantime::format_duration(grace)
+                );
+                signal_guard(keeper, KILL_ALL);
+                kill_at = None;
+            }
             // Forwarded by the guard to the command's process group.
-            _ = terminate.recv() => signal_guard(keeper, libc::SIGTERM),
-            _ = interrupt.recv() => signal_guard(keeper, libc::SIGINT),
-            _ = hangup.recv() => signal_guard(keeper, libc::SIGHUP),
+            _ = terminate.recv() => pass_on(libc::SIGTERM, &mut kill_at),
+            _ = interrupt.recv() => pass_on(libc::SIGINT, &mut kill_at),
+            _ = hangup.recv() => pass_on(libc::SIGHUP, &mut kill_at),
         }
+    }
+}
+
+/// Sleeps until `at`; never wakes when it is `None`.
+async fn sleep_until_set(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 

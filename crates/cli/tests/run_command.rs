@@ -282,3 +282,71 @@ fn a_job_that_leaves_the_process_group_still_dies_before_the_release() {
     // No waiting: by the time `deadbolt run` has exited, it must be gone.
     assert!(!alive(job), "a job that called setsid outlived the lock");
 }
+
+/// SIGTERM to `deadbolt run` reaches the command; one that ignores it is
+/// killed `--grace` later, and only then is the lock released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_ignores_sigterm_is_killed_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let marker = dir.path().join("command.pid");
+    let grace = Duration::from_millis(500);
+    let runner = Command::new(BIN)
+        .args(["run", "--lock", "stubborn", "--grace", "500ms", "--"])
+        .args(["sh", "-c"])
+        .arg(format!(
+            "trap '' TERM; echo $$ > {}; sleep 30",
+            marker.display()
+        ))
+        .env("DEADBOLT_ENDPOINT", server.endpoint())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let command_pid = read_pid(&marker).await;
+    signal(runner.id() as i32, libc::SIGTERM);
+    let told_at = Instant::now();
+    let output = tokio::task::spawn_blocking(move || runner.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let stopped_after = told_at.elapsed();
+    assert!(!alive(command_pid), "the command outlived `deadbolt run`");
+    assert_eq!(
+        output.status.code(),
+        Some(128 + libc::SIGKILL),
+        "{output:?}"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("still running 500ms after"), "{stderr}");
+    assert!(
+        stopped_after >= grace,
+        "killed after only {stopped_after:?}"
+    );
+    // Released, not left to expire: free at once.
+    let status = deadbolt(&server.endpoint(), &["status", "--lock", "stubborn"]);
+    assert!(stdout(&status).contains("free"), "{status:?}");
+}
+
+#[test]
+fn a_command_that_cannot_start_exits_as_a_shell_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let missing = deadbolt(
+        &server.endpoint(),
+        &["run", "--lock", "start", "--", "/nonexistent/command"],
+    );
+    assert_eq!(missing.status.code(), Some(127), "{missing:?}");
+    let not_executable = dir.path().join("data-file");
+    std::fs::write(&not_executable, "not a program").unwrap();
+    let refused = deadbolt(
+        &server.endpoint(),
+        &[
+            "run",
+            "--lock",
+            "start",
+            "--",
+            not_executable.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(126), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot start"));
+}
