@@ -34,6 +34,23 @@ async fn http_api_refuses_bad_requests_with_clear_errors() {
         "{body}"
     );
 
+    // A mistyped path or a wrong method: a JSON error, not gRPC's empty 200.
+    let (status, body) = post(addr, "/v1/lock/aquire", json!({"session_id": 1}));
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("no such endpoint: POST /v1/lock/aquire")),
+        "{body}"
+    );
+    let (status, body) = http(addr, "GET", "/v1/lock/acquire", None).unwrap();
+    assert_eq!(status, 405, "{body}");
+    assert!(body.contains("does not take GET"), "{body}");
+    // No body at all reads as `{}`: a missing TTL, not a parse error.
+    let (status, body) = http(addr, "POST", "/v1/session/open", None).unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("ttl 0ms is out of range"), "{body}");
+
     let (status, body) = post(
         addr,
         "/v1/lock/acquire",

@@ -107,7 +107,8 @@ impl Current {
 impl Client {
     /// Connects to the first of `endpoints` that answers. An endpoint is a
     /// URL such as `http://127.0.0.1:7070`; a bare `host:port` means
-    /// `http://host:port`.
+    /// `http://host:port`, and a bare `host` `http://host:7070`. TLS is not
+    /// supported yet: an `https://` endpoint is refused.
     pub async fn connect(
         endpoints: impl IntoIterator<Item = impl Into<String>>,
     ) -> Result<Client, Error> {
@@ -558,6 +559,15 @@ impl Client {
 impl Target {
     fn parse(raw: String) -> Result<Target, Error> {
         let address = normalize_endpoint(&raw);
+        if let Some((scheme, _)) = address.split_once("://").filter(|(s, _)| *s != "http") {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "invalid endpoint {raw:?}: Deadbolt speaks plain HTTP/2 (no TLS yet), so \
+                     use http://, not {scheme}://"
+                ),
+            ));
+        }
         let endpoint = Endpoint::from_shared(address.clone()).map_err(|error| {
             Error::new(
                 ErrorKind::InvalidArgument,
@@ -573,16 +583,27 @@ impl Target {
     }
 }
 
-/// Adds the `http://` scheme to a bare `host:port` and drops a trailing `/`,
-/// so the address reads the same in every error message.
+/// Adds the `http://` scheme to a bare `host:port` (and Deadbolt's port to a
+/// bare host) and drops a trailing `/`, so the address reads the same in
+/// every error message.
 fn normalize_endpoint(raw: &str) -> String {
     let address = raw.trim().trim_end_matches('/');
     if address.contains("://") {
-        address.to_owned()
-    } else {
+        return address.to_owned();
+    }
+    let has_port = !address.ends_with(']')
+        && address
+            .rsplit_once(':')
+            .is_some_and(|(_, port)| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()));
+    if has_port {
         format!("http://{address}")
+    } else {
+        format!("http://{address}:{DEFAULT_PORT}")
     }
 }
+
+/// The port `deadbolt server` listens on unless told otherwise.
+const DEFAULT_PORT: u16 = 7070;
 
 /// Whole milliseconds, as the API counts them; absurdly long durations
 /// saturate rather than wrap.
@@ -618,6 +639,16 @@ mod tests {
             "http://127.0.0.1:7070"
         );
         assert_eq!(normalize_endpoint(" db1:7070/ "), "http://db1:7070");
+        assert_eq!(normalize_endpoint("db1"), "http://db1:7070");
+        assert_eq!(normalize_endpoint("[::1]"), "http://[::1]:7070");
+        assert_eq!(normalize_endpoint("[::1]:7071"), "http://[::1]:7071");
+    }
+
+    #[test]
+    fn tls_endpoints_are_refused_rather_than_spoken_to_in_plain_text() {
+        let error = Target::parse("https://lock.example".to_owned()).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidArgument);
+        assert!(error.message().contains("not https://"), "{error}");
     }
 
     #[test]

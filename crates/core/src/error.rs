@@ -21,7 +21,12 @@ pub enum LockError {
     },
     #[error("invalid lock name: {reason}")]
     InvalidName { reason: String },
-    #[error("ttl {requested_ms}ms is out of range: must be between {min_ms}ms and {max_ms}ms")]
+    #[error(
+        "ttl {} is out of range: must be between {} and {}",
+        duration_text(*requested_ms),
+        duration_text(*min_ms),
+        duration_text(*max_ms)
+    )]
     TtlOutOfRange {
         requested_ms: u64,
         min_ms: u64,
@@ -49,7 +54,11 @@ pub enum LockError {
     },
     #[error("fencing token {presented} has not been issued yet (the next grant gets {next})")]
     TokenNotIssued { presented: Token, next: Token },
-    #[error("lock-delay {requested_ms}ms is too long: at most {max_ms}ms")]
+    #[error(
+        "lock-delay {} is too long: at most {}",
+        duration_text(*requested_ms),
+        duration_text(*max_ms)
+    )]
     LockDelayTooLong { requested_ms: u64, max_ms: u64 },
     #[error("invalid store key: {reason}")]
     InvalidKey { reason: String },
@@ -59,4 +68,37 @@ pub enum LockError {
     TooManyKeys { limit: usize },
     #[error("decided by the leader of term {decided} but committed in term {committed}: ignored")]
     Superseded { decided: u64, committed: u64 },
+}
+
+/// Milliseconds as the CLI's duration flags take them (`500ms`, `30s`,
+/// `5m`, `24h`), in the largest unit that says it exactly.
+fn duration_text(ms: u64) -> String {
+    for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
+        if ms >= size && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_they_are_typed() {
+        let refused = LockError::TtlOutOfRange {
+            requested_ms: 90_000_000,
+            min_ms: 500,
+            max_ms: 86_400_000,
+        };
+        assert_eq!(
+            refused.to_string(),
+            "ttl 25h is out of range: must be between 500ms and 24h"
+        );
+        assert_eq!(duration_text(0), "0ms");
+        assert_eq!(duration_text(1_500), "1500ms");
+        assert_eq!(duration_text(61_000), "61s");
+        assert_eq!(duration_text(60_000), "1m");
+    }
 }

@@ -7,7 +7,7 @@ use crate::node::ApiError;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{FromRequest, Query, Request, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -33,6 +33,42 @@ pub fn router(api: Api) -> Router {
         .route("/v1/cluster/remove", post(remove_member))
         .route("/health", get(health))
         .with_state(api)
+}
+
+/// What no route takes. gRPC requests get gRPC's `unimplemented`, as tonic
+/// would answer them; anything else a JSON error like every other call's,
+/// rather than an empty 200 (the gRPC fallback's) that a typo'd path would
+/// otherwise get.
+pub async fn unknown_path(method: Method, uri: Uri, headers: HeaderMap) -> Response {
+    let grpc = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/grpc"));
+    if grpc {
+        let message = format!("no such gRPC method: {}", uri.path());
+        return tonic::Status::unimplemented(message)
+            .into_http()
+            .into_response();
+    }
+    let message = format!(
+        "no such endpoint: {method} {}; the HTTP API is described in docs/http-api.md",
+        uri.path()
+    );
+    HttpError(
+        StatusCode::NOT_FOUND,
+        ApiError::new(ErrorKind::InvalidArgument, message),
+    )
+    .into_response()
+}
+
+/// A known path with the wrong method (`GET /v1/lock/acquire`).
+pub async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    let message = format!("{} does not take {method}", uri.path());
+    HttpError(
+        StatusCode::METHOD_NOT_ALLOWED,
+        ApiError::new(ErrorKind::InvalidArgument, message),
+    )
+    .into_response()
 }
 
 fn http_status(kind: ErrorKind) -> StatusCode {
@@ -103,7 +139,11 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody
     type Rejection = HttpError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, HttpError> {
-        let bytes = Bytes::from_request(request, state).await?;
+        let mut bytes = Bytes::from_request(request, state).await?;
+        // No body at all: every field takes its default, as with `{}`.
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            bytes = Bytes::from_static(b"{}");
+        }
         let mut json = serde_json::Deserializer::from_slice(&bytes);
         // The path names the offending field: "session_id: invalid type...".
         serde_path_to_error::deserialize(&mut json)

@@ -293,7 +293,9 @@ impl Server {
             ready_to_join,
             stop.subscribe(),
         )
-        .merge(http::router(api));
+        .merge(http::router(api))
+        .fallback(http::unknown_path)
+        .method_not_allowed_fallback(http::method_not_allowed);
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
         let mut stopping = stop.subscribe();
