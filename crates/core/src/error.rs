@@ -74,7 +74,7 @@ pub enum LockError {
 /// `5m`, `24h`), in the largest unit that says it exactly.
 fn duration_text(ms: u64) -> String {
     for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
-        if ms >= size && ms % size == 0 {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
