@@ -215,6 +215,60 @@ async fn clean_restart_keeps_holders_queues_and_tokens() {
     assert!(granted_second.token() > first_token);
 }
 
+/// A queue place whose caller went away with the server (its acquire cut
+/// by the shutdown and never retried) is given up after the restart, as any
+/// abandoned wait is; it is not granted to a session nobody waits in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_nobody_retries_after_a_restart_is_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = TestServer::start(&data);
+    let client = Client::connect([server.endpoint()]).await.unwrap();
+    let [holder, gone, live] = long_sessions(&client).await;
+    let held = holder.lock("orphan").await.unwrap();
+    // A one-shot acquire: cut by the shutdown, it reports the outage and
+    // nobody asks again. The session itself stays alive.
+    let gone_wait = tokio::spawn({
+        let client = client.clone();
+        let gone = gone.id();
+        async move { client.acquire_raw(gone, "orphan", true, None).await }
+    });
+    wait_for_waiters(&client, "orphan", 1).await;
+    let live_wait = tokio::spawn({
+        let live = live.clone();
+        async move { live.lock("orphan").await }
+    });
+    wait_for_waiters(&client, "orphan", 2).await;
+
+    assert!(server.terminate().success());
+    assert!(gone_wait.await.unwrap().is_err(), "cut by the shutdown");
+    let server = TestServer::start_on(&data, server.addr);
+    let client = server.client().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let state = client.lock_status("orphan").await.unwrap().unwrap();
+        if state.waiter_session_ids == [live.id()] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unclaimed wait was never given up: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    held.release().await.unwrap();
+    let granted = live_wait.await.unwrap().unwrap();
+    granted.release().await.unwrap();
+    assert!(
+        client.lock_status("orphan").await.unwrap().is_none(),
+        "the lock went to the session nobody waits in"
+    );
+    assert!(
+        !gone.is_lost(),
+        "only the wait was given up, not the session"
+    );
+}
+
 /// With frequent snapshots the log is compacted, and a crash restarts from
 /// snapshot + remaining log with every holder, waiter and token intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -333,13 +333,14 @@ async fn applied_all_before_leading(raft: &Raft, last_log: Option<u64>) -> Resul
 /// Follows openraft's view of who leads and switches lease tracking on and
 /// off. Tracking starts only after a linearizable barrier, i.e. once this
 /// leader has applied every entry committed before its term (including any
-/// expiry an earlier leader proposed).
+/// expiry an earlier leader proposed); `on_leading` runs right after.
 pub async fn follow_leadership(
     raft: Raft,
     node_id: u64,
     leases: Arc<Leases>,
     waits: Arc<Waits>,
     table: SharedTable,
+    on_leading: impl Fn(),
     mut stop: watch::Receiver<bool>,
 ) {
     let mut metrics = raft.metrics();
@@ -360,6 +361,7 @@ pub async fn follow_leadership(
             match applied_all_before_leading(&raft, last_log).await {
                 Ok(()) => {
                     leases.start_leading(term, last_log, &table);
+                    on_leading();
                     led_term = Some(term);
                     tracing::info!(
                         node_id,

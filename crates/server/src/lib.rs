@@ -180,12 +180,14 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
 /// Starts what a node does by itself, until `stopped`: following
 /// leadership (lease tracking on and off) and expiring leases.
 fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
+    let leader = node.clone();
     tokio::spawn(leases::follow_leadership(
         node.raft.clone(),
         node.id,
         node.leases.clone(),
         node.waits.clone(),
         node.table.clone(),
+        move || leader.give_up_unclaimed_waits(),
         stopped.clone(),
     ));
     tokio::spawn(leases::expire_sessions(

@@ -151,6 +151,26 @@ const QUORUM_RETRY: Duration = Duration::from_millis(50);
 pub const LIST_PAGE: usize = 1000;
 
 impl Node {
+    /// Called when this node starts leading. The callers of the queued waits
+    /// were connected to the old leader, or to this node before it
+    /// restarted, and every one of them lost its call: each wait gets the
+    /// grace of any acquire whose caller went away, so that the places of
+    /// callers that do not come back are given up instead of being granted
+    /// to sessions nobody waits in.
+    pub fn give_up_unclaimed_waits(&self) {
+        let queued: Vec<(SessionId, String, u64)> = {
+            let state = self.table.read().expect("state lock poisoned");
+            state
+                .table
+                .queued_attempts()
+                .map(|(session, lock, attempt)| (session, lock.to_owned(), attempt))
+                .collect()
+        };
+        for (session, lock, attempt) in queued {
+            tokio::spawn(abandon_unless_claimed(self.clone(), session, lock, attempt));
+        }
+    }
+
     async fn propose(&self, command: Command) -> Result<Outcome, ApiError> {
         Ok(self.proposer.propose(command).await??)
     }
@@ -541,44 +561,53 @@ impl Drop for AcquireCall {
         if self.answered {
             return;
         }
-        let node = self.node.clone();
-        let (session, lock, attempt) = (self.session, std::mem::take(&mut self.lock), self.attempt);
-        tokio::spawn(async move {
-            tokio::time::sleep(ABANDON_GRACE).await;
-            if node.waits.is_watched(session, &lock) {
-                return;
-            }
-            // With an attempt id the state machine knows whether a later
-            // acquire took over, and can release a grant nobody received.
-            // Without one, only the queue place can safely be given up.
-            let command = if attempt != 0 {
-                Command::Abandon {
-                    session,
-                    lock: lock.clone(),
-                    attempt,
-                }
-            } else {
-                Command::CancelWait {
-                    session,
-                    lock: lock.clone(),
-                }
-            };
-            match node.propose(command).await {
-                Ok(Outcome::Abandoned {
-                    released: Some(token),
-                }) => {
-                    tracing::info!(
-                        session = session.0,
-                        lock,
-                        token = token.0,
-                        "released a grant whose requester went away"
-                    )
-                }
-                Ok(_) => {}
-                Err(err) => {
-                    tracing::debug!(session = session.0, lock, message = %err.message, "abandoned acquire not cleaned up")
-                }
-            }
-        });
+        let lock = std::mem::take(&mut self.lock);
+        tokio::spawn(abandon_unless_claimed(
+            self.node.clone(),
+            self.session,
+            lock,
+            self.attempt,
+        ));
+    }
+}
+
+/// Gives up `session`'s wait for `lock` (or a grant its caller never heard
+/// of) after [`ABANDON_GRACE`], unless an acquire call watches it again by
+/// then: its caller went away.
+async fn abandon_unless_claimed(node: Node, session: SessionId, lock: String, attempt: u64) {
+    tokio::time::sleep(ABANDON_GRACE).await;
+    if node.waits.is_watched(session, &lock) {
+        return;
+    }
+    // With an attempt id the state machine knows whether a later
+    // acquire took over, and can release a grant nobody received.
+    // Without one, only the queue place can safely be given up.
+    let command = if attempt != 0 {
+        Command::Abandon {
+            session,
+            lock: lock.clone(),
+            attempt,
+        }
+    } else {
+        Command::CancelWait {
+            session,
+            lock: lock.clone(),
+        }
+    };
+    match node.propose(command).await {
+        Ok(Outcome::Abandoned {
+            released: Some(token),
+        }) => {
+            tracing::info!(
+                session = session.0,
+                lock,
+                token = token.0,
+                "released a grant whose requester went away"
+            )
+        }
+        Ok(_) => {}
+        Err(err) => {
+            tracing::debug!(session = session.0, lock, message = %err.message, "abandoned acquire not cleaned up")
+        }
     }
 }
