@@ -22,7 +22,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 cargo build --release --quiet -p deadbolt-cli
-bin=$PWD/target/release/deadbolt
+bin=$(realpath "${CARGO_TARGET_DIR:-target}")/release/deadbolt
 work=$(mktemp -d)
 export DEADBOLT_CLUSTER_DIR=$work/cluster
 single_pid=

@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dir=${DEADBOLT_CLUSTER_DIR:-./deadbolt-cluster}
-bin=target/release/deadbolt
+bin=${CARGO_TARGET_DIR:-target}/release/deadbolt
 members=1=127.0.0.1:7071,2=127.0.0.1:7072,3=127.0.0.1:7073
 endpoints=127.0.0.1:7071,127.0.0.1:7072,127.0.0.1:7073
 

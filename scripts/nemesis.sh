@@ -39,4 +39,4 @@ if [[ $profile == release ]]; then
 else
     cargo build --quiet -p deadbolt-cli -p deadbolt-nemesis
 fi
-exec "target/$profile/deadbolt-nemesis" run --duration "$duration" --seed "$seed" "${extra[@]}"
+exec "${CARGO_TARGET_DIR:-target}/$profile/deadbolt-nemesis" run --duration "$duration" --seed "$seed" "${extra[@]}"

@@ -13,4 +13,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --quiet --locked -p deadbolt-sim
-exec target/release/deadbolt-sim "$@"
+exec "${CARGO_TARGET_DIR:-target}"/release/deadbolt-sim "$@"

@@ -88,8 +88,10 @@ fn parse_initial_cluster(text: &str) -> Result<InitialCluster, String> {
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,openraft=warn".into());
+    // Colours only for a person at a terminal, not in a log file.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();

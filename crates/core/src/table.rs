@@ -673,17 +673,6 @@ impl LockTable {
         })
     }
 
-    /// Every queued wait with the latest acquire attempt behind it (0: an
-    /// anonymous one), as [`Command::Abandon`] takes it.
-    pub fn queued_attempts(&self) -> impl Iterator<Item = (SessionId, &str, u64)> + '_ {
-        self.sessions.iter().flat_map(|(id, s)| {
-            s.waiting.iter().map(move |lock| {
-                let attempt = s.attempts.get(lock).copied().unwrap_or(0);
-                (*id, lock.as_str(), attempt)
-            })
-        })
-    }
-
     /// Every (session, lock) wait, for observers that rebuild their view
     /// after the table was replaced by a snapshot.
     pub fn waits(&self) -> impl Iterator<Item = (SessionId, &str)> + '_ {

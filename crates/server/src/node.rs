@@ -156,18 +156,25 @@ impl Node {
     /// restarted, and every one of them lost its call: each wait gets the
     /// grace of any acquire whose caller went away, so that the places of
     /// callers that do not come back are given up instead of being granted
-    /// to sessions nobody waits in.
+    /// to sessions nobody waits in. Only the queue place: a grant made
+    /// meanwhile may already be known to its caller (through a retry that
+    /// reused its attempt id), and stays.
     pub fn give_up_unclaimed_waits(&self) {
-        let queued: Vec<(SessionId, String, u64)> = {
+        let queued: Vec<(SessionId, String)> = {
             let state = self.table.read().expect("state lock poisoned");
             state
                 .table
-                .queued_attempts()
-                .map(|(session, lock, attempt)| (session, lock.to_owned(), attempt))
+                .waits()
+                .map(|(session, lock)| (session, lock.to_owned()))
                 .collect()
         };
-        for (session, lock, attempt) in queued {
-            tokio::spawn(abandon_unless_claimed(self.clone(), session, lock, attempt));
+        for (session, lock) in queued {
+            tokio::spawn(abandon_unless_claimed(
+                self.clone(),
+                session,
+                lock,
+                Claim::QueuePlace,
+            ));
         }
     }
 
@@ -562,37 +569,47 @@ impl Drop for AcquireCall {
             return;
         }
         let lock = std::mem::take(&mut self.lock);
+        // With an attempt id the state machine knows whether a later
+        // acquire took over, and can release a grant nobody received.
+        // Without one, only the queue place can safely be given up.
+        let claim = match self.attempt {
+            0 => Claim::QueuePlace,
+            attempt => Claim::Attempt(attempt),
+        };
         tokio::spawn(abandon_unless_claimed(
             self.node.clone(),
             self.session,
             lock,
-            self.attempt,
+            claim,
         ));
     }
 }
 
-/// Gives up `session`'s wait for `lock` (or a grant its caller never heard
-/// of) after [`ABANDON_GRACE`], unless an acquire call watches it again by
-/// then: its caller went away.
-async fn abandon_unless_claimed(node: Node, session: SessionId, lock: String, attempt: u64) {
+/// What of an acquire whose caller went away may be given up.
+enum Claim {
+    /// The queue place, or a grant no later attempt took over.
+    Attempt(u64),
+    /// Only the queue place.
+    QueuePlace,
+}
+
+/// Gives up `session`'s `claim` on `lock` after [`ABANDON_GRACE`], unless an
+/// acquire call watches the wait again by then: its caller went away.
+async fn abandon_unless_claimed(node: Node, session: SessionId, lock: String, claim: Claim) {
     tokio::time::sleep(ABANDON_GRACE).await;
     if node.waits.is_watched(session, &lock) {
         return;
     }
-    // With an attempt id the state machine knows whether a later
-    // acquire took over, and can release a grant nobody received.
-    // Without one, only the queue place can safely be given up.
-    let command = if attempt != 0 {
-        Command::Abandon {
+    let command = match claim {
+        Claim::Attempt(attempt) => Command::Abandon {
             session,
             lock: lock.clone(),
             attempt,
-        }
-    } else {
-        Command::CancelWait {
+        },
+        Claim::QueuePlace => Command::CancelWait {
             session,
             lock: lock.clone(),
-        }
+        },
     };
     match node.propose(command).await {
         Ok(Outcome::Abandoned {
