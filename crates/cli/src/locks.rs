@@ -107,10 +107,19 @@ pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
         Err(err) => return exit::report(&err),
     };
     let timeout = if args.no_wait { None } else { args.wait };
-    match client
-        .acquire_raw_delayed(session, &args.lock, !args.no_wait, timeout, args.lock_delay)
-        .await
-    {
+    let acquiring =
+        client.acquire_raw_delayed(session, &args.lock, !args.no_wait, timeout, args.lock_delay);
+    let acquired = tokio::select! {
+        acquired = acquiring => acquired,
+        signal = stop_signal() => {
+            // The token will never be printed, so nobody can use the
+            // session: close it (and give up its place or grant) rather
+            // than leave it to its TTL.
+            let _ = client.close_session_raw(session).await;
+            return 128 + signal;
+        }
+    };
+    match acquired {
         Ok(token) => {
             println!("{session} {token}");
             exit::OK
@@ -124,6 +133,17 @@ pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
             }
             exit::report(&err)
         }
+    }
+}
+
+/// Resolves with the signal's number on SIGINT (ctrl-c) or SIGTERM.
+async fn stop_signal() -> i32 {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = interrupt.recv() => libc::SIGINT,
+        _ = terminate.recv() => libc::SIGTERM,
     }
 }
 

@@ -350,3 +350,38 @@ fn a_command_that_cannot_start_exits_as_a_shell_would() {
     assert_eq!(refused.status.code(), Some(126), "{refused:?}");
     assert!(String::from_utf8_lossy(&refused.stderr).contains("cannot start"));
 }
+
+/// `deadbolt acquire` stopped while it waits closes its session: nobody
+/// could use it, so it must not keep a queue place for its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_acquire_leaves_no_session_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let client = server.client().await;
+    let holder = client.open_session(Duration::from_secs(30)).await.unwrap();
+    let _held = holder.lock("contested").await.unwrap();
+    let waiter = Command::new(BIN)
+        .args(["acquire", "--lock", "contested", "--ttl", "1h"])
+        .env("DEADBOLT_ENDPOINT", server.endpoint())
+        .spawn()
+        .unwrap();
+    let queued = |state: Option<deadbolt_client::LockState>| {
+        state.map_or(0, |state| state.waiter_session_ids.len())
+    };
+    while queued(client.lock_status("contested").await.unwrap()) == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    signal(waiter.id() as i32, libc::SIGINT);
+    let output = tokio::task::spawn_blocking(move || waiter.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(130), "{output:?}");
+    // Closed at once, not after the abandon grace or the 1h TTL.
+    let state = client.lock_status("contested").await.unwrap();
+    assert_eq!(queued(state), 0);
+    assert_eq!(
+        client.health().await.unwrap().sessions,
+        1,
+        "only the holder's"
+    );
+}
