@@ -210,6 +210,11 @@ pub struct Server {
 impl Server {
     pub async fn start(config: ServerConfig) -> anyhow::Result<Server> {
         let raft_config = raft_config(config.snapshot_every, config.timing)?;
+        // Before anything is created: a list without this node is a typo
+        // in the flags, whatever the data directory holds.
+        if let StartMembership::Initial(cluster) = &config.membership {
+            cluster::check_listed(config.node_id, cluster)?;
+        }
         // Bind next: a port in use is the most common start-up failure and
         // should not wait for the data directory.
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -244,7 +249,6 @@ impl Server {
                 StartMembership::Initial(cluster) => {
                     // Formed once serving: the peers must be able to ask
                     // this node how far it is, as it asks them.
-                    cluster::check_listed(config.node_id, cluster)?;
                     forming = Some(cluster.clone());
                 }
                 StartMembership::Join => tracing::info!(
