@@ -251,6 +251,15 @@ async fn lock_delay_holds_an_expired_holders_lock_back_but_not_a_released_one() 
     assert_eq!(state.token, dead_token);
     let status = deadbolt(&server.endpoint(), &["status", "--lock", "delayed"]);
     assert!(stdout(&status).contains("lock-delay"), "{status:?}");
+    let busy = deadbolt(
+        &server.endpoint(),
+        &["acquire", "--lock", "delayed", "--no-wait"],
+    );
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    assert!(
+        String::from_utf8_lossy(&busy.stderr).contains("is in lock-delay"),
+        "{busy:?}"
+    );
 
     let (token, at) = granted.await.unwrap();
     assert!(token > dead_token);

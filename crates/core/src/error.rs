@@ -9,8 +9,13 @@ use serde::{Deserialize, Serialize};
 pub enum LockError {
     #[error("unknown session {0} (it was closed or expired, or never existed)")]
     UnknownSession(SessionId),
-    #[error("lock {lock:?} is held by another session (token {holder_token})")]
-    Busy { lock: String, holder_token: Token },
+    #[error("{}", busy_text(lock, *holder_token, *lock_delay))]
+    Busy {
+        lock: String,
+        holder_token: Token,
+        /// The holder's session expired and the lock is in its lock-delay.
+        lock_delay: bool,
+    },
     #[error("not holder: session {session} does not hold lock {lock:?}")]
     NotHolder { lock: String, session: SessionId },
     #[error("stale token: lock {lock:?} is held with token {current}, not {presented}")]
@@ -68,6 +73,17 @@ pub enum LockError {
     TooManyKeys { limit: usize },
     #[error("decided by the leader of term {decided} but committed in term {committed}: ignored")]
     Superseded { decided: u64, committed: u64 },
+}
+
+fn busy_text(lock: &str, holder_token: Token, lock_delay: bool) -> String {
+    if lock_delay {
+        format!(
+            "lock {lock:?} is in lock-delay: the session holding it (token {holder_token}) \
+             expired, and nobody may take it until the delay is over"
+        )
+    } else {
+        format!("lock {lock:?} is held by another session (token {holder_token})")
+    }
 }
 
 /// Milliseconds as the CLI's duration flags take them (`500ms`, `30s`,

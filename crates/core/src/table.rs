@@ -425,6 +425,7 @@ impl LockTable {
             return Err(LockError::Busy {
                 lock: name.to_owned(),
                 holder_token: lock.token,
+                lock_delay: lock.delay_ms.is_some(),
             });
         }
         if let Some(index) = lock.queue.iter().position(|s| *s == session) {
