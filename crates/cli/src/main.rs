@@ -24,7 +24,8 @@ Exit codes:
   127   `run`: the command was not found
   75    the lock is busy, or the wait for it timed out
   76    the lock was lost (the lease could not be renewed) while running,
-        or a token is stale (store put/get/delete, check)
+        or a token is stale or a session unknown (release, keepalive,
+        store put/get/delete, check)
   69    the Deadbolt server could not be reached
   1     any other error (bad input, refused request), with a message
   2     invalid command line";
