@@ -5,7 +5,7 @@
 //! kept alive by anyone: the lock is held for one `--ttl` unless renewed with
 //! `deadbolt keepalive`. For "hold while a command runs", use `deadbolt run`.
 
-use crate::{exit, parse_duration};
+use crate::{exit, parse_duration, stop_signal};
 use deadbolt_client::{Client, Error, ErrorKind, LockState};
 use std::time::Duration;
 
@@ -133,17 +133,6 @@ pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
             }
             exit::report(&err)
         }
-    }
-}
-
-/// Resolves with the signal's number on SIGINT (ctrl-c) or SIGTERM.
-async fn stop_signal() -> i32 {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = interrupt.recv() => libc::SIGINT,
-        _ = terminate.recv() => libc::SIGTERM,
     }
 }
 

@@ -91,6 +91,18 @@ enum Command {
     Guard(guard::GuardArgs),
 }
 
+/// Resolves with the signal's number on SIGINT (ctrl-c) or SIGTERM.
+pub async fn stop_signal() -> i32 {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt()).expect("cannot install the SIGINT handler");
+    let mut terminate =
+        signal(SignalKind::terminate()).expect("cannot install the SIGTERM handler");
+    tokio::select! {
+        _ = interrupt.recv() => libc::SIGINT,
+        _ = terminate.recv() => libc::SIGTERM,
+    }
+}
+
 /// Parses human durations: `500ms`, `30s`, `5m`, `1h 30m`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 500ms, 30s, 5m)"))

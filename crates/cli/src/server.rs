@@ -72,7 +72,12 @@ pub async fn main(args: ServerArgs) -> i32 {
             return exit::FAILURE;
         }
     };
-    match server.serve(shutdown_signal()).await {
+    match server
+        .serve(async {
+            crate::stop_signal().await;
+        })
+        .await
+    {
         Ok(()) => exit::OK,
         Err(err) => {
             eprintln!("deadbolt server: {err:#}");
@@ -97,15 +102,5 @@ fn init_logging(json: bool) {
         builder.json().init();
     } else {
         builder.init();
-    }
-}
-
-/// Resolves on SIGTERM or ctrl-c (SIGINT).
-async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("cannot install the SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }
