@@ -5,6 +5,7 @@
 
 mod bench;
 mod cluster;
+mod data;
 mod demo;
 mod exit;
 mod guard;
@@ -83,6 +84,9 @@ enum Command {
     Store(store::StoreCommand),
     /// Measure throughput and latency against a running server.
     Bench(bench::BenchArgs),
+    /// Check a stopped node's data directory without changing it.
+    #[command(subcommand)]
+    Data(data::DataCommand),
     /// Live demonstrations of why fencing tokens matter.
     #[command(subcommand)]
     Demo(demo::DemoCommand),
@@ -110,9 +114,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn main() {
     let cli = Cli::parse();
-    if let Command::Guard(args) = cli.command {
+    match cli.command {
         // No runtime, no threads: this process only waits and forwards.
-        std::process::exit(guard::main(args));
+        Command::Guard(args) => std::process::exit(guard::main(args)),
+        // Offline: no server, no network.
+        Command::Data(command) => std::process::exit(data::main(command)),
+        _ => {}
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -133,7 +140,9 @@ fn main() {
             Command::Cluster(command) => cluster::main(&cli.endpoint, command).await,
             Command::Demo(command) => demo::main(command).await,
             Command::Bench(args) => bench::main(&cli.endpoint, args).await,
-            Command::Guard(_) => unreachable!("handled before the runtime starts"),
+            Command::Guard(_) | Command::Data(_) => {
+                unreachable!("handled before the runtime starts")
+            }
         }
     });
     // Do not wait for background tasks (a watchdog mid-backoff) on the way out.

@@ -625,6 +625,24 @@ impl LockTable {
             .unwrap_or_else(|| panic!("session {session} is linked from a lock but does not exist"))
     }
 
+    /// Raises the token counter to at least the leader's wall clock, in
+    /// microseconds since the Unix epoch, at which a batch was proposed
+    /// (`at_ms`, carried in the log entry, so every replica raises it alike).
+    ///
+    /// Why: the counter lives in the data directory, and a directory can be
+    /// lost, wiped, rolled back by a damaged disk or restored from an old
+    /// backup. Tokens that never fall behind the wall clock stay above every
+    /// token an earlier incarnation issued, as long as the wall clock moved
+    /// forward since and grants came slower than one per microsecond (this
+    /// service does tens of thousands a second at most). Tokens still stay
+    /// below 2^53 until the year 2255, so JSON readers lose no digit.
+    pub fn raise_token_floor(&mut self, at_ms: u64) {
+        let floor = at_ms.saturating_mul(1_000);
+        if floor > self.next_token {
+            self.next_token = floor;
+        }
+    }
+
     /// The token the next grant will carry. Every token already handed out
     /// is smaller.
     pub fn next_token(&self) -> Token {

@@ -252,10 +252,21 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
-    fn invariants_hold_for_any_command_sequence(steps in prop::collection::vec(step(), 1..120)) {
+    fn invariants_hold_for_any_command_sequence(
+        steps in prop::collection::vec((step(), prop::option::weighted(0.1, 0..50u64)), 1..120),
+    ) {
         let mut table = LockTable::new();
         let mut seen = Observed::default();
-        for step in &steps {
+        for (step, batch_at_ms) in &steps {
+            // Some steps start a new log entry, stamped with the leader's
+            // wall clock: the token floor rises to it, and never falls.
+            if let Some(at_ms) = *batch_at_ms {
+                let before = table.next_token();
+                table.raise_token_floor(at_ms);
+                prop_assert!(table.next_token() >= before);
+                prop_assert!(table.next_token().0 >= at_ms * 1_000);
+                table.check_invariants();
+            }
             let command = command(step, &seen);
             let outcome = run(&mut table, &mut seen, &command);
             if let (Step::Release(..), Ok(_)) = (step, &outcome) {

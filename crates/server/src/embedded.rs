@@ -27,19 +27,21 @@ pub struct EmbeddedNode {
 }
 
 impl EmbeddedNode {
-    /// Opens the node's data on `disk` (refused like a data directory if it
-    /// is not ours) and starts it.
-    pub async fn start<N: RaftNetworkFactory<TypeConfig>>(
+    /// Opens the node's data on `disk`, with its witness on `witness`
+    /// (refused like a data directory if it is not ours, damaged or behind
+    /// its witness) and starts it.
+    pub async fn start<N: RaftNetworkFactory<TypeConfig>, D: redb::StorageBackend + Clone>(
         id: NodeId,
         timing: RaftTiming,
         snapshot_every: u64,
         clock: Clock,
-        disk: impl redb::StorageBackend,
+        disk: D,
+        witness: D,
         network: N,
     ) -> anyhow::Result<EmbeddedNode> {
-        let db = crate::store::open_simulated_disk(disk)?;
+        let data = crate::store::open_simulated_disk(disk, witness, id)?;
         let config = raft_config(snapshot_every, timing)?;
-        let node = open_node(id, config, db, network, clock, StorageIo::Inline).await?;
+        let node = open_node(id, config, data, network, clock, StorageIo::Inline).await?;
         let (stop, stopped) = watch::channel(false);
         spawn_duties(&node, stopped);
         Ok(EmbeddedNode { node, stop })

@@ -15,8 +15,10 @@ pub type NodeId = u64;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     pub commands: Vec<Command>,
-    /// The leader's wall clock (Unix ms) when it proposed the batch. Only
-    /// stamps the audit trail; nothing is decided by it.
+    /// The leader's wall clock (Unix ms) when it proposed the batch. It
+    /// stamps the audit trail and is the floor of the batch's tokens
+    /// (`LockTable::raise_token_floor`): never who holds what, or when a
+    /// lease ends (those run on monotonic clocks).
     pub at_ms: u64,
 }
 

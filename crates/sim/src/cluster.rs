@@ -34,6 +34,8 @@ pub const CLOCK_DRIFT_BOUND: f64 = 0.02;
 
 struct Slot {
     disk: SimDisk,
+    /// The disk of the database's witness (a file of its own on a real node).
+    witness: SimDisk,
     running: Option<Running>,
 }
 
@@ -61,6 +63,7 @@ impl SimCluster {
                 id,
                 Slot {
                     disk: SimDisk::default(),
+                    witness: SimDisk::default(),
                     running: None,
                 },
             );
@@ -96,6 +99,7 @@ impl SimCluster {
             SNAPSHOT_EVERY,
             clock,
             slot.disk.clone(),
+            slot.witness.clone(),
             network,
         )
         .await?;
@@ -124,6 +128,7 @@ impl SimCluster {
         let _ = running.crashed.send(true);
         let keep = rng.gen_range(0.0..=1.0);
         slot.disk = slot.disk.after_crash(keep, rng);
+        slot.witness = slot.witness.after_crash(keep, rng);
         // Its tasks wind down in the background, cut off from everything;
         // the disk they may still write to is no longer this node's.
         tokio::spawn(running.node.crash());
@@ -135,6 +140,7 @@ impl SimCluster {
         let slot = self.slots.get_mut(&id).expect("known node");
         assert!(slot.running.is_none(), "node {id} is running");
         slot.disk = SimDisk::default();
+        slot.witness = SimDisk::default();
     }
 
     /// The node that currently leads, by the running nodes' own account.

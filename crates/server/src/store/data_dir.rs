@@ -1,14 +1,41 @@
-//! Opening the data directory, and refusing one that is not ours.
+//! Opening the data directory, and refusing one that is not ours or that
+//! lost what it held.
 //!
 //! A wrong `--data-dir` must fail loudly at start, never be "repaired" into
-//! an empty lock service that re-issues token 1.
+//! an empty lock service. A directory holds the database and its witness
+//! (`witness.rs`), written first when the directory is initialized. At every
+//! start, before anything is written:
+//! - a database missing or empty next to a witness that saw data is a loss;
+//! - a database without its witness, or of another instance, is refused;
+//! - the database is opened on a [`ReadOnlyOverlay`] (recovery and repair
+//!   write to memory only), its pages checked by redb, and every record read
+//!   and checked ([`verify`]) against its checksum and the witness, with a
+//!   panic of the storage library caught and reported;
+//! - only then is it opened for writing.
 
-use super::{FORMAT, FORMAT_KEY, LOG, META};
-use redb::{Database, ReadableTable, ReadableTableMetadata};
+use super::overlay::ReadOnlyOverlay;
+use super::verify::{verify, DataReport, Refusal};
+use super::witness::{Witness, WitnessFile, WITNESS_FILE};
+use super::{encode, At, FORMAT, FORMAT_KEY, INSTANCE_KEY, LOG, META};
+use crate::raft_types::NodeId;
+use openraft::{ErrorSubject, ErrorVerb};
+use redb::backends::FileBackend;
+use redb::{Database, DatabaseError, ReadableTable, ReadableTableMetadata, StorageBackend};
+use std::fs::{File, OpenOptions};
+use std::io;
 use std::path::{Path, PathBuf};
 
 /// The database file inside a data directory.
 const DB_FILE: &str = "deadbolt.redb";
+
+/// What to do about a data directory that lost or damaged its data.
+const RECOVERY: &str = "Nothing was changed. \
+    If this node is one of a cluster, rebuild it from its peers: `deadbolt cluster remove ID`, \
+    move the directory aside, start the node again with --join, then `deadbolt cluster add ID ADDRESS`. \
+    A single node: restore the directory from a backup, or move it aside and start afresh \
+    (its locks and sessions are gone, but tokens never go back: each is at least the wall-clock \
+    time of its grant in microseconds). `deadbolt data check --data-dir DIR` shows what is wrong; \
+    docs/safety.md, \"Storage faults\", explains.";
 
 /// Why a data directory was refused.
 #[derive(Debug, thiserror::Error)]
@@ -23,13 +50,37 @@ pub enum DataDirError {
          point --data-dir at an empty or Deadbolt directory"
     )]
     Foreign { path: PathBuf, found: String },
+    #[error("{path} holds no Deadbolt data")]
+    Empty { path: PathBuf },
     #[error("{path} is already in use by another Deadbolt process")]
     InUse { path: PathBuf },
     #[error(
-        "the data in {path} is unreadable ({reason}); it may be corrupt or from another program. \
-         Refusing to start rather than lose locks and tokens"
+        "{path} is missing or empty, but its witness says this directory held \
+         the data of node {node_id} up to log index {last_index}: the database was deleted, \
+         truncated or replaced. {RECOVERY}"
     )]
-    Unreadable { path: PathBuf, reason: String },
+    Lost {
+        path: PathBuf,
+        node_id: NodeId,
+        last_index: u64,
+    },
+    #[error(
+        "{path} has no witness ({WITNESS_FILE}) beside it, which every Deadbolt \
+         data directory of this format has, so it cannot tell whether the database went back to an \
+         older state (a directory written before data format 8 has none: this build cannot read it). \
+         {RECOVERY}"
+    )]
+    WitnessMissing { path: PathBuf },
+    #[error("{path} is damaged ({reason}). {RECOVERY}")]
+    Damaged { path: PathBuf, reason: String },
+    #[error(
+        "{path} holds the data of node {found}, not of node {expected}: check --node-id and --data-dir"
+    )]
+    NodeMismatch {
+        path: PathBuf,
+        found: NodeId,
+        expected: NodeId,
+    },
     #[error("{path} holds data of format {found:?}, this build reads {expected:?}")]
     WrongFormat {
         path: PathBuf,
@@ -38,65 +89,345 @@ pub enum DataDirError {
     },
 }
 
-/// Opens (creating if needed) the database in `dir`.
-pub fn open_data_dir(dir: &Path) -> Result<Database, DataDirError> {
+/// A data directory's database, opened for writing after every check, and
+/// its witness.
+pub struct OpenedData {
+    pub db: Database,
+    pub witness: WitnessFile,
+    /// What the database held; `None` for a new directory.
+    pub report: Option<DataReport>,
+}
+
+/// Where a node's data lives: a directory, or a simulated disk.
+trait Disk {
+    /// The database's name in messages.
+    fn name(&self) -> PathBuf;
+    /// The database's size, 0 if there is none yet.
+    fn db_len(&self) -> io::Result<u64>;
+    /// The database's storage, only to be read.
+    fn db_read_only(&self) -> Result<Box<dyn StorageBackend>, DataDirError>;
+    /// The database, opened (or created) for writing.
+    fn open_db(&self) -> Result<Database, DatabaseError>;
+    /// The witness's storage, if it exists, locked against other processes.
+    fn witness(&self, create: bool) -> Result<Option<Box<dyn StorageBackend>>, DataDirError>;
+    /// Makes new files' names durable.
+    fn sync_names(&self) -> io::Result<()>;
+}
+
+struct DirDisk {
+    dir: PathBuf,
+}
+
+impl DirDisk {
+    fn db_path(&self) -> PathBuf {
+        self.dir.join(DB_FILE)
+    }
+
+    fn in_use_or(&self, err: DatabaseError) -> DataDirError {
+        match err {
+            DatabaseError::DatabaseAlreadyOpen => DataDirError::InUse {
+                path: self.dir.clone(),
+            },
+            other => DataDirError::Damaged {
+                path: self.db_path(),
+                reason: other.to_string(),
+            },
+        }
+    }
+}
+
+impl Disk for DirDisk {
+    fn name(&self) -> PathBuf {
+        self.db_path()
+    }
+
+    fn db_len(&self) -> io::Result<u64> {
+        match std::fs::metadata(self.db_path()) {
+            Ok(meta) => Ok(meta.len()),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(0),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn db_read_only(&self) -> Result<Box<dyn StorageBackend>, DataDirError> {
+        let file = File::open(self.db_path()).map_err(|e| DataDirError::Damaged {
+            path: self.db_path(),
+            reason: e.to_string(),
+        })?;
+        Ok(Box::new(
+            FileBackend::new(file).map_err(|e| self.in_use_or(e))?,
+        ))
+    }
+
+    fn open_db(&self) -> Result<Database, DatabaseError> {
+        Database::create(self.db_path())
+    }
+
+    fn witness(&self, create: bool) -> Result<Option<Box<dyn StorageBackend>>, DataDirError> {
+        let path = self.dir.join(WITNESS_FILE);
+        let file = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(&path)
+        {
+            Ok(file) => file,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => {
+                return Err(DataDirError::Damaged {
+                    path,
+                    reason: err.to_string(),
+                })
+            }
+        };
+        Ok(Some(Box::new(
+            FileBackend::new(file).map_err(|e| self.in_use_or(e))?,
+        )))
+    }
+
+    fn sync_names(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+}
+
+/// A simulated disk pair: the database's and the witness's.
+struct SimDisks<D> {
+    db: D,
+    witness: D,
+}
+
+impl<D: StorageBackend + Clone> Disk for SimDisks<D> {
+    fn name(&self) -> PathBuf {
+        PathBuf::from("<simulated disk>")
+    }
+
+    fn db_len(&self) -> io::Result<u64> {
+        self.db.len()
+    }
+
+    fn db_read_only(&self) -> Result<Box<dyn StorageBackend>, DataDirError> {
+        Ok(Box::new(self.db.clone()))
+    }
+
+    fn open_db(&self) -> Result<Database, DatabaseError> {
+        Database::builder().create_with_backend(self.db.clone())
+    }
+
+    fn witness(&self, _create: bool) -> Result<Option<Box<dyn StorageBackend>>, DataDirError> {
+        Ok(Some(Box::new(self.witness.clone())))
+    }
+
+    fn sync_names(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Opens (creating if needed) the data in `dir` for node `node_id`.
+pub fn open_data_dir(dir: &Path, node_id: NodeId) -> Result<OpenedData, DataDirError> {
     std::fs::create_dir_all(dir).map_err(|source| DataDirError::Create {
         path: dir.to_owned(),
         source,
     })?;
-    let db_path = dir.join(DB_FILE);
-    if !db_path.exists() {
-        let found = std::fs::read_dir(dir)
-            .map_err(|source| DataDirError::Create {
-                path: dir.to_owned(),
-                source,
-            })?
-            .filter_map(|entry| entry.ok())
-            .map(|entry| entry.file_name().to_string_lossy().into_owned())
-            // A fresh file system's mount point is a fine place for data.
-            .find(|name| name != "lost+found");
-        if let Some(found) = found {
-            return Err(DataDirError::Foreign {
-                path: dir.to_owned(),
-                found,
-            });
+    let disk = DirDisk {
+        dir: dir.to_owned(),
+    };
+    let is_new = disk.db_len().unwrap_or(0) == 0 && !dir.join(WITNESS_FILE).exists();
+    if is_new {
+        refuse_foreign(dir)?;
+    }
+    open(&disk, node_id)
+}
+
+/// Opens the data on a simulated disk pair (the deterministic simulation's
+/// memory that survives a simulated crash), with the same checks as a data
+/// directory.
+pub fn open_simulated_disk<D: StorageBackend + Clone>(
+    db: D,
+    witness: D,
+    node_id: NodeId,
+) -> Result<OpenedData, DataDirError> {
+    open(&SimDisks { db, witness }, node_id)
+}
+
+/// Checks the data in `dir` without changing it: `deadbolt data check`.
+pub fn check_data_dir(dir: &Path) -> Result<DataReport, DataDirError> {
+    let disk = DirDisk {
+        dir: dir.to_owned(),
+    };
+    let witness = disk.witness(false)?;
+    let db_len = disk.db_len().map_err(|e| damaged(&disk, e))?;
+    match (witness, db_len) {
+        (None, 0) => Err(DataDirError::Empty {
+            path: dir.to_owned(),
+        }),
+        (None, _) => Err(missing_witness(&disk)),
+        (Some(witness), db_len) => {
+            let witness = read_witness(&disk, witness)?;
+            if db_len == 0 {
+                return Err(lost(&disk, witness.current()));
+            }
+            check(&disk, witness.current())
         }
     }
-    let unreadable = |reason: String| DataDirError::Unreadable {
-        path: db_path.clone(),
-        reason,
+}
+
+fn open(disk: &dyn Disk, node_id: NodeId) -> Result<OpenedData, DataDirError> {
+    let db_len = disk.db_len().map_err(|e| damaged(disk, e))?;
+    let witness = disk.witness(db_len == 0)?;
+    let existing = match witness {
+        Some(backend) if backend.len().map_err(|e| damaged(disk, e))? > 0 => {
+            Some(read_witness(disk, backend)?)
+        }
+        Some(backend) if db_len == 0 => {
+            // A new directory: the witness first, then the database.
+            let witness = WitnessFile::create(backend, Witness::new(node_id))
+                .map_err(|e| damaged(disk, e))?;
+            disk.sync_names().map_err(|e| damaged(disk, e))?;
+            return create(disk, witness);
+        }
+        _ => None,
     };
-    let db = Database::create(&db_path).map_err(|e| match e {
-        redb::DatabaseError::DatabaseAlreadyOpen => DataDirError::InUse {
+    let Some(witness) = existing else {
+        return Err(missing_witness(disk));
+    };
+    let found = witness.current().node_id;
+    if found != node_id {
+        return Err(DataDirError::NodeMismatch {
+            path: disk.name(),
+            found,
+            expected: node_id,
+        });
+    }
+    if db_len == 0 {
+        if witness.current().saw_data() {
+            return Err(lost(disk, witness.current()));
+        }
+        // Initialization stopped between the witness and the database.
+        return create(disk, witness);
+    }
+    let report = check(disk, witness.current())?;
+    let db = disk.open_db().map_err(|e| damaged(disk, e))?;
+    prepare(&db, witness.current().instance, disk)?;
+    Ok(OpenedData {
+        db,
+        witness,
+        report: Some(report),
+    })
+}
+
+/// Creates the database of a new directory, under its witness.
+fn create(disk: &dyn Disk, witness: WitnessFile) -> Result<OpenedData, DataDirError> {
+    let db = disk.open_db().map_err(|e| damaged(disk, e))?;
+    prepare(&db, witness.current().instance, disk)?;
+    disk.sync_names().map_err(|e| damaged(disk, e))?;
+    Ok(OpenedData {
+        db,
+        witness,
+        report: None,
+    })
+}
+
+/// Opens the database on a read-only overlay, has redb check its pages,
+/// and reads every record: nothing is written, and a panic is a refusal.
+fn check(disk: &dyn Disk, witness: &Witness) -> Result<DataReport, DataDirError> {
+    let base = disk.db_read_only()?;
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let overlay = ReadOnlyOverlay::new(base).map_err(|e| e.to_string())?;
+        let mut db = Database::builder()
+            .create_with_backend(overlay)
+            .map_err(|e| e.to_string())?;
+        match db.check_integrity() {
+            Ok(true) => {}
+            Ok(false) => return Err("its page checksums fail".to_owned().into()),
+            Err(err) => return Err(err.to_string().into()),
+        }
+        verify(&db, witness)
+    }));
+    let reason = match checked {
+        Ok(Ok(report)) => return Ok(report),
+        Ok(Err(Refusal::Damaged(reason))) => reason,
+        Ok(Err(Refusal::WrongFormat(found))) => {
+            return Err(DataDirError::WrongFormat {
+                path: disk.name(),
+                found,
+                expected: String::from_utf8_lossy(FORMAT).into_owned(),
+            })
+        }
+        Err(panic) => format!(
+            "the storage library failed on it: {}",
+            panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or(panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic")
+        ),
+    };
+    Err(DataDirError::Damaged {
+        path: disk.name(),
+        reason,
+    })
+}
+
+fn read_witness(
+    disk: &dyn Disk,
+    backend: Box<dyn StorageBackend>,
+) -> Result<WitnessFile, DataDirError> {
+    match WitnessFile::read(backend) {
+        Ok(Some(witness)) => Ok(witness),
+        Ok(None) => Err(missing_witness(disk)),
+        Err(err) => Err(DataDirError::Damaged {
+            path: disk.name().with_file_name(WITNESS_FILE),
+            reason: err.to_string(),
+        }),
+    }
+}
+
+fn lost(disk: &dyn Disk, witness: &Witness) -> DataDirError {
+    DataDirError::Lost {
+        path: disk.name(),
+        node_id: witness.node_id,
+        last_index: witness.last_log.map_or(0, |id| id.index),
+    }
+}
+
+fn missing_witness(disk: &dyn Disk) -> DataDirError {
+    DataDirError::WitnessMissing { path: disk.name() }
+}
+
+fn damaged(disk: &dyn Disk, err: impl std::fmt::Display) -> DataDirError {
+    DataDirError::Damaged {
+        path: disk.name(),
+        reason: err.to_string(),
+    }
+}
+
+/// A directory about to be initialized must hold nothing of anyone else's.
+fn refuse_foreign(dir: &Path) -> Result<(), DataDirError> {
+    let found = std::fs::read_dir(dir)
+        .map_err(|source| DataDirError::Create {
             path: dir.to_owned(),
-        },
-        other => unreadable(other.to_string()),
-    })?;
-    prepare(db, db_path)
+            source,
+        })?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        // A fresh file system's mount point is a fine place for data, and an
+        // empty database file is nothing to lose.
+        .find(|name| name != "lost+found" && name != DB_FILE);
+    match found {
+        Some(found) => Err(DataDirError::Foreign {
+            path: dir.to_owned(),
+            found,
+        }),
+        None => Ok(()),
+    }
 }
 
-/// Opens the database on a simulated disk (the deterministic simulation's
-/// memory that survives a simulated crash), with the same checks as a
-/// data directory.
-pub fn open_simulated_disk(disk: impl redb::StorageBackend) -> Result<Database, DataDirError> {
-    let path = PathBuf::from("<simulated disk>");
-    let db =
-        Database::builder()
-            .create_with_backend(disk)
-            .map_err(|e| DataDirError::Unreadable {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-    prepare(db, path)
-}
-
-/// Checks the format marker (writing it into a new database) and creates the
-/// tables.
-fn prepare(db: Database, db_path: PathBuf) -> Result<Database, DataDirError> {
-    let unreadable = |reason: String| DataDirError::Unreadable {
-        path: db_path.clone(),
-        reason,
-    };
+/// Checks the format marker and instance id (writing both into a new
+/// database) and creates the tables.
+fn prepare(db: &Database, instance: u128, disk: &dyn Disk) -> Result<(), DataDirError> {
+    let unreadable = |reason: String| damaged(disk, reason);
+    let at = At(ErrorSubject::Store, ErrorVerb::Write);
     let txn = db.begin_write().map_err(|e| unreadable(e.to_string()))?;
     {
         let mut meta = txn
@@ -110,13 +441,16 @@ fn prepare(db: Database, db_path: PathBuf) -> Result<Database, DataDirError> {
             Some(found) if found == FORMAT => {}
             Some(found) => {
                 return Err(DataDirError::WrongFormat {
-                    path: db_path,
+                    path: disk.name(),
                     found: String::from_utf8_lossy(&found).into_owned(),
                     expected: String::from_utf8_lossy(FORMAT).into_owned(),
                 })
             }
             None if meta.len().map_err(|e| unreadable(e.to_string()))? == 0 => {
                 meta.insert(FORMAT_KEY, FORMAT)
+                    .map_err(|e| unreadable(e.to_string()))?;
+                let instance = encode(&instance, &at).map_err(|e| unreadable(e.to_string()))?;
+                meta.insert(INSTANCE_KEY, instance.as_slice())
                     .map_err(|e| unreadable(e.to_string()))?;
             }
             None => return Err(unreadable("no format marker".into())),
@@ -125,42 +459,117 @@ fn prepare(db: Database, db_path: PathBuf) -> Result<Database, DataDirError> {
     // Create the log table up front, so that readers never find it missing.
     txn.open_table(LOG).map_err(|e| unreadable(e.to_string()))?;
     txn.commit().map_err(|e| unreadable(e.to_string()))?;
-    Ok(db)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn open(dir: &Path) -> Result<OpenedData, DataDirError> {
+        open_data_dir(dir, 1)
+    }
+
     #[test]
     fn new_directory_is_created_and_reopens() {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        drop(open_data_dir(&data).unwrap());
-        drop(open_data_dir(&data).unwrap());
+        let first = open(&data).unwrap();
+        assert!(first.report.is_none());
+        let instance = first.witness.current().instance;
+        drop(first);
+        let again = open(&data).unwrap();
+        assert_eq!(again.witness.current().instance, instance);
+        assert!(again.report.is_some());
     }
 
     #[test]
     fn foreign_directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("postgresql.conf"), "x").unwrap();
-        let err = open_data_dir(dir.path()).unwrap_err();
+        let err = open(dir.path()).err().unwrap();
         assert!(matches!(err, DataDirError::Foreign { .. }), "{err}");
     }
 
     #[test]
     fn corrupt_database_is_refused() {
         let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path()).unwrap());
         std::fs::write(dir.path().join(DB_FILE), vec![0x5a; 64 * 1024]).unwrap();
-        let err = open_data_dir(dir.path()).unwrap_err();
-        assert!(matches!(err, DataDirError::Unreadable { .. }), "{err}");
+        let err = open(dir.path()).err().unwrap();
+        assert!(matches!(err, DataDirError::Damaged { .. }), "{err}");
+        // Refused without a write: the bytes are as they were left.
+        assert_eq!(
+            std::fs::read(dir.path().join(DB_FILE)).unwrap(),
+            vec![0x5a; 64 * 1024]
+        );
     }
 
     #[test]
     fn second_open_is_refused_while_in_use() {
         let dir = tempfile::tempdir().unwrap();
-        let _first = open_data_dir(dir.path()).unwrap();
-        let err = open_data_dir(dir.path()).unwrap_err();
+        let _first = open(dir.path()).unwrap();
+        let err = open(dir.path()).err().unwrap();
         assert!(matches!(err, DataDirError::InUse { .. }), "{err}");
+        let err = check_data_dir(dir.path()).err().unwrap();
+        assert!(matches!(err, DataDirError::InUse { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_database_deleted_or_emptied_after_use_is_a_loss_not_a_fresh_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opened = open(dir.path()).unwrap();
+        opened
+            .witness
+            .record_vote(openraft::Vote::new(1, 1))
+            .unwrap();
+        drop(opened);
+        std::fs::write(dir.path().join(DB_FILE), b"").unwrap();
+        let err = open(dir.path()).err().unwrap();
+        assert!(matches!(err, DataDirError::Lost { .. }), "{err}");
+        std::fs::remove_file(dir.path().join(DB_FILE)).unwrap();
+        let err = open(dir.path()).err().unwrap();
+        assert!(matches!(err, DataDirError::Lost { .. }), "{err}");
+        assert!(
+            err.to_string().contains("rebuild it from its peers"),
+            "{err}"
+        );
+        // Refused without creating anything.
+        assert!(!dir.path().join(DB_FILE).exists());
+    }
+
+    #[test]
+    fn a_database_without_its_witness_or_of_another_node_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path()).unwrap());
+        let err = open_data_dir(dir.path(), 2).err().unwrap();
+        assert!(
+            matches!(
+                err,
+                DataDirError::NodeMismatch {
+                    found: 1,
+                    expected: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        std::fs::remove_file(dir.path().join(WITNESS_FILE)).unwrap();
+        let err = open(dir.path()).err().unwrap();
+        assert!(matches!(err, DataDirError::WitnessMissing { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_database_from_another_directory_is_refused() {
+        let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        drop(open(one.path()).unwrap());
+        drop(open(two.path()).unwrap());
+        std::fs::copy(one.path().join(DB_FILE), two.path().join(DB_FILE)).unwrap();
+        let err = open(two.path()).err().unwrap();
+        assert!(
+            err.to_string()
+                .contains("belongs to another data directory"),
+            "{err}"
+        );
     }
 }

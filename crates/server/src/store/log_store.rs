@@ -8,11 +8,17 @@
 //! hundred at a time. Deleting ten thousand entries in one transaction would
 //! stall every append behind it for over 100 ms.
 //!
+//! Every append and vote is also recorded in the [`WitnessFile`] after the
+//! database commit and before openraft hears of it, so a database that
+//! later goes back behind what was acknowledged is refused at start (see
+//! `witness.rs`).
+//!
 //! Under the deterministic simulation ([`StorageIo::Inline`]) the same work
 //! happens on the calling task instead: another thread would make the order
 //! of events depend on the host's scheduler.
 
-use super::{read_meta, write_meta, At, OrStorageError, LOG};
+use super::witness::WitnessFile;
+use super::{decode, encode, read_meta, write_meta, At, OrStorageError, LOG, PURGED_KEY, VOTE_KEY};
 use crate::raft_types::{NodeId, StorageError, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{
@@ -21,11 +27,8 @@ use openraft::{
 use redb::{Database, ReadableTable};
 use std::fmt::Debug;
 use std::ops::RangeBounds;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-const VOTE_KEY: &str = "vote";
-const PURGED_KEY: &str = "last_purged";
 
 /// Where the log's disk work runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,14 +44,20 @@ pub enum StorageIo {
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
+    witness: Arc<Mutex<WitnessFile>>,
     io: StorageIo,
     compactor: Compactor,
 }
 
 impl LogStore {
-    pub fn new(db: Arc<Database>, io: StorageIo) -> Result<Self, StorageError> {
+    pub fn new(
+        db: Arc<Database>,
+        witness: WitnessFile,
+        io: StorageIo,
+    ) -> Result<Self, StorageError> {
         let store = LogStore {
             compactor: Compactor::start(db.clone(), io),
+            witness: Arc::new(Mutex::new(witness)),
             io,
             db,
         };
@@ -69,11 +78,46 @@ fn write_entries(db: &Database, entries: &[Entry<TypeConfig>]) -> Result<(), Sto
     {
         let mut table = txn.open_table(LOG).at(&at)?;
         for entry in entries {
-            let bytes = bincode::serialize(entry).at(&at)?;
+            let bytes = encode(entry, &at)?;
             table.insert(entry.log_id.index, bytes.as_slice()).at(&at)?;
         }
     }
     txn.commit().at(&at)
+}
+
+/// Appends entries, then records the log's new end in the witness: both
+/// durable when this returns `Ok`, in that order, so the database is never
+/// behind its witness.
+fn append_witnessed(
+    db: &Database,
+    witness: &Mutex<WitnessFile>,
+    entries: &[Entry<TypeConfig>],
+) -> Result<(), StorageError> {
+    write_entries(db, entries)?;
+    let Some(last) = entries.last() else {
+        return Ok(());
+    };
+    let mut witness = witness.lock().expect("witness lock poisoned");
+    // Entries appended again below the end (openraft may resend ones the
+    // log already holds) leave the end where it was.
+    let end = witness.current().last_log.max(Some(last.log_id));
+    witness
+        .record_last_log(end)
+        .at(&At(ErrorSubject::Logs, ErrorVerb::Write))
+}
+
+/// The id of the log's last entry below `index`, or the purge marker if
+/// none is left: where the log ends after a truncation at `index`.
+fn last_log_id_below(db: &Database, index: u64) -> Result<Option<LogId<NodeId>>, StorageError> {
+    let at = At(ErrorSubject::Logs, ErrorVerb::Read);
+    let purged: Option<LogId<NodeId>> = read_meta(db, PURGED_KEY, ErrorSubject::Logs)?;
+    let txn = db.begin_read().at(&at)?;
+    let table = txn.open_table(LOG).at(&at)?;
+    let last = match table.range(..index).at(&at)?.next_back() {
+        Some(item) => Some(decode::<Entry<TypeConfig>>(item.at(&at)?.1.value(), &at)?.log_id),
+        None => None,
+    };
+    Ok(last.max(purged))
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -87,7 +131,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         let mut entries = Vec::new();
         for item in table.range(range).at(&at)? {
             let (_, bytes) = item.at(&at)?;
-            entries.push(bincode::deserialize(bytes.value()).at(&at)?);
+            entries.push(decode(bytes.value(), &at)?);
         }
         Ok(entries)
     }
@@ -104,7 +148,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let table = txn.open_table(LOG).at(&at)?;
         let last = match table.last().at(&at)? {
             Some((_, bytes)) => {
-                let entry: Entry<TypeConfig> = bincode::deserialize(bytes.value()).at(&at)?;
+                let entry: Entry<TypeConfig> = decode(bytes.value(), &at)?;
                 Some(entry.log_id)
             }
             None => None,
@@ -126,7 +170,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        write_meta(&self.db, VOTE_KEY, vote, ErrorSubject::Vote)
+        write_meta(&self.db, VOTE_KEY, vote, ErrorSubject::Vote)?;
+        self.witness
+            .lock()
+            .expect("witness lock poisoned")
+            .record_vote(*vote)
+            .at(&At(ErrorSubject::Vote, ErrorVerb::Write))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
@@ -149,12 +198,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         let written = match self.io {
             StorageIo::Threads => {
-                let db = self.db.clone();
-                tokio::task::spawn_blocking(move || write_entries(&db, &entries))
+                let (db, witness) = (self.db.clone(), self.witness.clone());
+                tokio::task::spawn_blocking(move || append_witnessed(&db, &witness, &entries))
                     .await
                     .unwrap_or_else(|panic| Err(StorageIOError::write_logs(&panic).into()))
             }
-            StorageIo::Inline => write_entries(&self.db, &entries),
+            StorageIo::Inline => append_witnessed(&self.db, &self.witness, &entries),
         };
         // Only after the commit (fsync) returned may openraft count these
         // entries as persisted.
@@ -167,6 +216,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
         let at = At(ErrorSubject::Logs, ErrorVerb::Delete);
+        // The witness first: a crash between the two leaves the database
+        // past its witness, which is allowed; the other order would not be.
+        let end = last_log_id_below(&self.db, log_id.index)?;
+        self.witness
+            .lock()
+            .expect("witness lock poisoned")
+            .record_last_log(end)
+            .at(&at)?;
         let txn = self.db.begin_write().at(&at)?;
         txn.open_table(LOG)
             .at(&at)?
@@ -289,8 +346,9 @@ mod tests {
     #[tokio::test]
     async fn purge_moves_the_marker_at_once_and_deletes_in_the_background() {
         let dir = tempfile::tempdir().unwrap();
-        let db = Arc::new(super::super::open_data_dir(dir.path()).unwrap());
-        let mut store = LogStore::new(db.clone(), StorageIo::Threads).unwrap();
+        let opened = super::super::open_data_dir(dir.path(), 1).unwrap();
+        let db = Arc::new(opened.db);
+        let mut store = LogStore::new(db.clone(), opened.witness, StorageIo::Threads).unwrap();
         let entries: Vec<_> = (1..=1000).map(entry).collect();
         write_entries(&db, &entries).unwrap();
 

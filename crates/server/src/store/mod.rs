@@ -11,27 +11,37 @@
 // that feed them return the same type rather than boxing and unboxing.
 #![allow(clippy::result_large_err)]
 
+mod codec;
 mod data_dir;
 mod log_store;
+mod overlay;
 mod state_machine;
+mod verify;
+mod witness;
 
-pub use data_dir::{open_data_dir, open_simulated_disk, DataDirError};
+pub use data_dir::{check_data_dir, open_data_dir, open_simulated_disk, DataDirError, OpenedData};
 pub use log_store::{LogStore, StorageIo};
 pub use state_machine::{EventSink, SharedTable, StateMachineStore};
+pub use verify::DataReport;
 
 use crate::raft_types::{NodeId, StorageError};
 use redb::TableDefinition;
 
 /// Raft log entries by index, bincode-encoded.
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
-/// Small named values: format marker, vote, committed and purged log ids,
+/// Small named values: format marker, instance id, vote, purged log id,
 /// the snapshot.
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 const FORMAT_KEY: &str = "format";
 /// Written once into a new data directory and checked at every start. Bump
 /// the version when the on-disk encoding changes incompatibly.
-const FORMAT: &[u8] = b"deadbolt-data/7";
+const FORMAT: &[u8] = b"deadbolt-data/8";
+/// The data directory's instance id, the same as its witness's.
+const INSTANCE_KEY: &str = "instance";
+const VOTE_KEY: &str = "vote";
+const PURGED_KEY: &str = "last_purged";
+const SNAPSHOT_KEY: &str = "snapshot";
 
 /// What a storage operation was doing, for openraft's error reports.
 #[derive(Clone)]
@@ -51,7 +61,17 @@ impl<T, E: std::error::Error + 'static> OrStorageError<T> for Result<T, E> {
     }
 }
 
-/// Reads a bincode-encoded value from the `META` table.
+/// Decodes a sealed, bincode-encoded record (see [`codec`]).
+fn decode<T: serde::de::DeserializeOwned>(sealed: &[u8], at: &At) -> Result<T, StorageError> {
+    bincode::deserialize(codec::unseal(sealed).at(at)?).at(at)
+}
+
+/// Encodes a record as bincode behind its checksum (see [`codec`]).
+fn encode<T: serde::Serialize>(value: &T, at: &At) -> Result<Vec<u8>, StorageError> {
+    Ok(codec::seal(&bincode::serialize(value).at(at)?))
+}
+
+/// Reads a sealed, bincode-encoded value from the `META` table.
 fn read_meta<T: serde::de::DeserializeOwned>(
     db: &redb::Database,
     key: &str,
@@ -61,13 +81,13 @@ fn read_meta<T: serde::de::DeserializeOwned>(
     let txn = db.begin_read().at(&at)?;
     let table = txn.open_table(META).at(&at)?;
     match table.get(key).at(&at)? {
-        Some(bytes) => Ok(Some(bincode::deserialize(bytes.value()).at(&at)?)),
+        Some(bytes) => Ok(Some(decode(bytes.value(), &at)?)),
         None => Ok(None),
     }
 }
 
-/// Writes a bincode-encoded value into the `META` table; fsync'd when this
-/// returns `Ok` (redb's default `Durability::Immediate`).
+/// Writes a sealed, bincode-encoded value into the `META` table; fsync'd
+/// when this returns `Ok` (redb's default `Durability::Immediate`).
 fn write_meta<T: serde::Serialize>(
     db: &redb::Database,
     key: &str,
@@ -75,7 +95,7 @@ fn write_meta<T: serde::Serialize>(
     subject: openraft::ErrorSubject<NodeId>,
 ) -> Result<(), StorageError> {
     let at = At(subject, openraft::ErrorVerb::Write);
-    let bytes = bincode::serialize(value).at(&at)?;
+    let bytes = encode(value, &at)?;
     let txn = db.begin_write().at(&at)?;
     txn.open_table(META)
         .at(&at)?

@@ -5,7 +5,7 @@
 //! A snapshot is written (fsync'd) before openraft may purge the log entries
 //! it covers, so the pair (snapshot, remaining log) always rebuilds the table.
 
-use super::{read_meta, write_meta, At, OrStorageError};
+use super::{read_meta, write_meta, At, OrStorageError, SNAPSHOT_KEY};
 use crate::raft_types::{Batch, BatchOutcome, NodeId, StorageError, TypeConfig};
 use deadbolt_core::{Event, LockTable};
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -17,8 +17,6 @@ use redb::Database;
 use serde::{Deserialize, Serialize};
 use std::io::Cursor;
 use std::sync::{Arc, RwLock};
-
-const SNAPSHOT_KEY: &str = "snapshot";
 
 /// Told about every event the table produces, right after the entries that
 /// produced them are applied. The server wakes blocked acquirers and starts
@@ -42,9 +40,9 @@ pub struct Applied {
 pub type SharedTable = Arc<RwLock<Applied>>;
 
 #[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, BasicNode>,
-    data: Vec<u8>,
+pub(super) struct StoredSnapshot {
+    pub meta: SnapshotMeta<NodeId, BasicNode>,
+    pub data: Vec<u8>,
 }
 
 #[derive(Clone)]
@@ -88,7 +86,7 @@ impl StateMachineStore {
     }
 }
 
-fn decode_table(stored: &StoredSnapshot) -> Result<LockTable, StorageError> {
+pub(super) fn decode_table(stored: &StoredSnapshot) -> Result<LockTable, StorageError> {
     let at = At(
         ErrorSubject::Snapshot(Some(stored.meta.signature())),
         ErrorVerb::Read,
@@ -98,6 +96,37 @@ fn decode_table(stored: &StoredSnapshot) -> Result<LockTable, StorageError> {
     // against installing a table that breaks the lock invariants.
     table.check_invariants();
     Ok(table)
+}
+
+/// Applies one committed log entry to the table, as every replica does
+/// (and as `deadbolt data check` replays the log), collecting the events.
+pub(super) fn apply_entry(
+    state: &mut Applied,
+    entry: Entry<TypeConfig>,
+    events: &mut Vec<Event>,
+) -> BatchOutcome {
+    debug_assert!(state.last_applied < Some(entry.log_id));
+    state.last_applied = Some(entry.log_id);
+    let outcomes = match entry.payload {
+        EntryPayload::Blank => Vec::new(),
+        EntryPayload::Normal(Batch { commands, at_ms }) => {
+            state.table.raise_token_floor(at_ms);
+            let term = entry.log_id.leader_id.term;
+            commands
+                .iter()
+                .map(|command| {
+                    let applied = state.table.apply_in_term(command, at_ms, term);
+                    events.extend(applied.events);
+                    applied.outcome
+                })
+                .collect()
+        }
+        EntryPayload::Membership(membership) => {
+            state.membership = StoredMembership::new(Some(entry.log_id), membership);
+            Vec::new()
+        }
+    };
+    BatchOutcome(outcomes)
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
@@ -141,32 +170,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut replies = Vec::new();
         let mut events = Vec::new();
-        {
+        let replies = {
             let mut state = self.state.write().expect("state lock poisoned");
-            for entry in entries {
-                debug_assert!(state.last_applied < Some(entry.log_id));
-                state.last_applied = Some(entry.log_id);
-                let outcomes = match entry.payload {
-                    EntryPayload::Blank => Vec::new(),
-                    EntryPayload::Normal(Batch { commands, at_ms }) => commands
-                        .iter()
-                        .map(|command| {
-                            let term = entry.log_id.leader_id.term;
-                            let applied = state.table.apply_in_term(command, at_ms, term);
-                            events.extend(applied.events);
-                            applied.outcome
-                        })
-                        .collect(),
-                    EntryPayload::Membership(membership) => {
-                        state.membership = StoredMembership::new(Some(entry.log_id), membership);
-                        Vec::new()
-                    }
-                };
-                replies.push(BatchOutcome(outcomes));
-            }
-        }
+            entries
+                .into_iter()
+                .map(|entry| apply_entry(&mut state, entry, &mut events))
+                .collect()
+        };
         if !events.is_empty() {
             self.sink.on_events(events);
         }

@@ -1,0 +1,278 @@
+//! A damaged data directory is refused, never served as a different state.
+//!
+//! Each test builds real data with the real server, damages a copy of it as
+//! a disk, a backup script or an operator's `cp` would, and asks the real
+//! binary: `deadbolt data check` (the very checks `deadbolt server` runs
+//! before it opens anything for writing) and `deadbolt server` itself.
+
+mod common;
+
+use common::{deadbolt, TestServer, BIN};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const DB: &str = "deadbolt.redb";
+const PAGE: usize = 4096;
+
+/// Locks taken in `server`, each in its own one-hour session, and a fenced
+/// store key written with the last token. Returns the tokens.
+fn take_locks(server: &TestServer, names: &[&str]) -> Vec<u64> {
+    let endpoint = server.endpoint();
+    let tokens: Vec<u64> = names
+        .iter()
+        .map(|name| {
+            let out = deadbolt(&endpoint, &["acquire", "--lock", name, "--ttl", "1h"]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let stdout = String::from_utf8(out.stdout).unwrap();
+            stdout.split_whitespace().last().unwrap().parse().unwrap()
+        })
+        .collect();
+    let token = tokens.last().unwrap().to_string();
+    let out = deadbolt(
+        &endpoint,
+        &["store", "put", "report", "v1", "--token", &token],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    tokens
+}
+
+/// What `deadbolt data check --json` says of `dir`: its exit code, its
+/// report (or error) and its stderr.
+fn check(dir: &Path) -> (i32, serde_json::Value, String) {
+    let out = Command::new(BIN)
+        .args(["data", "check", "--json", "--data-dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    // A crash (a panic's 101, or a signal) is the one answer never allowed.
+    let code = out
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("data check died of {:?}: {stderr}", out.status));
+    let json = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("not JSON (exit {code}): {stderr}"));
+    (code, json, stderr)
+}
+
+/// Starts `deadbolt server` on `dir` expecting a refusal; its stderr.
+fn refused_start(dir: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "server was not refused: {stderr}"
+    );
+    assert!(stderr.contains("refusing to start"), "{stderr}");
+    stderr
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// A stopped single node holding six locks and a store key.
+fn stopped_node(root: &Path) -> (PathBuf, Vec<u64>) {
+    let data = root.join("data");
+    let mut server = TestServer::start(&data);
+    let tokens = take_locks(&server, &["a", "b", "c", "d", "e", "f"]);
+    assert!(server.terminate().success());
+    (data, tokens)
+}
+
+/// How one damaged copy ended.
+#[derive(Debug, Default)]
+struct Sweep {
+    same_state: usize,
+    refused: usize,
+}
+
+/// Damages a copy of `data` with `damage` for each case, in parallel, and
+/// requires each to read as exactly `intact` or be refused.
+fn sweep(
+    root: &Path,
+    data: &Path,
+    intact: &serde_json::Value,
+    cases: &[usize],
+    damage: impl Fn(&mut Vec<u8>, usize) + Sync,
+) -> Sweep {
+    let original = std::fs::read(data.join(DB)).unwrap();
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let results: Vec<Sweep> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                let (original, damage) = (&original, &damage);
+                scope.spawn(move || {
+                    let copy = root.join(format!("sweep-{thread}"));
+                    copy_dir(data, &copy);
+                    let mut outcome = Sweep::default();
+                    for &case in cases.iter().skip(thread).step_by(threads) {
+                        let mut bytes = original.clone();
+                        damage(&mut bytes, case);
+                        std::fs::write(copy.join(DB), &bytes).unwrap();
+                        let (code, json, stderr) = check(&copy);
+                        match code {
+                            0 => {
+                                assert_eq!(
+                                    &json["report"], intact,
+                                    "case {case}: a different state was served"
+                                );
+                                outcome.same_state += 1;
+                            }
+                            1 => {
+                                assert_eq!(json["intact"], false, "case {case}");
+                                assert!(
+                                    stderr.contains("deadbolt data check:"),
+                                    "case {case}: {stderr}"
+                                );
+                                outcome.refused += 1;
+                            }
+                            other => panic!("case {case}: exit {other}: {stderr}"),
+                        }
+                        // Nothing was written to the damaged file.
+                        assert!(
+                            std::fs::read(copy.join(DB)).unwrap() == bytes,
+                            "case {case}: the check wrote"
+                        );
+                    }
+                    outcome
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    results
+        .into_iter()
+        .fold(Sweep::default(), |all, one| Sweep {
+            same_state: all.same_state + one.same_state,
+            refused: all.refused + one.refused,
+        })
+}
+
+/// Every page holding data, and every 8th of the never-written (all-zero)
+/// rest of redb's preallocated file: enough to cover its free space without
+/// a minute of CI per sweep.
+fn pages_to_damage(bytes: &[u8]) -> Vec<usize> {
+    (0..bytes.len().div_ceil(PAGE))
+        .filter(|&page| {
+            let chunk = &bytes[page * PAGE..((page + 1) * PAGE).min(bytes.len())];
+            page % 8 == 0 || chunk.iter().any(|&b| b != 0)
+        })
+        .collect()
+}
+
+#[test]
+fn every_inverted_page_reads_as_the_same_state_or_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (data, _) = stopped_node(root.path());
+    let (code, intact, stderr) = check(&data);
+    assert_eq!(code, 0, "{stderr}");
+    let intact = intact["report"].clone();
+    assert_eq!(intact["locks"], 6);
+    assert_eq!(intact["store_keys"], 1);
+
+    let original = std::fs::read(data.join(DB)).unwrap();
+    let pages = pages_to_damage(&original);
+    let inverted = sweep(root.path(), &data, &intact, &pages, |bytes, page| {
+        let end = ((page + 1) * PAGE).min(bytes.len());
+        bytes[page * PAGE..end].iter_mut().for_each(|b| *b = !*b);
+    });
+    eprintln!("{} pages inverted: {inverted:?}", pages.len());
+    assert!(
+        inverted.refused > 0,
+        "no inverted page was noticed: {inverted:?}"
+    );
+}
+
+#[test]
+fn every_truncation_at_a_page_boundary_reads_as_the_same_state_or_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (data, _) = stopped_node(root.path());
+    let (_, intact, _) = check(&data);
+    let intact = intact["report"].clone();
+    let original = std::fs::read(data.join(DB)).unwrap();
+    let boundaries = pages_to_damage(&original);
+    let truncated = sweep(root.path(), &data, &intact, &boundaries, |bytes, page| {
+        bytes.truncate(page * PAGE);
+    });
+    eprintln!("{} truncations: {truncated:?}", boundaries.len());
+    assert!(truncated.refused > 0);
+}
+
+/// The black-box run that found it: a file cut to 0 bytes or deleted made
+/// the node start as a fresh cluster, tokens from 1.
+#[test]
+fn a_database_cut_to_nothing_or_deleted_is_refused_not_started_afresh() {
+    let root = tempfile::tempdir().unwrap();
+    let (data, _) = stopped_node(root.path());
+    let witness_before = std::fs::read(data.join("deadbolt.witness")).unwrap();
+
+    std::fs::write(data.join(DB), b"").unwrap();
+    let stderr = refused_start(&data);
+    assert!(stderr.contains("missing or empty"), "{stderr}");
+    assert!(stderr.contains("rebuild it from its peers"), "{stderr}");
+    assert_eq!(
+        std::fs::metadata(data.join(DB)).unwrap().len(),
+        0,
+        "the refusal wrote"
+    );
+
+    std::fs::remove_file(data.join(DB)).unwrap();
+    refused_start(&data);
+    assert!(!data.join(DB).exists(), "the refusal created a database");
+    assert_eq!(
+        std::fs::read(data.join("deadbolt.witness")).unwrap(),
+        witness_before
+    );
+}
+
+/// A copy of the database from before the last grants (an old `cp`, or
+/// redb falling back to an older commit) is intact, so only the witness can
+/// tell: the node must not serve it and hand out those grants' tokens again.
+#[test]
+fn a_database_rolled_back_to_an_older_copy_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let mut server = TestServer::start(&data);
+    take_locks(&server, &["a", "b"]);
+    assert!(server.terminate().success());
+    let older = root.path().join("older");
+    copy_dir(&data, &older);
+    let server = TestServer::start_on(&data, server.addr);
+    let newer = take_locks(&server, &["c"]);
+    drop(server);
+
+    std::fs::copy(older.join(DB), data.join(DB)).unwrap();
+    let stderr = refused_start(&data);
+    assert!(stderr.contains("went back to an older state"), "{stderr}");
+    let (code, _, stderr) = check(&data);
+    assert_eq!(code, 1, "{stderr}");
+
+    // The documented way out for a single node: start afresh. Its locks are
+    // gone, but no token goes back.
+    std::fs::rename(&data, root.path().join("damaged")).unwrap();
+    let fresh = TestServer::start(&data);
+    let token = take_locks(&fresh, &["c"])[0];
+    assert!(
+        token > newer[0],
+        "token {token} after a fresh start is not above {}",
+        newer[0]
+    );
+}

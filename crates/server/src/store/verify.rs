@@ -1,0 +1,196 @@
+//! Reading a whole database before trusting it: [`verify`] checks every
+//! record against its checksum and the log against the witness, and replays
+//! the log onto the snapshot into a [`DataReport`].
+//!
+//! Why a full read at every start: a damaged record found later, while
+//! serving, stops the node mid-flight (openraft treats storage errors as
+//! fatal) after it may already have voted or answered from a wrong state.
+//! Found before the node starts, it is a clear refusal that names the file.
+//! The log is bounded by the snapshot interval, so this is one pass over at
+//! most `--snapshot-every` entries plus one snapshot decode.
+
+use super::state_machine::{apply_entry, decode_table, Applied, StoredSnapshot};
+use super::witness::Witness;
+use super::{
+    decode, At, FORMAT, FORMAT_KEY, INSTANCE_KEY, LOG, META, PURGED_KEY, SNAPSHOT_KEY, VOTE_KEY,
+};
+use crate::raft_types::{NodeId, TypeConfig};
+use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, Vote};
+use redb::Database;
+use serde::Serialize;
+
+/// What a sound database holds, for `deadbolt data check` and the start-up
+/// log line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DataReport {
+    pub node_id: NodeId,
+    /// The instance id, in hex.
+    pub instance: String,
+    pub vote: Option<String>,
+    /// The first and last log index kept, if any entry is.
+    pub log_first: Option<u64>,
+    pub log_last: Option<u64>,
+    /// Entries up to here were compacted into the snapshot.
+    pub purged: Option<u64>,
+    pub snapshot_last: Option<u64>,
+    /// Members of the cluster as of the last membership entry.
+    pub members: Vec<NodeId>,
+    /// The state after replaying every kept entry onto the snapshot (on a
+    /// cluster node, entries not yet committed are replayed too).
+    pub next_token: u64,
+    pub sessions: usize,
+    pub locks: usize,
+    pub store_keys: usize,
+}
+
+/// Why a database is refused.
+#[derive(Debug)]
+pub enum Refusal {
+    /// Written by another build; not damaged, but not for this one.
+    WrongFormat(String),
+    /// The problem, in words for the operator.
+    Damaged(String),
+}
+
+impl From<String> for Refusal {
+    fn from(reason: String) -> Self {
+        Refusal::Damaged(reason)
+    }
+}
+
+type Damage = String;
+
+/// Reads all of `db` (an overlay copy: see `overlay.rs`) and checks it
+/// against `witness`. Panics of the storage library on damaged pages are the
+/// caller's to catch.
+pub fn verify(db: &Database, witness: &Witness) -> Result<DataReport, Refusal> {
+    let at = At(ErrorSubject::Store, ErrorVerb::Read);
+    let txn = db.begin_read().map_err(|e| e.to_string())?;
+    let meta = txn
+        .open_table(META)
+        .map_err(|e| format!("its metadata table is unreadable: {e}"))?;
+    let raw = |key: &str| -> Result<Option<Vec<u8>>, Damage> {
+        Ok(meta
+            .get(key)
+            .map_err(|e| format!("{key}: {e}"))?
+            .map(|value| value.value().to_vec()))
+    };
+
+    match raw(FORMAT_KEY)? {
+        Some(format) if format == FORMAT => {}
+        Some(format) => {
+            return Err(Refusal::WrongFormat(
+                String::from_utf8_lossy(&format).into_owned(),
+            ))
+        }
+        None => return Err(Refusal::Damaged("it has no format marker".into())),
+    }
+    let instance: u128 = match raw(INSTANCE_KEY)? {
+        Some(bytes) => decode(&bytes, &at).map_err(|e| format!("its instance id: {e}"))?,
+        None => return Err(Refusal::Damaged("it has no instance id".into())),
+    };
+    if instance != witness.instance {
+        return Err(Refusal::Damaged(format!(
+            "it belongs to another data directory (instance {instance:032x}, the witness says {:032x})",
+            witness.instance
+        )));
+    }
+    let vote: Option<Vote<NodeId>> = decoded(raw(VOTE_KEY)?, "the vote", &at)?;
+    let purged: Option<LogId<NodeId>> = decoded(raw(PURGED_KEY)?, "the purge marker", &at)?;
+    let snapshot: Option<StoredSnapshot> = decoded(raw(SNAPSHOT_KEY)?, "the snapshot", &at)?;
+
+    let mut state = Applied::default();
+    if let Some(snapshot) = &snapshot {
+        state.table = decode_table(snapshot).map_err(|e| format!("the snapshot: {e}"))?;
+        state.last_applied = snapshot.meta.last_log_id;
+        state.membership = snapshot.meta.last_membership.clone();
+    }
+    let snapshot_last = snapshot.as_ref().and_then(|s| s.meta.last_log_id);
+    if purged.map(|p| p.index) > snapshot_last.map(|s| s.index) {
+        return Err(format!(
+            "the log was compacted up to index {} but the snapshot only reaches {:?}",
+            purged.map_or(0, |p| p.index),
+            snapshot_last.map(|s| s.index)
+        )
+        .into());
+    }
+
+    // Every entry past the purge marker: intact, in place, contiguous.
+    let log = txn
+        .open_table(LOG)
+        .map_err(|e| format!("its log table is unreadable: {e}"))?;
+    let mut expected = purged.map(|p| p.index + 1);
+    let (mut first, mut last) = (None, None);
+    let mut events = Vec::new();
+    let kept = log
+        .range(purged.map_or(0, |p| p.index + 1)..)
+        .map_err(|e| e.to_string())?;
+    for item in kept {
+        let (key, bytes) = item.map_err(|e| format!("the log: {e}"))?;
+        let index = key.value();
+        let entry: Entry<TypeConfig> =
+            decode(bytes.value(), &at).map_err(|e| format!("log entry {index}: {e}"))?;
+        if entry.log_id.index != index || expected.is_some_and(|expected| expected != index) {
+            return Err(format!(
+                "the log is not contiguous: entry {} stands at index {index}, after {}",
+                entry.log_id.index,
+                last.map_or("the start".to_owned(), |l: LogId<NodeId>| l
+                    .index
+                    .to_string())
+            )
+            .into());
+        }
+        if last.is_some_and(|last| entry.log_id < last) {
+            return Err(
+                format!("log entry {index} is of an older term than the one before it").into(),
+            );
+        }
+        first.get_or_insert(index);
+        last = Some(entry.log_id);
+        expected = Some(index + 1);
+        if Some(entry.log_id) > state.last_applied {
+            events.clear();
+            apply_entry(&mut state, entry, &mut events);
+        }
+    }
+    if let (Some(first), Some(snapshot_last)) = (first, snapshot_last) {
+        if first > snapshot_last.index + 1 {
+            return Err(format!(
+                "the log starts at index {first} but the snapshot ends at {}: entries in between are missing",
+                snapshot_last.index
+            ).into());
+        }
+    }
+    // As `LogStore::get_log_state` computes it.
+    let last_log = last.max(purged);
+    witness
+        .check(last_log, vote.as_ref())
+        .map_err(|reason| format!("{reason}; its witness expected more"))?;
+    // Cheap insurance: the replayed table must hold the lock invariants.
+    state.table.check_invariants();
+
+    Ok(DataReport {
+        node_id: witness.node_id,
+        instance: format!("{instance:032x}"),
+        vote: vote.map(|vote| vote.to_string()),
+        log_first: first,
+        log_last: last.map(|l| l.index),
+        purged: purged.map(|p| p.index),
+        snapshot_last: snapshot_last.map(|s| s.index),
+        members: state.membership.membership().voter_ids().collect(),
+        next_token: state.table.next_token().0,
+        sessions: state.table.session_count(),
+        locks: state.table.lock_count(),
+        store_keys: state.table.store().len(),
+    })
+}
+
+fn decoded<T: serde::de::DeserializeOwned>(
+    bytes: Option<Vec<u8>>,
+    what: &str,
+    at: &At,
+) -> Result<Option<T>, Damage> {
+    bytes
+        .map(|bytes| decode(&bytes, at).map_err(|e| format!("{what}: {e}")))
+        .transpose()
+}
