@@ -381,7 +381,7 @@ fn foreign_or_corrupt_data_directory_is_refused_at_start() {
     std::fs::create_dir(&corrupt).unwrap();
     std::fs::write(corrupt.join("deadbolt.redb"), vec![0xa5; 100_000]).unwrap();
     let message = start_server_expecting_failure(&corrupt);
-    assert!(message.contains("unreadable"), "{message}");
+    assert!(message.contains("has no witness"), "{message}");
     assert_eq!(
         std::fs::read(corrupt.join("deadbolt.redb")).unwrap(),
         vec![0xa5; 100_000]

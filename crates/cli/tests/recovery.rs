@@ -303,7 +303,9 @@ async fn restart_from_a_compacted_log_keeps_everything() {
     let server = TestServer::start_with(&data, addr, &flags);
     let client = server.client().await;
     let after = client.health().await.unwrap();
-    assert_eq!(after.next_token, before.next_token);
+    // Not equal: the new leader's first batch raises the counter to its
+    // wall clock (tokens never fall behind it).
+    assert!(after.next_token >= before.next_token);
     assert!(after.snapshot_index > 0);
     let state = client.lock_status("kept").await.unwrap().unwrap();
     assert_eq!(
@@ -316,7 +318,7 @@ async fn restart_from_a_compacted_log_keeps_everything() {
     kept.release().await.unwrap();
     let granted = waiting.await.unwrap().unwrap();
     assert!(granted.token() > kept_token);
-    assert_eq!(granted.token(), before.next_token);
+    assert!(granted.token() >= after.next_token);
 }
 
 /// A blocking acquire whose connection drops (a flaky network) keeps its

@@ -28,6 +28,25 @@ pub struct SimCluster {
     pub clock_faulted: bool,
 }
 
+/// What a damaged disk lost or changed (`SimCluster::damage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskDamage {
+    FlipBits,
+    LoseDatabase,
+    LoseWitness,
+    RollBack,
+}
+
+impl DiskDamage {
+    /// Whether a node must refuse to start on the damaged disk. A flipped
+    /// bit may fall where nothing is kept, and a rollback may go back to an
+    /// identical image: those may start, if they serve what they held (the
+    /// history checker judges).
+    pub fn must_refuse(self) -> bool {
+        matches!(self, DiskDamage::LoseDatabase | DiskDamage::LoseWitness)
+    }
+}
+
 /// How far a clock's rate may stray from real time for the lease guarantee
 /// to hold (docs/safety.md: 2 %).
 pub const CLOCK_DRIFT_BOUND: f64 = 0.02;
@@ -36,6 +55,10 @@ struct Slot {
     disk: SimDisk,
     /// The disk of the database's witness (a file of its own on a real node).
     witness: SimDisk,
+    /// The database as the crash before the latest one left it: what a
+    /// rollback goes back to.
+    earlier: Option<SimDisk>,
+    latest: Option<SimDisk>,
     running: Option<Running>,
 }
 
@@ -64,6 +87,8 @@ impl SimCluster {
                 Slot {
                     disk: SimDisk::default(),
                     witness: SimDisk::default(),
+                    earlier: None,
+                    latest: None,
                     running: None,
                 },
             );
@@ -129,6 +154,7 @@ impl SimCluster {
         let keep = rng.gen_range(0.0..=1.0);
         slot.disk = slot.disk.after_crash(keep, rng);
         slot.witness = slot.witness.after_crash(keep, rng);
+        slot.earlier = slot.latest.replace(slot.disk.synced_image());
         // Its tasks wind down in the background, cut off from everything;
         // the disk they may still write to is no longer this node's.
         tokio::spawn(running.node.crash());
@@ -141,6 +167,34 @@ impl SimCluster {
         assert!(slot.running.is_none(), "node {id} is running");
         slot.disk = SimDisk::default();
         slot.witness = SimDisk::default();
+    }
+
+    /// Damages node `id`'s disks while it is down; says what was done.
+    pub fn damage(&mut self, id: NodeId, damage: DiskDamage, rng: &mut StdRng) -> String {
+        let slot = self.slots.get_mut(&id).expect("known node");
+        assert!(slot.running.is_none(), "node {id} is running");
+        match damage {
+            DiskDamage::FlipBits => {
+                let count = rng.gen_range(1..=8);
+                slot.disk = slot.disk.with_flipped_bits(count, rng);
+                format!("{count} bits flipped in bytes its database holds")
+            }
+            DiskDamage::LoseDatabase => {
+                slot.disk = SimDisk::default();
+                "its database lost (the witness kept)".to_owned()
+            }
+            DiskDamage::LoseWitness => {
+                slot.witness = SimDisk::default();
+                "its witness lost (the database kept)".to_owned()
+            }
+            DiskDamage::RollBack => match &slot.earlier {
+                Some(earlier) => {
+                    slot.disk = earlier.synced_image();
+                    "its database rolled back to the image of an earlier crash".to_owned()
+                }
+                None => "nothing (no earlier image to roll back to)".to_owned(),
+            },
+        }
     }
 
     /// The node that currently leads, by the running nodes' own account.

@@ -67,6 +67,11 @@ impl SimDisk {
                 write.apply(&mut bytes);
             }
         }
+        SimDisk::holding(bytes)
+    }
+
+    /// A disk holding exactly `bytes`, all of it synced.
+    fn holding(bytes: Vec<u8>) -> SimDisk {
         SimDisk {
             state: Arc::new(Mutex::new(DiskState {
                 current: bytes.clone(),
@@ -74,6 +79,25 @@ impl SimDisk {
                 unsynced: Vec::new(),
             })),
         }
+    }
+
+    /// A copy of what this disk is certain to keep: an image to roll a
+    /// disk back to later, as an old backup or a stale copy would.
+    pub fn synced_image(&self) -> SimDisk {
+        SimDisk::holding(self.state().synced.clone())
+    }
+
+    /// A copy of the synced disk with one bit flipped in each of `count`
+    /// bytes that hold data (not zero): a disk that damaged what it held.
+    pub fn with_flipped_bits(&self, count: usize, rng: &mut impl Rng) -> SimDisk {
+        let mut bytes = self.state().synced.clone();
+        let holding: Vec<usize> = (0..bytes.len()).filter(|&at| bytes[at] != 0).collect();
+        for _ in 0..count {
+            if let Some(&at) = holding.get(rng.gen_range(0..holding.len().max(1))) {
+                bytes[at] ^= 1 << rng.gen_range(0..8);
+            }
+        }
+        SimDisk::holding(bytes)
     }
 
     /// Writes not yet synced; for the tests of this module.

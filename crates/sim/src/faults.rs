@@ -11,9 +11,14 @@
 //!   100 ms), so they also arrive out of order;
 //! - a node loses its disk and is replaced as an operator would: `cluster
 //!   remove`, restart empty, `cluster add` (learner, catch-up by snapshot,
-//!   voter).
+//!   voter);
+//! - a node's disk is damaged while it is down (bits flipped in its
+//!   database, the database or its witness lost, the database rolled back to
+//!   an older image): it must refuse to start or serve what it held, and a
+//!   refused node is rebuilt from its peers as the refusal tells the
+//!   operator to.
 
-use crate::cluster::SimCluster;
+use crate::cluster::{DiskDamage, SimCluster};
 use crate::network::{address, LinkQuality};
 use crate::workload::{Failure, Router};
 use deadbolt_proto::v1::{AddMemberRequest, RemoveMemberRequest};
@@ -78,8 +83,9 @@ pub async fn inject(
             _ => *ids.choose(rng).expect("nodes"),
         };
         faults += 1;
-        match rng.gen_range(0..11) {
+        match rng.gen_range(0..12) {
             10 => replace(cluster, router, victim, rng, log).await?,
+            11 => damage_disk(cluster, router, victim, hold, rng, log).await?,
             0..=3 => {
                 log.push(format!("{} crash node {victim} (leader: {leader:?})", at()));
                 cluster.crash(victim, rng);
@@ -126,9 +132,7 @@ pub async fn inject(
     Ok(faults)
 }
 
-/// Node `lost` loses its disk and comes back as a new member: removed from
-/// the cluster, restarted empty, added again. No other fault runs meanwhile,
-/// so both changes must go through.
+/// Node `lost` loses its disk and is rebuilt from its peers.
 async fn replace(
     cluster: &mut SimCluster,
     router: &mut Router,
@@ -136,11 +140,60 @@ async fn replace(
     rng: &mut StdRng,
     log: &mut FaultLog,
 ) -> Result<(), String> {
+    log.push(format!("{} node {lost} loses its disk", at()));
+    cluster.crash(lost, rng);
+    rebuild(cluster, router, lost, rng, log).await
+}
+
+/// Node `victim` crashes and its disk is damaged while it is down. It must
+/// refuse to start where the damage is certain to matter; a node that
+/// refuses is rebuilt from its peers.
+async fn damage_disk(
+    cluster: &mut SimCluster,
+    router: &mut Router,
+    victim: NodeId,
+    hold: Duration,
+    rng: &mut StdRng,
+    log: &mut FaultLog,
+) -> Result<(), String> {
+    let damage = *[
+        DiskDamage::FlipBits,
+        DiskDamage::LoseDatabase,
+        DiskDamage::LoseWitness,
+        DiskDamage::RollBack,
+    ]
+    .choose(rng)
+    .expect("kinds of damage");
+    cluster.crash(victim, rng);
+    let what = cluster.damage(victim, damage, rng);
+    log.push(format!("{} crash node {victim}, then {what}", at()));
+    tokio::time::sleep(hold).await;
+    match restart(cluster, victim, rng, log).await {
+        Ok(()) if damage.must_refuse() => Err(format!(
+            "node {victim} started on a disk with {what}: it must refuse"
+        )),
+        Ok(()) => Ok(()),
+        Err(refusal) => {
+            log.push(format!("{} refused: {refusal}", at()));
+            rebuild(cluster, router, victim, rng, log).await
+        }
+    }
+}
+
+/// Node `lost`, down with its data gone or refused, comes back as a new
+/// member: removed from the cluster, restarted empty, added again. No other
+/// fault runs meanwhile, so both changes must go through.
+async fn rebuild(
+    cluster: &mut SimCluster,
+    router: &mut Router,
+    lost: NodeId,
+    rng: &mut StdRng,
+    log: &mut FaultLog,
+) -> Result<(), String> {
     log.push(format!(
-        "{} node {lost} loses its disk: remove, restart empty, add",
+        "{} rebuild node {lost}: remove, restart empty, add",
         at()
     ));
-    cluster.crash(lost, rng);
     cluster.wipe(lost);
     membership_change(router, "remove", lost, |api| async move {
         api.remove_member(RemoveMemberRequest { node_id: lost })
