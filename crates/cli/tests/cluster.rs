@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::deadbolt;
+use common::{deadbolt, TestCluster};
 use deadbolt_client::{Client, ErrorKind};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -285,6 +285,53 @@ async fn an_isolated_leader_refuses_and_the_majority_carries_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_lost_its_data_is_refused_then_rebuilt() {
+    refused_then_rebuilt(
+        |cluster, follower| {
+            cluster.kill9(follower);
+            std::fs::remove_dir_all(&cluster.node(follower).data_dir).unwrap();
+        },
+        &["data directory is empty", "must not vote"],
+    )
+    .await;
+}
+
+/// A follower's database put back to an older copy is intact, so only its
+/// witness can tell: served, its log and vote would have gone back, and it
+/// could vote for a leader missing committed grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_whose_database_went_back_is_refused_then_rebuilt() {
+    refused_then_rebuilt(
+        |cluster, follower| {
+            let data = cluster.node(follower).data_dir.clone();
+            let older = data.with_extension("older");
+            cluster.kill9(follower);
+            std::fs::copy(data.join("deadbolt.redb"), &older).unwrap();
+            cluster.start_node(follower);
+            let leader = cluster.wait_for_leader(Duration::from_secs(10));
+            // Grants the follower acknowledges, and then forgets.
+            let endpoint = cluster.endpoints().join(",");
+            for lock in ["later-1", "later-2"] {
+                let out = deadbolt(&endpoint, &["acquire", "--lock", lock, "--ttl", "1m"]);
+                assert!(out.status.success(), "{out:?}");
+            }
+            wait_until(Duration::from_secs(15), || {
+                let (l, f) = (
+                    cluster.node(leader).status(),
+                    cluster.node(follower).status(),
+                );
+                matches!((l, f), (Some(l), Some(f)) if f["applied_index"] == l["applied_index"])
+            });
+            cluster.kill9(follower);
+            std::fs::copy(&older, data.join("deadbolt.redb")).unwrap();
+        },
+        &["went back to an older state", "rebuild it from its peers"],
+    )
+    .await;
+}
+
+/// `lose` takes a follower's data away; its restart must be refused with a
+/// log that says `why`, and the documented way back must work.
+async fn refused_then_rebuilt(lose: impl FnOnce(&mut TestCluster, u64), why: &[&str]) {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = common::start_cluster(dir.path(), 3).await;
@@ -294,16 +341,12 @@ async fn a_follower_that_lost_its_data_is_refused_then_rebuilt() {
     let session = client.open_session(Duration::from_secs(30)).await.unwrap();
     let first = session.lock("rebuild").await.unwrap();
 
-    cluster.kill9(follower);
-    std::fs::remove_dir_all(&cluster.node(follower).data_dir).unwrap();
+    lose(&mut cluster, follower);
     cluster.start_node(follower);
     let status = cluster.wait_exit(follower, Duration::from_secs(20));
     assert!(!status.success());
     let log = cluster.node(follower).log_text();
-    assert!(
-        log.contains("data directory is empty") && log.contains("must not vote"),
-        "{log}"
-    );
+    assert!(why.iter().all(|why| log.contains(why)), "{log}");
 
     // Two of three keep serving.
     let first_token = first.token();
@@ -311,10 +354,15 @@ async fn a_follower_that_lost_its_data_is_refused_then_rebuilt() {
     let second = session.lock("rebuild").await.unwrap();
     assert!(second.token() > first_token);
 
-    // The documented way back: remove, start with --join, add.
+    // The documented way back: remove, start with --join (on an empty
+    // directory), add.
     let endpoint = cluster.endpoints().join(",");
     let removed = deadbolt(&endpoint, &["cluster", "remove", &follower.to_string()]);
     assert!(removed.status.success(), "{removed:?}");
+    let data = cluster.node(follower).data_dir.clone();
+    if data.exists() {
+        std::fs::rename(&data, data.with_extension("refused")).unwrap();
+    }
     cluster.spawn_node(follower, &["--join"]);
     let address = cluster.node(follower).advertised.to_string();
     let added = deadbolt(

@@ -276,3 +276,62 @@ fn a_database_rolled_back_to_an_older_copy_is_refused() {
         newer[0]
     );
 }
+
+/// The black-box run that found it: 16 bytes flipped at offset 100 (in
+/// redb's header) aborted the server on an 8 TiB allocation after it had
+/// already written to the file, or served it without an acknowledged write.
+#[test]
+fn sixteen_bytes_flipped_at_offset_100_are_refused_without_a_crash_or_a_write() {
+    let root = tempfile::tempdir().unwrap();
+    let (data, _) = stopped_node(root.path());
+    let (_, intact, _) = check(&data);
+    let intact = intact["report"].clone();
+    let variants: Vec<usize> = (1..=16).collect();
+    let outcome = sweep(root.path(), &data, &intact, &variants, |bytes, variant| {
+        for (k, byte) in bytes[100..116].iter_mut().enumerate() {
+            *byte ^= ((k * 31 + variant * 17) % 255 + 1) as u8;
+        }
+    });
+    assert_eq!(outcome.refused, variants.len(), "{outcome:?}");
+    let damaged = root.path().join("sweep-0");
+    let before = std::fs::read(damaged.join(DB)).unwrap();
+    refused_start(&damaged);
+    assert!(
+        std::fs::read(damaged.join(DB)).unwrap() == before,
+        "the refused start wrote"
+    );
+}
+
+/// A whole directory put back from a backup (database and witness agree)
+/// starts with the backup's state, and the tokens it hands out are still
+/// above every token issued since the backup was taken.
+#[test]
+fn a_node_restored_from_an_older_backup_never_reissues_a_token() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let mut server = TestServer::start(&data);
+    take_locks(&server, &["a"]);
+    assert!(server.terminate().success());
+    let backup = root.path().join("backup");
+    copy_dir(&data, &backup);
+    let mut server = TestServer::start_on(&data, server.addr);
+    let since_backup = take_locks(&server, &["b", "c", "d"]);
+    assert!(server.terminate().success());
+
+    std::fs::remove_dir_all(&data).unwrap();
+    copy_dir(&backup, &data);
+    let restored = TestServer::start_on(&data, server.addr);
+    let status = |lock: &str| {
+        let out = deadbolt(&restored.endpoint(), &["status", "--lock", lock]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(status("a").contains("held by session"), "{}", status("a"));
+    assert_eq!(status("b"), "b: free\n", "the backup is older than lock b");
+    let token = take_locks(&restored, &["b"])[0];
+    let highest = *since_backup.iter().max().unwrap();
+    assert!(
+        token > highest,
+        "restored node issued {token}, not above {highest}"
+    );
+}
