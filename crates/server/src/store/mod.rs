@@ -31,7 +31,7 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const FORMAT_KEY: &str = "format";
 /// Written once into a new data directory and checked at every start. Bump
 /// the version when the on-disk encoding changes incompatibly.
-const FORMAT: &[u8] = b"deadbolt-data/7";
+const FORMAT: &[u8] = b"deadbolt-data/8";
 
 /// What a storage operation was doing, for openraft's error reports.
 #[derive(Clone)]
