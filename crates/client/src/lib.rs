@@ -103,6 +103,7 @@ mod calls;
 mod client;
 mod clock;
 mod error;
+mod handle;
 mod lock;
 mod session;
 
@@ -112,5 +113,6 @@ pub use deadbolt_proto::v1::{
 };
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;
+pub use handle::SessionHandle;
 pub use lock::LockGuard;
 pub use session::{LeaseLost, Session};
