@@ -264,11 +264,13 @@ impl Node {
                 );
                 let why = if secret.is_empty() {
                     format!(
-                        "session {session} needs its secret: send the session_secret that                          opening the session returned"
+                        "session {session} needs its secret: send the session_secret that \
+                         opening the session returned"
                     )
                 } else {
                     format!(
-                        "session {session} belongs to another client: the session secret does                          not match"
+                        "session {session} belongs to another client: the session secret \
+                         does not match"
                     )
                 };
                 Some(Err(ApiError::new(
