@@ -46,16 +46,21 @@ fn a_session_id_and_token_from_status_cannot_release_anothers_lock() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(&dir.path().join("data"));
     let endpoint = server.endpoint();
-    let renewed = dir.path().join("renewed");
+    let (renewed, handle) = (dir.path().join("renewed"), dir.path().join("handle"));
 
     // A cron job holds the lock. Its command renews its own session with
     // the handle `deadbolt run` gives it, then works for a while.
     let mut run = Command::new(BIN)
         .args(["run", "--lock", "nightly", "--ttl", "30s", "--", "sh", "-c"])
-        .arg(r#""$DEADBOLT_BIN" keepalive --session "$DEADBOLT_SESSION" >"$RENEWED" 2>&1; exec sleep 60"#)
+        .arg(concat!(
+            r#"echo "$DEADBOLT_SESSION" >"$HANDLE"; "#,
+            r#""$DEADBOLT_BIN" keepalive --session "$DEADBOLT_SESSION" >"$RENEWED" 2>&1; "#,
+            "exec sleep 60"
+        ))
         .env("DEADBOLT_ENDPOINT", &endpoint)
         .env("DEADBOLT_BIN", BIN)
         .env("RENEWED", &renewed)
+        .env("HANDLE", &handle)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -157,7 +162,8 @@ fn a_session_id_and_token_from_status_cannot_release_anothers_lock() {
     assert_eq!(entries.len(), 1, "{history}");
     assert_eq!(entries[0]["what"], "granted");
 
-    // The owner's own command could act on its session.
+    // The owner's own command could act on its session: it was given the
+    // session's handle, ID.SECRET.
     let started = Instant::now();
     loop {
         let own = std::fs::read_to_string(&renewed).unwrap_or_default();
@@ -167,6 +173,11 @@ fn a_session_id_and_token_from_status_cannot_release_anothers_lock() {
         assert!(started.elapsed() < Duration::from_secs(10), "{own:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
+    let handle = std::fs::read_to_string(&handle).unwrap().trim().to_owned();
+    let (id, secret) = handle.split_once('.').expect("ID.SECRET");
+    assert_eq!(id, session.to_string());
+    assert_eq!(secret.len(), 32, "{handle}");
+    assert!(secret.bytes().all(|b| b.is_ascii_hexdigit()), "{handle}");
 
     signal(run.id() as i32, libc::SIGTERM);
     let status = run.wait().unwrap();
@@ -176,4 +187,8 @@ fn a_session_id_and_token_from_status_cannot_release_anothers_lock() {
         None,
         "released on the way out"
     );
+    // The session ended with the run: even its own handle finds nothing now.
+    let late = deadbolt(&endpoint, &["keepalive", "--session", &handle]);
+    assert_eq!(late.status.code(), Some(76), "{late:?}");
+    assert!(String::from_utf8_lossy(&late.stderr).contains("unknown session"));
 }
