@@ -215,13 +215,6 @@ impl Node {
         }
     }
 
-    /// Renews a lease. Not written to the log: only the leader's deadline
-    /// moves. But the leader must still *be* the leader when it renews: a
-    /// deposed leader cut off from the others would otherwise go on renewing
-    /// leases that the new leader is free to expire. The barrier below gets a
-    /// quorum's acknowledgement of a heartbeat sent after this keepalive
-    /// arrived, so any later leader was elected after the renewal and gives
-    /// the session a full TTL from its own (later) start.
     /// Checks that `secret` is the secret `session` was opened with. Checked
     /// against this node's applied table, which is sound: ids are never
     /// reused and a session's secret never changes, so a session that is
@@ -283,6 +276,13 @@ impl Node {
         }
     }
 
+    /// Renews a lease. Not written to the log: only the leader's deadline
+    /// moves. But the leader must still *be* the leader when it renews: a
+    /// deposed leader cut off from the others would otherwise go on renewing
+    /// leases that the new leader is free to expire. The barrier below gets a
+    /// quorum's acknowledgement of a heartbeat sent after this keepalive
+    /// arrived, so any later leader was elected after the renewal and gives
+    /// the session a full TTL from its own (later) start.
     pub async fn keep_alive(&self, session: OwnedSession) -> Result<Duration, ApiError> {
         let session = session.id();
         if !self.leases.is_leading() {
