@@ -62,10 +62,15 @@ impl SecretSource {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .fill_bytes(&mut bytes),
         }
-        let secret: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+        let secret = hex(&bytes);
         let hash = hash(&secret);
         (secret, hash)
     }
+}
+
+/// Lowercase hex digits, two per byte.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// The hash the table keeps of `secret`: SHA-256 of the secret as the client
@@ -120,13 +125,9 @@ mod tests {
     }
 
     #[test]
-    fn the_hash_is_sha256_of_the_hex_text() {
-        // sha256("") from FIPS 180-2's test vectors.
-        let empty = hash("");
-        assert_eq!(
-            empty.0[..4],
-            [0xe3, 0xb0, 0xc4, 0x42],
-            "sha256 of the empty string starts e3b0c442"
-        );
+    fn the_hash_is_sha256_of_the_text_as_sent() {
+        // FIPS 180-2, appendix B.1: SHA-256("abc").
+        let expected = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(hex(&hash("abc").0), expected);
     }
 }
