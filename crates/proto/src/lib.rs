@@ -50,10 +50,12 @@ pub enum ErrorKind {
     NotLeader,
     Unavailable,
     Internal,
+    /// A call on a session without that session's secret.
+    PermissionDenied,
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 12] = [
+    const ALL: [ErrorKind; 13] = [
         ErrorKind::UnknownSession,
         ErrorKind::Busy,
         ErrorKind::NotHolder,
@@ -66,6 +68,7 @@ impl ErrorKind {
         ErrorKind::NotLeader,
         ErrorKind::Unavailable,
         ErrorKind::Internal,
+        ErrorKind::PermissionDenied,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -82,6 +85,7 @@ impl ErrorKind {
             ErrorKind::NotLeader => "not_leader",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Internal => "internal",
+            ErrorKind::PermissionDenied => "permission_denied",
         }
     }
 
@@ -103,6 +107,7 @@ impl ErrorKind {
             ErrorKind::WaitCancelled => Code::Aborted,
             ErrorKind::NotLeader | ErrorKind::Unavailable => Code::Unavailable,
             ErrorKind::Internal => Code::Internal,
+            ErrorKind::PermissionDenied => Code::PermissionDenied,
         }
     }
 
@@ -134,6 +139,7 @@ impl ErrorKind {
                 tonic::Code::InvalidArgument | tonic::Code::OutOfRange => {
                     ErrorKind::InvalidArgument
                 }
+                tonic::Code::PermissionDenied => ErrorKind::PermissionDenied,
                 _ => ErrorKind::Internal,
             })
     }

@@ -88,6 +88,7 @@ fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::LimitReached => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::NotLeader | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
     }
 }
 

@@ -24,6 +24,7 @@ mod node;
 mod proposer;
 mod raft_types;
 mod runtime;
+mod secret;
 mod store;
 mod waits;
 
@@ -311,7 +312,7 @@ impl Server {
         }
         let (stop, stopped) = watch::channel(false);
         spawn_duties(&node, stopped);
-        let api = api::Api::new(node.clone());
+        let api = api::Api::new(node.clone(), secret::SecretSource::os());
         let app = grpc::router(
             api.clone(),
             node.raft.clone(),
