@@ -13,6 +13,7 @@
 //! also checks what it can see: tokens never repeat and grow with every
 //! grant.
 
+use crate::Endpoints;
 use crate::{exit, parse_duration};
 use anyhow::Context;
 use deadbolt_client::{Client, Error};
@@ -62,7 +63,7 @@ pub struct BenchArgs {
     restart_cmd: Option<String>,
 }
 
-pub async fn main(endpoints: &[String], args: BenchArgs) -> i32 {
+pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
     let result = match args.workload {
         Workload::Uncontended => loops(endpoints, &args, false).await,
         Workload::Contended => loops(endpoints, &args, true).await,
@@ -90,11 +91,11 @@ struct ClientStats {
     tokens_ok: bool,
 }
 
-async fn loops(endpoints: &[String], args: &BenchArgs, contended: bool) -> Result<(), Error> {
+async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Result<(), Error> {
     let connections = args.connections.unwrap_or(args.clients).min(args.clients);
     let mut clients = Vec::new();
     for _ in 0..connections {
-        clients.push(Client::connect(endpoints.iter().cloned()).await?);
+        clients.push(endpoints.connect().await?);
     }
     let mut sessions = Vec::new();
     for client in clients.iter().cycle().take(args.clients as usize) {
@@ -203,8 +204,8 @@ async fn loops(endpoints: &[String], args: &BenchArgs, contended: bool) -> Resul
     Ok(())
 }
 
-async fn expiry(endpoints: &[String], args: &BenchArgs) -> Result<(), Error> {
-    let client = Client::connect(endpoints.iter().cloned()).await?;
+async fn expiry(endpoints: &Endpoints, args: &BenchArgs) -> Result<(), Error> {
+    let client = endpoints.connect().await?;
     let waiter = client.open_session(Duration::from_secs(30)).await?;
     let mut overshoots = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     for round in 0..args.rounds {
@@ -242,12 +243,12 @@ async fn expiry(endpoints: &[String], args: &BenchArgs) -> Result<(), Error> {
     Ok(())
 }
 
-async fn failover(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<()> {
+async fn failover(endpoints: &Endpoints, args: &BenchArgs) -> anyhow::Result<()> {
     let (kill, restart) = (
         args.kill_cmd.as_deref().expect("required by clap"),
         args.restart_cmd.as_deref().expect("required by clap"),
     );
-    let client = Client::connect(endpoints.iter().cloned()).await?;
+    let client = endpoints.connect().await?;
     let session = client.open_session(args.ttl).await?;
     // One probe loops acquire→release and stamps every grant.
     let epoch = Instant::now();
@@ -285,7 +286,7 @@ async fn failover(endpoints: &[String], args: &BenchArgs) -> anyhow::Result<()> 
         run_shell(restart, leader)?;
         // Let the restarted node catch up before the next kill, so each
         // round starts from a whole cluster.
-        wait_until_whole(&client).await?;
+        wait_until_whole(&client, endpoints).await?;
     }
     probe.abort();
     session.close().await?;
@@ -311,13 +312,13 @@ fn run_shell(command: &str, id: u64) -> anyhow::Result<()> {
 }
 
 /// Waits until every member answers and has applied what the leader has.
-async fn wait_until_whole(client: &Client) -> anyhow::Result<()> {
+async fn wait_until_whole(client: &Client, endpoints: &Endpoints) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let view = client.cluster_status().await?;
         let mut applied = Vec::new();
         for member in &view.members {
-            let status = match Client::connect([member.address.clone()]).await {
+            let status = match endpoints.connect_one(&member.address).await {
                 Ok(member) => member.cluster_status().await.ok(),
                 Err(_) => None,
             };

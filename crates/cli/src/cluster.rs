@@ -2,6 +2,7 @@
 //! one's state, and membership changes at runtime.
 
 use crate::exit;
+use crate::Endpoints;
 use deadbolt_client::{Client, ClusterStatusResponse, Error};
 use std::collections::BTreeMap;
 
@@ -30,13 +31,13 @@ pub enum ClusterCommand {
     },
 }
 
-pub async fn main(endpoints: &[String], command: ClusterCommand) -> i32 {
+pub async fn main(endpoints: &Endpoints, command: ClusterCommand) -> i32 {
     let client = match crate::locks::connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,
     };
     match command {
-        ClusterCommand::Status { json } => status(&client, json).await,
+        ClusterCommand::Status { json } => status(&client, endpoints, json).await,
         ClusterCommand::Add { id, address } => {
             changed(client.add_member(id, &address).await, "added", id)
         }
@@ -59,14 +60,14 @@ fn changed(result: Result<ClusterStatusResponse, Error>, what: &str, id: u64) ->
     }
 }
 
-async fn status(client: &Client, json: bool) -> i32 {
+async fn status(client: &Client, endpoints: &Endpoints, json: bool) -> i32 {
     let view = match client.cluster_status().await {
         Ok(view) => view,
         Err(err) => return exit::report(&err),
     };
     // Each member's own answer, asked of that member directly.
     let answers = futures::future::join_all(view.members.iter().map(|member| async move {
-        let answer = match Client::connect([member.address.clone()]).await {
+        let answer = match endpoints.connect_one(&member.address).await {
             Ok(client) => client.cluster_status().await,
             Err(err) => Err(err),
         };

@@ -9,6 +9,7 @@
 //! and `release` take that handle: the id alone, which `status` shows to
 //! everyone, is not enough to act on a session.
 
+use crate::Endpoints;
 use crate::{exit, parse_duration, stop_signal};
 use deadbolt_client::{Client, Error, ErrorKind, LockState, SessionHandle};
 use std::time::Duration;
@@ -89,10 +90,8 @@ pub struct ListArgs {
 }
 
 /// Connects, or reports why not and returns the exit code.
-pub(crate) async fn connect(endpoints: &[String]) -> Result<Client, i32> {
-    Client::connect(endpoints.iter().cloned())
-        .await
-        .map_err(|err| exit::report(&err))
+pub(crate) async fn connect(endpoints: &Endpoints) -> Result<Client, i32> {
+    endpoints.connect().await.map_err(|err| exit::report(&err))
 }
 
 fn outcome(result: Result<(), Error>) -> i32 {
@@ -102,7 +101,7 @@ fn outcome(result: Result<(), Error>) -> i32 {
     }
 }
 
-pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
+pub async fn acquire(endpoints: &Endpoints, args: AcquireArgs) -> i32 {
     let args = args.target;
     let client = match connect(endpoints).await {
         Ok(client) => client,
@@ -147,7 +146,7 @@ pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
     }
 }
 
-pub async fn release(endpoints: &[String], args: ReleaseArgs) -> i32 {
+pub async fn release(endpoints: &Endpoints, args: ReleaseArgs) -> i32 {
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,
@@ -161,7 +160,7 @@ pub async fn release(endpoints: &[String], args: ReleaseArgs) -> i32 {
     outcome(released)
 }
 
-pub async fn keepalive(endpoints: &[String], args: KeepaliveArgs) -> i32 {
+pub async fn keepalive(endpoints: &Endpoints, args: KeepaliveArgs) -> i32 {
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,
@@ -171,7 +170,7 @@ pub async fn keepalive(endpoints: &[String], args: KeepaliveArgs) -> i32 {
     }))
 }
 
-pub async fn status(endpoints: &[String], args: StatusArgs) -> i32 {
+pub async fn status(endpoints: &Endpoints, args: StatusArgs) -> i32 {
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,
@@ -218,7 +217,7 @@ fn waiter_list(state: &LockState) -> String {
     format!(" (sessions {})", ids.join(", "))
 }
 
-pub async fn list(endpoints: &[String], args: ListArgs) -> i32 {
+pub async fn list(endpoints: &Endpoints, args: ListArgs) -> i32 {
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,
@@ -249,7 +248,7 @@ pub async fn list(endpoints: &[String], args: ListArgs) -> i32 {
     }))
 }
 
-pub async fn history(endpoints: &[String], args: HistoryArgs) -> i32 {
+pub async fn history(endpoints: &Endpoints, args: HistoryArgs) -> i32 {
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,

@@ -4,6 +4,7 @@
 //! them); see [`exit`].
 
 mod bench;
+mod certs;
 mod cluster;
 mod data;
 mod demo;
@@ -15,6 +16,8 @@ mod server;
 mod store;
 
 use clap::{Parser, Subcommand};
+use deadbolt_client::{Client, TlsOptions};
+use std::path::PathBuf;
 use std::time::Duration;
 
 const AFTER_HELP: &str = "\
@@ -49,8 +52,37 @@ struct Cli {
     )]
     endpoint: Vec<String>,
 
+    /// The CA certificate (PEM) that signed the servers' certificates; turns
+    /// bare endpoints into https://.
+    #[arg(long, global = true, env = "DEADBOLT_CA", value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// This client's certificate (PEM), for servers that require one.
+    #[arg(long, global = true, env = "DEADBOLT_CERT", value_name = "FILE")]
+    cert: Option<PathBuf>,
+    /// The key of --cert (PEM).
+    #[arg(long, global = true, env = "DEADBOLT_KEY", value_name = "FILE")]
+    key: Option<PathBuf>,
+
     #[command(subcommand)]
     command: Command,
+}
+
+/// Where the servers are and how to reach them: what every client command
+/// connects with.
+pub struct Endpoints {
+    urls: Vec<String>,
+    tls: TlsOptions,
+}
+
+impl Endpoints {
+    pub async fn connect(&self) -> Result<Client, deadbolt_client::Error> {
+        Client::connect_with(self.urls.iter().cloned(), &self.tls).await
+    }
+
+    /// One member, at the address the cluster lists it by.
+    pub async fn connect_one(&self, address: &str) -> Result<Client, deadbolt_client::Error> {
+        Client::connect_with([address], &self.tls).await
+    }
 }
 
 #[derive(Subcommand)]
@@ -87,6 +119,9 @@ enum Command {
     Store(store::StoreCommand),
     /// Measure throughput and latency against a running server.
     Bench(bench::BenchArgs),
+    /// Create a CA and node or client certificates for TLS.
+    #[command(subcommand)]
+    Certs(certs::CertsCommand),
     /// Check a stopped node's data directory without changing it.
     #[command(subcommand)]
     Data(data::DataCommand),
@@ -122,28 +157,38 @@ fn main() {
         Command::Guard(args) => std::process::exit(guard::main(args)),
         // Offline: no server, no network.
         Command::Data(command) => std::process::exit(data::main(command)),
+        Command::Certs(command) => std::process::exit(certs::main(command)),
         _ => {}
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("cannot start the tokio runtime");
+    let tls = TlsOptions::from_files(cli.ca.as_deref(), cli.cert.as_deref(), cli.key.as_deref());
+    let endpoints = match tls {
+        Ok(tls) => Endpoints {
+            urls: cli.endpoint,
+            tls,
+        },
+        Err(err) => std::process::exit(exit::report(&err)),
+    };
     let code = runtime.block_on(async move {
+        let endpoint = &endpoints;
         match cli.command {
             Command::Server(args) => server::main(args).await,
-            Command::Run(args) => run::main(&cli.endpoint, args).await,
-            Command::Acquire(args) => locks::acquire(&cli.endpoint, args).await,
-            Command::Release(args) => locks::release(&cli.endpoint, args).await,
-            Command::Keepalive(args) => locks::keepalive(&cli.endpoint, args).await,
-            Command::Status(args) => locks::status(&cli.endpoint, args).await,
-            Command::Locks(args) => locks::list(&cli.endpoint, args).await,
-            Command::History(args) => locks::history(&cli.endpoint, args).await,
-            Command::Check(args) => store::check(&cli.endpoint, args).await,
-            Command::Store(command) => store::main(&cli.endpoint, command).await,
-            Command::Cluster(command) => cluster::main(&cli.endpoint, command).await,
+            Command::Run(args) => run::main(endpoint, args).await,
+            Command::Acquire(args) => locks::acquire(endpoint, args).await,
+            Command::Release(args) => locks::release(endpoint, args).await,
+            Command::Keepalive(args) => locks::keepalive(endpoint, args).await,
+            Command::Status(args) => locks::status(endpoint, args).await,
+            Command::Locks(args) => locks::list(endpoint, args).await,
+            Command::History(args) => locks::history(endpoint, args).await,
+            Command::Check(args) => store::check(endpoint, args).await,
+            Command::Store(command) => store::main(endpoint, command).await,
+            Command::Cluster(command) => cluster::main(endpoint, command).await,
             Command::Demo(command) => demo::main(command).await,
-            Command::Bench(args) => bench::main(&cli.endpoint, args).await,
-            Command::Guard(_) | Command::Data(_) => {
+            Command::Bench(args) => bench::main(endpoint, args).await,
+            Command::Guard(_) | Command::Data(_) | Command::Certs(_) => {
                 unreachable!("handled before the runtime starts")
             }
         }

@@ -12,6 +12,7 @@
 //! can still act late. Resources that matter must check `$DEADBOLT_TOKEN`.
 
 use crate::locks::LockArgs;
+use crate::Endpoints;
 use crate::{exit, parse_duration};
 use deadbolt_client::{Client, ErrorKind, LeaseLost, LockGuard, Session};
 use std::process::ExitStatus;
@@ -51,7 +52,7 @@ fn default_grace(ttl: Duration) -> Duration {
     (ttl / 4).min(Duration::from_secs(5))
 }
 
-pub async fn main(endpoints: &[String], args: RunArgs) -> i32 {
+pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
     let margin = drift_margin(args.target.ttl);
     let grace = args.grace.unwrap_or_else(|| default_grace(args.target.ttl));
     if grace + margin >= args.target.ttl / 2 {

@@ -3,7 +3,7 @@
 use crate::exit;
 use crate::parse_duration;
 use deadbolt_server::{
-    ConnectionLimits, InitialCluster, RaftTiming, Server, ServerConfig, StartMembership,
+    ConnectionLimits, InitialCluster, RaftTiming, Server, ServerConfig, StartMembership, TlsFiles,
 };
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -63,6 +63,36 @@ pub struct ServerArgs {
     /// Concurrent gRPC calls (HTTP/2 streams) per connection.
     #[arg(long, default_value_t = ConnectionLimits::DEFAULT.max_streams_per_connection)]
     max_streams_per_connection: u32,
+    /// This node's certificate (PEM). With --tls-key, clients and peers
+    /// must speak TLS to it. SIGHUP reloads the TLS files.
+    #[arg(
+        long,
+        env = "DEADBOLT_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(
+        long,
+        env = "DEADBOLT_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
+    /// Require a certificate signed by this CA (PEM) from every client and
+    /// peer (mutual TLS); a cluster's nodes also check each other's with it.
+    #[arg(
+        long,
+        env = "DEADBOLT_TLS_CLIENT_CA",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    tls_client_ca: Option<PathBuf>,
+    /// Serve plain text on a non-loopback --listen address: no encryption,
+    /// no authentication. Only on a network you trust completely.
+    #[arg(long, conflicts_with = "tls_cert")]
+    insecure: bool,
     /// Log as JSON lines instead of human-readable text.
     #[arg(long)]
     log_json: bool,
@@ -86,6 +116,15 @@ pub async fn main(args: ServerArgs) -> i32 {
             body_read_timeout: args.body_read_timeout,
             max_streams_per_connection: args.max_streams_per_connection,
         },
+        tls: match (args.tls_cert, args.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca: args.tls_client_ca,
+            }),
+            _ => None,
+        },
+        insecure: args.insecure,
         membership: match (args.initial_cluster, args.join) {
             (Some(cluster), _) => StartMembership::Initial(cluster),
             (None, true) => StartMembership::Join,

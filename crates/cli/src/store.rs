@@ -6,6 +6,7 @@
 
 use crate::exit;
 use crate::locks::connect;
+use crate::Endpoints;
 use deadbolt_client::Error;
 use std::io::Read;
 
@@ -62,7 +63,7 @@ pub struct CheckArgs {
     token: u64,
 }
 
-pub async fn main(endpoints: &[String], command: StoreCommand) -> i32 {
+pub async fn main(endpoints: &Endpoints, command: StoreCommand) -> i32 {
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,
@@ -124,7 +125,7 @@ pub async fn main(endpoints: &[String], command: StoreCommand) -> i32 {
 }
 
 /// Exit 0 when the token is the lock's current grant, 76 when it is not.
-pub async fn check(endpoints: &[String], args: CheckArgs) -> i32 {
+pub async fn check(endpoints: &Endpoints, args: CheckArgs) -> i32 {
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,

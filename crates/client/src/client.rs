@@ -23,9 +23,10 @@ use deadbolt_proto::v1::{
     StoreDeleteRequest, StoreGetRequest, StorePutRequest,
 };
 use std::future::Future;
+use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// How long to wait for a TCP (and HTTP/2) connection before calling the
 /// server unreachable.
@@ -60,6 +61,61 @@ pub struct Client {
 struct Shared {
     targets: Vec<Target>,
     current: Mutex<Current>,
+}
+
+/// How to reach `https://` endpoints: the CA that signed the servers'
+/// certificates and, for servers that require client certificates (mTLS),
+/// this client's own certificate and key. PEM files, as `deadbolt certs`
+/// writes them or any PKI issues them.
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    config: Option<ClientTlsConfig>,
+}
+
+impl TlsOptions {
+    /// Reads the files; an error names the one that could not be read.
+    pub fn from_files(
+        ca: Option<&Path>,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<TlsOptions, Error> {
+        let read = |path: &Path, what: &str| {
+            std::fs::read(path).map_err(|err| {
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("cannot read the {what} {}: {err}", path.display()),
+                )
+            })
+        };
+        let mut config = ClientTlsConfig::new();
+        let Some(ca) = ca else {
+            if cert.is_some() || key.is_some() {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    "--cert and --key need --ca too (the CA that signed the server's certificate)",
+                ));
+            }
+            return Ok(TlsOptions::default());
+        };
+        config = config.ca_certificate(Certificate::from_pem(read(ca, "CA certificate")?));
+        match (cert, key) {
+            (Some(cert), Some(key)) => {
+                let identity =
+                    Identity::from_pem(read(cert, "client certificate")?, read(key, "client key")?);
+                config = config.identity(identity);
+            }
+            (None, None) => {}
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    "a client certificate needs both --cert and --key",
+                ))
+            }
+        }
+        Ok(TlsOptions {
+            config: Some(config),
+        })
+    }
 }
 
 /// One server address, as given (normalised) and ready to dial.
@@ -107,14 +163,23 @@ impl Current {
 impl Client {
     /// Connects to the first of `endpoints` that answers. An endpoint is a
     /// URL such as `http://127.0.0.1:7070`; a bare `host:port` means
-    /// `http://host:port`, and a bare `host` `http://host:7070`. TLS is not
-    /// supported yet: an `https://` endpoint is refused.
+    /// `http://host:port`, and a bare `host` `http://host:7070`. For
+    /// `https://` endpoints, see [`Client::connect_with`].
     pub async fn connect(
         endpoints: impl IntoIterator<Item = impl Into<String>>,
     ) -> Result<Client, Error> {
+        Self::connect_with(endpoints, &TlsOptions::default()).await
+    }
+
+    /// [`Client::connect`], with TLS for `https://` endpoints (bare
+    /// addresses then mean `https://` too).
+    pub async fn connect_with(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        tls: &TlsOptions,
+    ) -> Result<Client, Error> {
         let targets = endpoints
             .into_iter()
-            .map(|endpoint| Target::parse(endpoint.into()))
+            .map(|endpoint| Target::parse(endpoint.into(), tls))
             .collect::<Result<Vec<_>, _>>()?;
         if targets.is_empty() {
             return Err(Error::new(
@@ -137,7 +202,9 @@ impl Client {
                 }
                 Err(error) => {
                     tracing::debug!(endpoint = %target.address, %error, "could not connect");
-                    failures.push(format!("{}: {}", target.address, describe_chain(&error)));
+                    let mut failure = format!("{}: {}", target.address, describe_chain(&error));
+                    failure.push_str(tls_hint(&failure));
+                    failures.push(failure);
                 }
             }
         }
@@ -556,10 +623,11 @@ impl Client {
         if current.generation != failed_generation {
             return;
         }
-        let leader = leader.map(normalize_endpoint);
+        // A leader hint is `host:port`; our endpoints may say `https://`.
+        let leader = leader.map(|leader| authority(&normalize_endpoint(leader)).to_owned());
         let index = targets
             .iter()
-            .position(|target| Some(&target.address) == leader.as_ref())
+            .position(|target| Some(authority(&target.address)) == leader.as_deref())
             .unwrap_or((current.index + 1) % targets.len());
         // Lazy: dialling happens on the next call, which reports failure the
         // same way as any other call.
@@ -578,24 +646,62 @@ impl Client {
     }
 }
 
+/// What to do about a TLS handshake that failed, from the words rustls
+/// reports it with.
+pub(crate) fn tls_hint(failure: &str) -> &'static str {
+    if failure.contains("CertificateRequired") {
+        " (the server requires a client certificate: give --cert and --key)"
+    } else if failure.contains("UnknownIssuer") {
+        " (the server's certificate is not signed by the --ca given)"
+    } else if failure.contains("NotValidForName") {
+        " (the server's certificate does not name this address)"
+    } else {
+        ""
+    }
+}
+
+/// `host:port` of an endpoint URL.
+fn authority(address: &str) -> &str {
+    address.split_once("://").map_or(address, |(_, rest)| rest)
+}
+
 impl Target {
-    fn parse(raw: String) -> Result<Target, Error> {
-        let address = normalize_endpoint(&raw);
-        if let Some((scheme, _)) = address.split_once("://").filter(|(s, _)| *s != "http") {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "invalid endpoint {raw:?}: Deadbolt speaks plain HTTP/2 (no TLS yet), so \
-                     use http://, not {scheme}://"
-                ),
-            ));
+    fn parse(raw: String, tls: &TlsOptions) -> Result<Target, Error> {
+        let mut address = normalize_endpoint(&raw);
+        let invalid = |why: String| Error::new(ErrorKind::InvalidArgument, why);
+        if tls.config.is_some() && !raw.contains("://") {
+            address = address.replacen("http://", "https://", 1);
         }
+        let scheme = address
+            .split_once("://")
+            .map_or("http", |(scheme, _)| scheme);
         let endpoint = Endpoint::from_shared(address.clone()).map_err(|error| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("invalid endpoint {raw:?}: {}", describe_chain(&error)),
-            )
+            invalid(format!(
+                "invalid endpoint {raw:?}: {}",
+                describe_chain(&error)
+            ))
         })?;
+        let endpoint = match (scheme, &tls.config) {
+            ("http", _) => endpoint,
+            ("https", Some(config)) => endpoint.tls_config(config.clone()).map_err(|error| {
+                invalid(format!(
+                    "invalid endpoint {raw:?}: {}",
+                    describe_chain(&error)
+                ))
+            })?,
+            ("https", None) => {
+                return Err(invalid(format!(
+                    "endpoint {raw:?} is https://: give the CA that signed the server's \
+                     certificate (--ca, or DEADBOLT_CA)"
+                )))
+            }
+            (other, _) => {
+                return Err(invalid(format!(
+                    "invalid endpoint {raw:?}: Deadbolt speaks HTTP/2 over http:// or https://, \
+                     not {other}://"
+                )))
+            }
+        };
         let endpoint = endpoint
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
@@ -667,10 +773,14 @@ mod tests {
     }
 
     #[test]
-    fn tls_endpoints_are_refused_rather_than_spoken_to_in_plain_text() {
-        let error = Target::parse("https://lock.example".to_owned()).unwrap_err();
+    fn https_endpoints_without_a_ca_are_refused_rather_than_spoken_to_in_plain_text() {
+        let error =
+            Target::parse("https://lock.example".to_owned(), &TlsOptions::default()).unwrap_err();
         assert_eq!(error.kind(), ErrorKind::InvalidArgument);
-        assert!(error.message().contains("not https://"), "{error}");
+        assert!(error.message().contains("--ca"), "{error}");
+        let error =
+            Target::parse("ftp://lock.example".to_owned(), &TlsOptions::default()).unwrap_err();
+        assert!(error.message().contains("not ftp://"), "{error}");
     }
 
     #[test]
@@ -687,7 +797,8 @@ mod tests {
 
     #[test]
     fn invalid_endpoint_is_an_invalid_argument() {
-        let error = Target::parse("http://exa mple:1".to_owned()).unwrap_err();
+        let error =
+            Target::parse("http://exa mple:1".to_owned(), &TlsOptions::default()).unwrap_err();
         assert_eq!(error.kind(), ErrorKind::InvalidArgument);
         assert!(error.message().contains("exa mple"), "{error}");
     }

@@ -74,7 +74,8 @@ impl Error {
         // whatever caused it.
         let cause = with_sources(status.message().to_owned(), status.source());
         let message = if kind == ErrorKind::Unavailable {
-            format!("could not reach the Deadbolt server at {endpoint}: {cause}")
+            let hint = crate::client::tls_hint(&cause);
+            format!("could not reach the Deadbolt server at {endpoint}: {cause}{hint}")
         } else {
             format!(
                 "unexpected reply from {endpoint} ({:?}): {cause}",

@@ -13,6 +13,7 @@
 use crate::network::peer_endpoint;
 use crate::node::{ApiError, Node};
 use crate::raft_types::NodeId;
+use crate::tls::NodeTls;
 use anyhow::{bail, Context};
 use deadbolt_proto::v1::cluster_client::ClusterClient;
 use deadbolt_proto::v1::{ClusterStatusRequest, ClusterStatusResponse, Member};
@@ -125,7 +126,7 @@ pub fn check_listed(me: NodeId, cluster: &InitialCluster) -> anyhow::Result<()> 
 pub async fn form(node: &Node, cluster: &InitialCluster) -> anyhow::Result<()> {
     let me = node.id;
     wait_for_peers(
-        me,
+        node,
         cluster,
         "to know whether the cluster already exists",
         |_| true,
@@ -139,7 +140,7 @@ pub async fn form(node: &Node, cluster: &InitialCluster) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    wait_for_peers(me, cluster, "to be ready to join", |status| {
+    wait_for_peers(node, cluster, "to be ready to join", |status| {
         status.ready_to_join
     })
     .await?;
@@ -159,15 +160,15 @@ pub async fn form(node: &Node, cluster: &InitialCluster) -> anyhow::Result<()> {
 /// Asks every peer until all answer and pass `ready`; refuses as soon as
 /// one turns out to be in a formed cluster.
 async fn wait_for_peers(
-    me: NodeId,
+    node: &Node,
     cluster: &InitialCluster,
     waiting_for: &str,
     ready: impl Fn(&ClusterStatusResponse) -> bool,
 ) -> anyhow::Result<()> {
     let mut last_report: Option<std::time::Instant> = None;
     loop {
-        let answers = query_peers(cluster, me).await;
-        refuse_if_formed(me, &answers)?;
+        let answers = query_peers(cluster, node.id, node.tls.as_deref()).await;
+        refuse_if_formed(node.id, &answers)?;
         let missing: Vec<NodeId> = answers
             .iter()
             .filter(|(_, answer)| !answer.as_ref().is_ok_and(&ready))
@@ -186,16 +187,19 @@ async fn wait_for_peers(
 
 type PeerAnswers = Vec<(NodeId, Result<ClusterStatusResponse, String>)>;
 
-async fn query_peers(cluster: &InitialCluster, me: NodeId) -> PeerAnswers {
+async fn query_peers(cluster: &InitialCluster, me: NodeId, tls: Option<&NodeTls>) -> PeerAnswers {
     let queries = cluster
         .peers(me)
-        .map(|(id, address)| async move { (id, query_status(address).await) });
+        .map(|(id, address)| async move { (id, query_status(address, tls).await) });
     futures::future::join_all(queries).await
 }
 
 /// One node's `Cluster.Status`, or why it could not be had.
-pub async fn query_status(address: &str) -> Result<ClusterStatusResponse, String> {
-    let endpoint = peer_endpoint(address)?.timeout(PEER_QUERY_TIMEOUT);
+pub async fn query_status(
+    address: &str,
+    tls: Option<&NodeTls>,
+) -> Result<ClusterStatusResponse, String> {
+    let endpoint = peer_endpoint(address, tls)?.timeout(PEER_QUERY_TIMEOUT);
     let channel = endpoint
         .connect()
         .await
@@ -268,7 +272,7 @@ impl Node {
     /// voter that cannot answer would count against the quorum, and on a
     /// single node would stop every write.
     pub async fn add_member(&self, id: NodeId, address: &str) -> Result<(), ApiError> {
-        if let Err(reason) = peer_endpoint(address) {
+        if let Err(reason) = peer_endpoint(address, self.tls.as_deref()) {
             return Err(ApiError::new(ErrorKind::InvalidArgument, reason));
         }
         // Not openraft's blocking wait: it counts a learner as caught up

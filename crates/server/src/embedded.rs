@@ -43,7 +43,7 @@ impl EmbeddedNode {
     ) -> anyhow::Result<EmbeddedNode> {
         let data = crate::store::open_simulated_disk(disk, witness, id)?;
         let config = raft_config(snapshot_every, timing)?;
-        let node = open_node(id, config, data, network, clock, StorageIo::Inline).await?;
+        let node = open_node(id, config, data, network, clock, StorageIo::Inline, None).await?;
         let (stop, stopped) = watch::channel(false);
         spawn_duties(&node, stopped);
         Ok(EmbeddedNode { node, stop })

@@ -26,11 +26,13 @@ mod raft_types;
 mod runtime;
 mod secret;
 mod store;
+mod tls;
 mod waits;
 
 pub use cluster::InitialCluster;
 pub use listener::ConnectionLimits;
 pub use store::{check_data_dir, DataDirError, DataReport};
+pub use tls::TlsFiles;
 
 use anyhow::Context;
 use clock::Clock;
@@ -83,6 +85,10 @@ pub struct ServerConfig {
     pub timing: RaftTiming,
     /// What one client can hold: connections, slow requests, streams.
     pub limits: ConnectionLimits,
+    /// TLS for clients and peers; without it, plain HTTP/2.
+    pub tls: Option<TlsFiles>,
+    /// Serve plain text on a non-loopback address, knowingly.
+    pub insecure: bool,
 }
 
 /// How often the leader sends heartbeats, and how long a follower waits
@@ -156,6 +162,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     network: N,
     clock: Clock,
     io: StorageIo,
+    tls: Option<Arc<tls::NodeTls>>,
 ) -> anyhow::Result<Node> {
     match &data.report {
         Some(report) => tracing::info!(
@@ -191,6 +198,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         waits,
         leases,
         ready_to_join: Default::default(),
+        tls,
     })
 }
 
@@ -214,12 +222,49 @@ fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
     ));
 }
 
+/// Loads the TLS files, and refuses what would leave the service open to
+/// anyone on the network: plain text on a non-loopback address without
+/// `--insecure`, or a TLS cluster whose peers could not authenticate each
+/// other.
+fn check_transport(config: &ServerConfig) -> anyhow::Result<Option<Arc<tls::NodeTls>>> {
+    let loopback = config.listen.ip().is_loopback();
+    let Some(files) = &config.tls else {
+        if !loopback && !config.insecure {
+            anyhow::bail!(
+                "refusing to listen on {} without TLS: anyone who can reach it could release any \
+                 lock and forge Raft messages. Give --tls-cert and --tls-key (and --tls-client-ca \
+                 for a cluster; `deadbolt certs` makes them), or --insecure on a network you trust",
+                config.listen
+            );
+        }
+        if !loopback {
+            tracing::warn!(
+                listen = %config.listen,
+                "--insecure: serving plain text with no authentication; anyone who can reach this \
+                 address can take or release any lock and speak Raft to this node"
+            );
+        }
+        return Ok(None);
+    };
+    let tls = tls::NodeTls::load(files.clone())
+        .map_err(|err| anyhow::anyhow!("refusing to start: {err}"))?;
+    if config.membership != StartMembership::SingleNode && !tls.mutual() {
+        anyhow::bail!(
+            "a TLS cluster needs --tls-client-ca: its nodes authenticate each other with \
+             certificates that CA signed (clients must then show one too)"
+        );
+    }
+    Ok(Some(Arc::new(tls)))
+}
+
 /// A server that has opened its data and bound its port, but is not yet
 /// serving. Split from [`Server::serve`] so callers (and tests) can learn the
 /// bound address first.
 pub struct Server {
     listener: tokio::net::TcpListener,
     limits: ConnectionLimits,
+    /// SIGHUPs, which reload the TLS files.
+    hangups: Option<tokio::signal::unix::Signal>,
     node: Node,
     /// A cluster to form once this node serves (see [`cluster::form`]).
     forming: Option<InitialCluster>,
@@ -233,6 +278,8 @@ impl Server {
         if let StartMembership::Initial(cluster) = &config.membership {
             cluster::check_listed(config.node_id, cluster)?;
         }
+        let tls = check_transport(&config)?;
+        let hangups = tls.as_ref().and_then(|_| tls::hangups());
         // Bind next: a port in use is the most common start-up failure and
         // should not wait for the data directory.
         let listener = listener::bind(config.listen, config.limits.backlog)
@@ -243,9 +290,10 @@ impl Server {
             config.node_id,
             raft_config,
             data,
-            network::PeerNetwork::default(),
+            network::PeerNetwork::new(tls.clone()),
             Clock::host(),
             StorageIo::Threads,
+            tls,
         )
         .await?;
         let raft = node.raft.clone();
@@ -278,6 +326,7 @@ impl Server {
         Ok(Server {
             listener,
             limits: config.limits,
+            hangups,
             node,
             forming,
         })
@@ -296,6 +345,7 @@ impl Server {
         let Server {
             listener,
             limits,
+            hangups,
             node,
             forming,
         } = self;
@@ -311,6 +361,9 @@ impl Server {
             });
         }
         let (stop, stopped) = watch::channel(false);
+        if let (Some(tls), Some(hangups)) = (&node.tls, hangups) {
+            tokio::spawn(tls::reload_on_sighup(tls.clone(), hangups, stopped.clone()));
+        }
         spawn_duties(&node, stopped);
         let api = api::Api::new(node.clone(), secret::SecretSource::os());
         let app = grpc::router(
@@ -325,7 +378,7 @@ impl Server {
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
         let mut stopping = stop.subscribe();
-        let serving = listener::serve(listener, app, limits, async move {
+        let serving = listener::serve(listener, app, limits, node.tls.clone(), async move {
             shutdown.await;
             tracing::info!("shutting down");
             let _ = stop.send(true);

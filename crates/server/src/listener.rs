@@ -14,6 +14,7 @@
 //! connections wait in the kernel's listen backlog (`backlog`) until one
 //! ends, instead of costing a file descriptor each.
 
+use crate::tls::NodeTls;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -23,6 +24,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
 
@@ -66,6 +68,23 @@ impl Default for ConnectionLimits {
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The first byte of every TLS connection (a handshake record).
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// Answers a plain-text request on the TLS port with a plain-text error
+/// that says what to do, instead of a handshake failure a person cannot
+/// read, and closes the connection.
+async fn refuse_plain_text(mut stream: tokio::net::TcpStream) {
+    let body = r#"{"error":{"kind":"invalid_argument","message":"this Deadbolt server speaks TLS only: use https:// (with --ca, or curl --cacert)"}}"#;
+    let response = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+}
+
 /// Binds `addr` with a listen backlog of `backlog`.
 pub fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
     let socket = match addr {
@@ -86,6 +105,7 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    tls: Option<Arc<NodeTls>>,
     shutdown: impl Future<Output = ()>,
 ) {
     assert!(
@@ -133,16 +153,39 @@ pub async fn serve(
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let header_read_timeout = limits.header_read_timeout;
+        let tls = tls.as_ref().map(|tls| tls.acceptor());
         tokio::spawn(async move {
             // hyper reads the first bytes to tell HTTP/1.1 from HTTP/2
-            // with no deadline of its own.
+            // with no deadline of its own, and a TLS handshake has none
+            // either.
             let mut first = [0u8; 1];
             match tokio::time::timeout(header_read_timeout, stream.peek(&mut first)).await {
                 Ok(Ok(n)) if n > 0 => {}
                 _ => return drop(slot),
             }
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            let _ = watcher.watch(connection.into_owned()).await;
+            match tls {
+                None => {
+                    let connection =
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    let _ = watcher.watch(connection.into_owned()).await;
+                }
+                Some(_) if first[0] != TLS_HANDSHAKE => refuse_plain_text(stream).await,
+                Some(acceptor) => {
+                    let accepted =
+                        tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await;
+                    let stream = match accepted {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(err)) => {
+                            tracing::debug!(%err, "TLS handshake refused");
+                            return drop(slot);
+                        }
+                        Err(_) => return drop(slot),
+                    };
+                    let connection =
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    let _ = watcher.watch(connection.into_owned()).await;
+                }
+            }
             drop(slot);
         });
     }

@@ -7,6 +7,7 @@
 //! side; [`PeerService`] the receiving one.
 
 use crate::raft_types::{NodeId, Raft, TypeConfig};
+use crate::tls::NodeTls;
 use deadbolt_proto::v1::raft_peer_client::RaftPeerClient;
 use deadbolt_proto::v1::raft_peer_server::RaftPeer;
 use deadbolt_proto::v1::RaftPayload;
@@ -44,6 +45,18 @@ const PING_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub struct PeerNetwork {
     channels: SharedChannels,
+    /// With TLS, peers are dialled over https and shown this node's
+    /// certificate.
+    tls: Option<Arc<NodeTls>>,
+}
+
+impl PeerNetwork {
+    pub fn new(tls: Option<Arc<NodeTls>>) -> Self {
+        PeerNetwork {
+            channels: SharedChannels::default(),
+            tls,
+        }
+    }
 }
 
 type SharedChannels = Arc<Mutex<HashMap<NodeId, (String, Channel)>>>;
@@ -53,6 +66,7 @@ pub struct PeerConnection {
     target: NodeId,
     node: BasicNode,
     channels: SharedChannels,
+    tls: Option<Arc<NodeTls>>,
     /// `Err` holds why the peer's address is unusable; every call reports it.
     client: Result<RaftPeerClient<Channel>, String>,
 }
@@ -72,6 +86,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             target,
             node: node.clone(),
             channels: self.channels.clone(),
+            tls: self.tls.clone(),
             client: Err(String::new()),
         };
         match cached {
@@ -88,18 +103,23 @@ fn peer_client(channel: Channel) -> RaftPeerClient<Channel> {
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-/// A node's address as members list it (`host:port`) as a gRPC endpoint.
-pub fn peer_endpoint(address: &str) -> Result<Endpoint, String> {
-    Endpoint::from_shared(format!("http://{address}"))
-        .map(|endpoint| {
-            endpoint
-                .connect_timeout(CONNECT_TIMEOUT)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(PING_INTERVAL)
-                .keep_alive_timeout(PING_TIMEOUT)
-                .keep_alive_while_idle(true)
-        })
-        .map_err(|err| format!("invalid peer address {address:?}: {err}"))
+/// A node's address as members list it (`host:port`) as a gRPC endpoint:
+/// over https, showing this node's certificate, when the node runs TLS.
+pub fn peer_endpoint(address: &str, tls: Option<&NodeTls>) -> Result<Endpoint, String> {
+    let invalid = |err: tonic::transport::Error| format!("invalid peer address {address:?}: {err}");
+    let peer_tls = tls.and_then(NodeTls::peer_config);
+    let scheme = if peer_tls.is_some() { "https" } else { "http" };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+        .map_err(invalid)?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(PING_INTERVAL)
+        .keep_alive_timeout(PING_TIMEOUT)
+        .keep_alive_while_idle(true);
+    match peer_tls {
+        Some(config) => endpoint.tls_config(config).map_err(invalid),
+        None => Ok(endpoint),
+    }
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, E>>;
@@ -109,7 +129,7 @@ impl PeerConnection {
     /// lazily. After a timeout the old connection may be a dead TCP stream
     /// that would swallow every later request too.
     fn redial(&mut self) {
-        self.client = peer_endpoint(&self.node.addr).map(|endpoint| {
+        self.client = peer_endpoint(&self.node.addr, self.tls.as_deref()).map(|endpoint| {
             let channel = endpoint.connect_lazy();
             self.channels
                 .lock()

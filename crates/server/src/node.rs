@@ -152,6 +152,8 @@ pub struct Node {
     /// Forming a cluster: this node found no formed cluster among its peers
     /// and waits to be taken in (see `cluster::form`).
     pub(crate) ready_to_join: Arc<std::sync::atomic::AtomicBool>,
+    /// The node's TLS settings, which its peer connections use too.
+    pub(crate) tls: Option<Arc<crate::tls::NodeTls>>,
 }
 
 /// How long a read or keepalive waits for a quorum to confirm this node still
