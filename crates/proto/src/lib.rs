@@ -53,7 +53,8 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 12] = [
+    /// Every kind: what `parse` knows, and the server's error metric's labels.
+    pub const ALL: [ErrorKind; 12] = [
         ErrorKind::UnknownSession,
         ErrorKind::Busy,
         ErrorKind::NotHolder,

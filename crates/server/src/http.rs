@@ -32,6 +32,7 @@ pub fn router(api: Api) -> Router {
         .route("/v1/cluster/add", post(add_member))
         .route("/v1/cluster/remove", post(remove_member))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .with_state(api)
 }
 
@@ -289,4 +290,10 @@ async fn health(State(api): State<Api>) -> (StatusCode, Json<HealthResponse>) {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(health))
+}
+
+/// The Prometheus scrape (see docs/operations.md).
+async fn metrics(State(api): State<Api>) -> impl IntoResponse {
+    let content_type = [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)];
+    (content_type, api.metrics())
 }
