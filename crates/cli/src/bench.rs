@@ -212,7 +212,7 @@ async fn expiry(endpoints: &[String], args: &BenchArgs) -> Result<(), Error> {
         // The holder never sends a keepalive: it "dies" right after its grant.
         let sent = Instant::now();
         let (holder, _) = client.open_session_raw(args.ttl).await?;
-        let token = client.acquire_raw(holder, &name, false, None).await?;
+        let token = client.acquire_raw(&holder, &name, false, None).await?;
         let guard = waiter.lock(&name).await?;
         let handover = sent.elapsed();
         assert!(

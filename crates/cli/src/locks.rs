@@ -4,9 +4,13 @@
 //! `acquire` returns as soon as it holds the lock, so its session is no longer
 //! kept alive by anyone: the lock is held for one `--ttl` unless renewed with
 //! `deadbolt keepalive`. For "hold while a command runs", use `deadbolt run`.
+//!
+//! `acquire` prints the session as a handle, `ID.SECRET`, and `keepalive`
+//! and `release` take that handle: the id alone, which `status` shows to
+//! everyone, is not enough to act on a session.
 
 use crate::{exit, parse_duration, stop_signal};
-use deadbolt_client::{Client, Error, ErrorKind, LockState};
+use deadbolt_client::{Client, Error, ErrorKind, LockState, SessionHandle};
 use std::time::Duration;
 
 /// Which lock to take and how long to wait for it: shared by `run` and
@@ -42,8 +46,9 @@ pub struct AcquireArgs {
 pub struct ReleaseArgs {
     #[arg(long)]
     lock: String,
-    #[arg(long)]
-    session: u64,
+    /// The session handle `deadbolt acquire` printed (ID.SECRET).
+    #[arg(long, value_name = "ID.SECRET")]
+    session: SessionHandle,
     #[arg(long)]
     token: u64,
     /// Keep the session open (by default it is closed after the release).
@@ -53,8 +58,9 @@ pub struct ReleaseArgs {
 
 #[derive(clap::Args)]
 pub struct KeepaliveArgs {
-    #[arg(long)]
-    session: u64,
+    /// The session handle `deadbolt acquire` printed (ID.SECRET).
+    #[arg(long, value_name = "ID.SECRET")]
+    session: SessionHandle,
 }
 
 #[derive(clap::Args)]
@@ -107,15 +113,20 @@ pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
         Err(err) => return exit::report(&err),
     };
     let timeout = if args.no_wait { None } else { args.wait };
-    let acquiring =
-        client.acquire_raw_delayed(session, &args.lock, !args.no_wait, timeout, args.lock_delay);
+    let acquiring = client.acquire_raw_delayed(
+        &session,
+        &args.lock,
+        !args.no_wait,
+        timeout,
+        args.lock_delay,
+    );
     let acquired = tokio::select! {
         acquired = acquiring => acquired,
         signal = stop_signal() => {
             // The token will never be printed, so nobody can use the
             // session: close it (and give up its place or grant) rather
             // than leave it to its TTL.
-            let _ = client.close_session_raw(session).await;
+            let _ = client.close_session_raw(&session).await;
             return 128 + signal;
         }
     };
@@ -126,7 +137,7 @@ pub async fn acquire(endpoints: &[String], args: AcquireArgs) -> i32 {
         }
         Err(err) => {
             // Leave nothing behind: a session without the lock is useless.
-            let _ = client.close_session_raw(session).await;
+            let _ = client.close_session_raw(&session).await;
             if err.kind() == ErrorKind::WaitTimeout {
                 eprintln!("deadbolt: timed out waiting for lock {:?}", args.lock);
                 return exit::BUSY;
@@ -142,10 +153,10 @@ pub async fn release(endpoints: &[String], args: ReleaseArgs) -> i32 {
         Err(code) => return code,
     };
     let released = client
-        .release_raw(args.session, &args.lock, args.token)
+        .release_raw(&args.session, &args.lock, args.token)
         .await;
     if released.is_ok() && !args.keep_session {
-        return outcome(client.close_session_raw(args.session).await);
+        return outcome(client.close_session_raw(&args.session).await);
     }
     outcome(released)
 }
@@ -155,7 +166,7 @@ pub async fn keepalive(endpoints: &[String], args: KeepaliveArgs) -> i32 {
         Ok(client) => client,
         Err(code) => return code,
     };
-    outcome(client.keep_alive_raw(args.session).await.map(|ttl| {
+    outcome(client.keep_alive_raw(&args.session).await.map(|ttl| {
         println!("renewed for {}", humantime::format_duration(ttl));
     }))
 }

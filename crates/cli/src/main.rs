@@ -64,7 +64,10 @@ enum Command {
     /// Run a command while holding a lock (distributed cron dedupe).
     #[command(after_help = AFTER_HELP)]
     Run(run::RunArgs),
-    /// Acquire a lock in a new session and print `SESSION TOKEN`.
+    /// Acquire a lock in a new session and print `SESSION TOKEN`, where
+    /// SESSION is the session's handle (ID.SECRET), which `release` and
+    /// `keepalive` take: keep it to yourself, whoever has it can release the
+    /// lock.
     #[command(after_help = AFTER_HELP)]
     Acquire(locks::AcquireArgs),
     /// Release a lock taken with `deadbolt acquire`.

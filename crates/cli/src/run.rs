@@ -268,7 +268,9 @@ fn spawn(command: &[String], guard: &LockGuard) -> std::io::Result<Child> {
         .args(command)
         .env("DEADBOLT_LOCK", guard.name())
         .env("DEADBOLT_TOKEN", guard.token().to_string())
-        .env("DEADBOLT_SESSION", guard.session().id().to_string())
+        // The handle (id and secret): the command may act on its own
+        // session, e.g. `deadbolt keepalive --session "$DEADBOLT_SESSION"`.
+        .env("DEADBOLT_SESSION", guard.session().handle().to_string())
         .process_group(0);
     // SAFETY: prctl and getppid are async-signal-safe, as pre_exec requires.
     unsafe {

@@ -2,7 +2,9 @@
 
 use crate::exit;
 use crate::parse_duration;
-use deadbolt_server::{InitialCluster, RaftTiming, Server, ServerConfig, StartMembership};
+use deadbolt_server::{
+    ConnectionLimits, InitialCluster, RaftTiming, Server, ServerConfig, StartMembership,
+};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -43,6 +45,24 @@ pub struct ServerArgs {
     /// networks or disks, or leaders are voted out for being slow.
     #[arg(long, default_value = "150ms", value_parser = parse_duration)]
     election_timeout: Duration,
+    /// Connections served at once; more wait in the listen backlog until
+    /// one ends.
+    #[arg(long, default_value_t = ConnectionLimits::DEFAULT.max_connections)]
+    max_connections: usize,
+    /// Connections the kernel queues before they are accepted (capped by
+    /// net.core.somaxconn).
+    #[arg(long, default_value_t = ConnectionLimits::DEFAULT.backlog)]
+    listen_backlog: u32,
+    /// A connection must send its first bytes, and an HTTP/1.1 request its
+    /// whole head, within this; slower ones are closed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    header_read_timeout: Duration,
+    /// An HTTP API request body that stalls this long is answered 408.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    body_read_timeout: Duration,
+    /// Concurrent gRPC calls (HTTP/2 streams) per connection.
+    #[arg(long, default_value_t = ConnectionLimits::DEFAULT.max_streams_per_connection)]
+    max_streams_per_connection: u32,
     /// Log as JSON lines instead of human-readable text.
     #[arg(long)]
     log_json: bool,
@@ -58,6 +78,13 @@ pub async fn main(args: ServerArgs) -> i32 {
         timing: RaftTiming {
             heartbeat: args.heartbeat_interval,
             election_timeout: args.election_timeout,
+        },
+        limits: ConnectionLimits {
+            max_connections: args.max_connections,
+            backlog: args.listen_backlog,
+            header_read_timeout: args.header_read_timeout,
+            body_read_timeout: args.body_read_timeout,
+            max_streams_per_connection: args.max_streams_per_connection,
         },
         membership: match (args.initial_cluster, args.join) {
             (Some(cluster), _) => StartMembership::Initial(cluster),

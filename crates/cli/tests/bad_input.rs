@@ -4,7 +4,7 @@
 mod common;
 
 use common::{http, post, TestServer, BIN};
-use deadbolt_client::ErrorKind;
+use deadbolt_client::{ErrorKind, SessionHandle};
 use serde_json::json;
 use std::process::Command;
 use std::time::Duration;
@@ -99,42 +99,37 @@ async fn http_api_refuses_bad_requests_with_clear_errors() {
         "{body}"
     );
 
-    let (_, opened) = post(addr, "/v1/session/open", json!({"ttl_ms": 10_000}));
-    let session = opened["session_id"].as_u64().unwrap();
-    let (_, other) = post(addr, "/v1/session/open", json!({"ttl_ms": 10_000}));
-    let other = other["session_id"].as_u64().unwrap();
-    let (status, granted) = post(
-        addr,
-        "/v1/lock/acquire",
-        json!({"session_id": session, "lock": "x"}),
-    );
+    let open = || {
+        let (_, opened) = post(addr, "/v1/session/open", json!({"ttl_ms": 10_000}));
+        opened
+    };
+    let (session, other) = (open(), open());
+    // A request body on `opened`'s session: its id and secret, and `body`.
+    let on = |opened: &serde_json::Value, mut body: serde_json::Value| {
+        body["session_id"] = opened["session_id"].clone();
+        body["session_secret"] = opened["session_secret"].clone();
+        body
+    };
+    let (status, granted) = post(addr, "/v1/lock/acquire", on(&session, json!({"lock": "x"})));
     assert_eq!(status, 200, "{granted}");
     let token = granted["token"].as_u64().unwrap();
 
     let (status, body) = post(
         addr,
         "/v1/lock/release",
-        json!({"session_id": session, "lock": "x", "token": token + 1}),
+        on(&session, json!({"lock": "x", "token": token + 1})),
     );
     assert_eq!((status, error_kind(&body)), (409, "stale_token"), "{body}");
     let (status, body) = post(
         addr,
         "/v1/lock/release",
-        json!({"session_id": other, "lock": "x", "token": token}),
+        on(&other, json!({"lock": "x", "token": token})),
     );
     assert_eq!((status, error_kind(&body)), (409, "not_holder"), "{body}");
-    let (status, body) = post(
-        addr,
-        "/v1/lock/acquire",
-        json!({"session_id": other, "lock": "x"}),
-    );
+    let (status, body) = post(addr, "/v1/lock/acquire", on(&other, json!({"lock": "x"})));
     assert_eq!((status, error_kind(&body)), (423, "busy"), "{body}");
 
-    let (status, body) = post(
-        addr,
-        "/v1/lock/acquire",
-        json!({"session_id": session, "lock": ""}),
-    );
+    let (status, body) = post(addr, "/v1/lock/acquire", on(&session, json!({"lock": ""})));
     assert_eq!(
         (status, error_kind(&body)),
         (400, "invalid_argument"),
@@ -144,14 +139,14 @@ async fn http_api_refuses_bad_requests_with_clear_errors() {
     let (status, body) = post(
         addr,
         "/v1/lock/acquire",
-        json!({"session_id": session, "lock": long}),
+        on(&session, json!({"lock": long})),
     );
     assert_eq!(
         (status, error_kind(&body)),
         (400, "invalid_argument"),
         "{body}"
     );
-    let huge = json!({"session_id": session, "lock": "n".repeat(10 * 1024 * 1024)}).to_string();
+    let huge = on(&session, json!({"lock": "n".repeat(10 * 1024 * 1024)})).to_string();
     let (status, _) = http(addr, "POST", "/v1/lock/acquire", Some(huge.as_bytes())).unwrap();
     assert_eq!(status, 413);
 
@@ -163,14 +158,10 @@ async fn http_api_refuses_bad_requests_with_clear_errors() {
     let (status, _) = post(
         addr,
         "/v1/lock/release",
-        json!({"session_id": session, "lock": "x", "token": token}),
+        on(&session, json!({"lock": "x", "token": token})),
     );
     assert_eq!(status, 200);
-    let (status, granted) = post(
-        addr,
-        "/v1/lock/acquire",
-        json!({"session_id": other, "lock": "x"}),
-    );
+    let (status, granted) = post(addr, "/v1/lock/acquire", on(&other, json!({"lock": "x"})));
     assert_eq!(status, 200);
     assert!(granted["token"].as_u64().unwrap() > token);
 }
@@ -185,7 +176,11 @@ async fn grpc_api_refuses_bad_requests_with_clear_errors() {
         let err = client.open_session_raw(ttl).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     }
-    let err = client.acquire_raw(777, "x", false, None).await.unwrap_err();
+    let never_opened = SessionHandle::new(777, "00");
+    let err = client
+        .acquire_raw(&never_opened, "x", false, None)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::UnknownSession);
     assert!(err.to_string().contains("unknown session 777"), "{err}");
 
@@ -195,19 +190,22 @@ async fn grpc_api_refuses_bad_requests_with_clear_errors() {
         .unwrap();
     let huge = "n".repeat(10 * 1024 * 1024);
     let err = client
-        .acquire_raw(session, &huge, false, None)
+        .acquire_raw(&session, &huge, false, None)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
-    let token = client.acquire_raw(session, "x", false, None).await.unwrap();
+    let token = client
+        .acquire_raw(&session, "x", false, None)
+        .await
+        .unwrap();
     let err = client
-        .release_raw(session, "x", token - 1)
+        .release_raw(&session, "x", token - 1)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::StaleToken);
     assert!(err.to_string().contains("stale token"), "{err}");
-    client.release_raw(session, "x", token).await.unwrap();
-    let err = client.release_raw(session, "x", token).await.unwrap_err();
+    client.release_raw(&session, "x", token).await.unwrap();
+    let err = client.release_raw(&session, "x", token).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotHolder);
 }
 
@@ -247,20 +245,27 @@ async fn call_stream_answers_by_id_and_refuses_malformed_calls() {
         .unwrap()
         .into_inner();
     let send = |id, call| requests.send(CallRequest { id, call }).unwrap();
-    let acquire = |session_id, wait| {
+    let acquire = |session: &SessionHandle, wait| {
         Some(Call::Acquire(AcquireRequest {
-            session_id,
+            session_id: session.id(),
+            session_secret: session.secret().to_owned(),
             lock: "a".into(),
             wait,
             attempt: 1,
             ..Default::default()
         }))
     };
-    send(1, acquire(holder, false));
+    let keep_alive = |session: &SessionHandle| {
+        Some(Call::KeepAlive(KeepAliveRequest {
+            session_id: session.id(),
+            session_secret: session.secret().to_owned(),
+        }))
+    };
+    send(1, acquire(&holder, false));
     send(2, None);
-    send(3, acquire(777, false));
-    send(4, acquire(waiter, true));
-    send(4, acquire(waiter, true));
+    send(3, acquire(&SessionHandle::new(777, "00"), false));
+    send(4, acquire(&waiter, true));
+    send(4, acquire(&waiter, true));
     let mut answered = HashMap::new();
     while answered.len() < 4 {
         let answer = answers.message().await.unwrap().expect("an answer");
@@ -282,14 +287,12 @@ async fn call_stream_answers_by_id_and_refuses_malformed_calls() {
     // the waiter may get the lock in between, but the server gives back
     // what was cancelled, and the call that reused the id is answered.
     send(4, Some(Call::Cancel(CancelCall {})));
-    send(
-        4,
-        Some(Call::KeepAlive(KeepAliveRequest { session_id: waiter })),
-    );
+    send(4, keep_alive(&waiter));
     send(
         5,
         Some(Call::Release(ReleaseRequest {
-            session_id: holder,
+            session_id: holder.id(),
+            session_secret: holder.secret().to_owned(),
             lock: "a".into(),
             token,
         })),
@@ -313,12 +316,9 @@ async fn call_stream_answers_by_id_and_refuses_malformed_calls() {
     // Reusing a cancelled call's id at once, again and again: every new
     // call is answered, never taken for the cancelled one.
     for id in 100..150 {
-        send(id, acquire(waiter, true));
+        send(id, acquire(&waiter, true));
         send(id, Some(Call::Cancel(CancelCall {})));
-        send(
-            id,
-            Some(Call::KeepAlive(KeepAliveRequest { session_id: waiter })),
-        );
+        send(id, keep_alive(&waiter));
         let answer = tokio::time::timeout(Duration::from_secs(10), answers.message())
             .await
             .expect("the call that reused the id was answered")
@@ -332,10 +332,7 @@ async fn call_stream_answers_by_id_and_refuses_malformed_calls() {
     }
 
     // The stream still serves, and ends once the client has said all.
-    send(
-        6,
-        Some(Call::KeepAlive(KeepAliveRequest { session_id: holder })),
-    );
+    send(6, keep_alive(&holder));
     let renewed = answers.message().await.unwrap().unwrap();
     assert_eq!(renewed.id, 6);
     assert!(
@@ -406,7 +403,7 @@ async fn sigterm_shuts_down_gracefully() {
     assert!(!log.contains("connections still open"), "{log}");
 
     let err = client
-        .acquire_raw(session.id(), "after-shutdown", false, None)
+        .acquire_raw(session.handle(), "after-shutdown", false, None)
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");

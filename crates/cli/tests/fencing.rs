@@ -220,11 +220,11 @@ async fn lock_delay_holds_an_expired_holders_lock_back_but_not_a_released_one() 
     // A clean release is not delayed.
     let (released, _) = client.open_session_raw(TTL).await.unwrap();
     let token = client
-        .acquire_raw_delayed(released, "delayed", false, None, DELAY)
+        .acquire_raw_delayed(&released, "delayed", false, None, DELAY)
         .await
         .unwrap();
     client
-        .release_raw(released, "delayed", token)
+        .release_raw(&released, "delayed", token)
         .await
         .unwrap();
     assert!(client.lock_status("delayed").await.unwrap().is_none());
@@ -233,7 +233,7 @@ async fn lock_delay_holds_an_expired_holders_lock_back_but_not_a_released_one() 
     let opened = Instant::now();
     let (dead, _) = client.open_session_raw(TTL).await.unwrap();
     let dead_token = client
-        .acquire_raw_delayed(dead, "delayed", false, None, DELAY)
+        .acquire_raw_delayed(&dead, "delayed", false, None, DELAY)
         .await
         .unwrap();
     let waiter = client.open_session(Duration::from_secs(30)).await.unwrap();

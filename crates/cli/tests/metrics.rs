@@ -135,21 +135,27 @@ fn promtool_accepts(promtool: &Path, args: &[&str], stdin: &str) {
     );
 }
 
-fn open_session(server: &TestServer, ttl_ms: u64) -> u64 {
+/// A session's id and secret.
+type Session = (u64, String);
+
+fn open_session(server: &TestServer, ttl_ms: u64) -> Session {
     let (status, body) = post(server.addr, "/v1/session/open", json!({ "ttl_ms": ttl_ms }));
     assert_eq!(status, 200, "{body}");
-    body["session_id"].as_u64().unwrap()
+    let secret = body["session_secret"].as_str().unwrap().to_owned();
+    (body["session_id"].as_u64().unwrap(), secret)
 }
 
-fn acquire(server: &TestServer, session: u64, lock: &str) -> u64 {
-    let request = json!({ "session_id": session, "lock": lock });
+fn acquire(server: &TestServer, (session, secret): &Session, lock: &str) -> u64 {
+    let request = json!({ "session_id": session, "session_secret": secret, "lock": lock });
     let (status, body) = post(server.addr, "/v1/lock/acquire", request);
     assert_eq!(status, 200, "{body}");
     body["token"].as_u64().unwrap()
 }
 
-fn release(server: &TestServer, session: u64, lock: &str, token: u64) {
-    let request = json!({ "session_id": session, "lock": lock, "token": token });
+fn release(server: &TestServer, (session, secret): &Session, lock: &str, token: u64) {
+    let request = json!({
+        "session_id": session, "session_secret": secret, "lock": lock, "token": token
+    });
     let (status, body) = post(server.addr, "/v1/lock/release", request);
     assert_eq!(status, 200, "{body}");
 }
@@ -171,14 +177,14 @@ fn a_known_workload_moves_each_metric_by_exactly_what_it_did() {
     let mut tokens = Vec::new();
     for i in 0..PAIRS {
         let lock = format!("pair-{i}");
-        let token = acquire(&server, a, &lock);
-        release(&server, a, &lock, token);
+        let token = acquire(&server, &a, &lock);
+        release(&server, &a, &lock, token);
         tokens.push(token);
     }
     let (status, body) = post(
         server.addr,
         "/v1/session/keepalive",
-        json!({ "session_id": a }),
+        json!({ "session_id": a.0, "session_secret": a.1 }),
     );
     assert_eq!(status, 200, "{body}");
     assert_eq!(store_put(&server, *tokens.last().unwrap()), 200);
@@ -205,16 +211,18 @@ fn a_known_workload_moves_each_metric_by_exactly_what_it_did() {
     // lock, gets it when A releases it, and expires holding it.
     let ttl = Duration::from_secs(3);
     let b = open_session(&server, ttl.as_millis() as u64);
-    let held = acquire(&server, a, "queue");
+    let held = acquire(&server, &a, "queue");
     let addr = server.addr;
     let waiter = std::thread::spawn(move || {
-        let request = json!({ "session_id": b, "lock": "queue", "wait": true });
+        let request = json!({
+            "session_id": b.0, "session_secret": b.1, "lock": "queue", "wait": true
+        });
         post(addr, "/v1/lock/acquire", request)
     });
     let queued = scrape_until(&server, "deadbolt_lock_waiters", 1.0);
     assert_eq!(queued.get("deadbolt_locks_held"), 1.0);
     assert_eq!(queued.get("deadbolt_sessions"), 2.0);
-    release(&server, a, "queue", held);
+    release(&server, &a, "queue", held);
     let (status, body) = waiter.join().unwrap();
     assert_eq!(status, 200, "{body}");
     let after = scrape_until(&server, "deadbolt_sessions", 1.0);

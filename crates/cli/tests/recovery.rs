@@ -230,8 +230,8 @@ async fn a_wait_nobody_retries_after_a_restart_is_given_up() {
     // nobody asks again. The session itself stays alive.
     let gone_wait = tokio::spawn({
         let client = client.clone();
-        let gone = gone.id();
-        async move { client.acquire_raw(gone, "orphan", true, None).await }
+        let gone = gone.handle().clone();
+        async move { client.acquire_raw(&gone, "orphan", true, None).await }
     });
     wait_for_waiters(&client, "orphan", 1).await;
     let live_wait = tokio::spawn({
@@ -335,8 +335,9 @@ async fn a_dropped_wait_keeps_its_place_for_the_retry() {
     // The flaky client queues over raw HTTP, then its connection dies.
     let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
     let body = format!(
-        r#"{{"session_id":{},"lock":"fifo","wait":true}}"#,
-        flaky.id()
+        r#"{{"session_id":{},"session_secret":"{}","lock":"fifo","wait":true}}"#,
+        flaky.id(),
+        flaky.handle().secret()
     );
     write!(
         stream,

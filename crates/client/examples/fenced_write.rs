@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // alive, as if the process were paused by a long GC.
     let (paused, _) = client.open_session_raw(Duration::from_secs(1)).await?;
     let token_a = client
-        .acquire_raw(paused, "invoice-981", false, None)
+        .acquire_raw(&paused, "invoice-981", false, None)
         .await?;
     println!("A holds the lock with token {token_a}, then pauses");
 

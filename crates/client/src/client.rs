@@ -11,7 +11,7 @@
 
 use crate::calls::Calls;
 use crate::error::describe_chain;
-use crate::{Error, ErrorKind, HealthResponse, LockState, Session};
+use crate::{Error, ErrorKind, HealthResponse, LockState, Session, SessionHandle};
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::cluster_client::ClusterClient;
@@ -203,9 +203,13 @@ impl Client {
     }
 
     /// Opens a session with no renewal: it ends `ttl` after the last
-    /// [`keep_alive_raw`](Self::keep_alive_raw). Returns its id and the TTL
-    /// the server granted.
-    pub async fn open_session_raw(&self, ttl: Duration) -> Result<(u64, Duration), Error> {
+    /// [`keep_alive_raw`](Self::keep_alive_raw). Returns its handle (id and
+    /// secret, which every call on the session needs) and the TTL the
+    /// server granted.
+    pub async fn open_session_raw(
+        &self,
+        ttl: Duration,
+    ) -> Result<(SessionHandle, Duration), Error> {
         let request = OpenSessionRequest {
             ttl_ms: millis(ttl),
         };
@@ -214,13 +218,21 @@ impl Client {
                 DeadboltClient::new(channel).open_session(request).await
             })
             .await?;
-        Ok((response.session_id, Duration::from_millis(response.ttl_ms)))
+        Ok((
+            SessionHandle::new(response.session_id, response.session_secret),
+            Duration::from_millis(response.ttl_ms),
+        ))
     }
 
     /// Renews a session's lease by its TTL (returned), counted from when the
     /// server receives the request.
-    pub async fn keep_alive_raw(&self, session_id: u64) -> Result<Duration, Error> {
-        let call = || Call::KeepAlive(KeepAliveRequest { session_id });
+    pub async fn keep_alive_raw(&self, session: &SessionHandle) -> Result<Duration, Error> {
+        let call = || {
+            Call::KeepAlive(KeepAliveRequest {
+                session_id: session.id(),
+                session_secret: session.secret().to_owned(),
+            })
+        };
         let answer = |answer| match answer {
             Answer::KeepAlive(response) => Some(response),
             _ => None,
@@ -230,8 +242,11 @@ impl Client {
     }
 
     /// Ends a session, releasing every lock it holds.
-    pub async fn close_session_raw(&self, session_id: u64) -> Result<(), Error> {
-        let request = CloseSessionRequest { session_id };
+    pub async fn close_session_raw(&self, session: &SessionHandle) -> Result<(), Error> {
+        let request = CloseSessionRequest {
+            session_id: session.id(),
+            session_secret: session.secret().to_owned(),
+        };
         self.call(request, |channel, request| async move {
             DeadboltClient::new(channel).close_session(request).await
         })
@@ -245,12 +260,12 @@ impl Client {
     /// [`ErrorKind::Busy`]. Repeating a request returns the same grant.
     pub async fn acquire_raw(
         &self,
-        session_id: u64,
+        session: &SessionHandle,
         lock: &str,
         wait: bool,
         timeout: Option<Duration>,
     ) -> Result<u64, Error> {
-        self.acquire_raw_delayed(session_id, lock, wait, timeout, Duration::ZERO)
+        self.acquire_raw_delayed(session, lock, wait, timeout, Duration::ZERO)
             .await
     }
 
@@ -258,7 +273,7 @@ impl Client {
     /// [`Session::set_lock_delay`]).
     pub async fn acquire_raw_delayed(
         &self,
-        session_id: u64,
+        session: &SessionHandle,
         lock: &str,
         wait: bool,
         timeout: Option<Duration>,
@@ -267,7 +282,8 @@ impl Client {
         let call = || {
             Call::Acquire(AcquireRequest {
                 lock_delay_ms: millis(lock_delay),
-                session_id,
+                session_id: session.id(),
+                session_secret: session.secret().to_owned(),
                 lock: lock.to_owned(),
                 wait,
                 timeout_ms: timeout.map(millis),
@@ -289,10 +305,16 @@ impl Client {
     }
 
     /// Releases `lock`, held by the session with fencing token `token`.
-    pub async fn release_raw(&self, session_id: u64, lock: &str, token: u64) -> Result<(), Error> {
+    pub async fn release_raw(
+        &self,
+        session: &SessionHandle,
+        lock: &str,
+        token: u64,
+    ) -> Result<(), Error> {
         let call = || {
             Call::Release(ReleaseRequest {
-                session_id,
+                session_id: session.id(),
+                session_secret: session.secret().to_owned(),
                 lock: lock.to_owned(),
                 token,
             })

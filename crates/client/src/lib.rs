@@ -6,6 +6,13 @@
 //! session takes lasts only as long as the lease does. A [`LockGuard`] is a
 //! held lock and its fencing token.
 //!
+//! A session is also a capability: the server gives a secret to the client
+//! that opens it and refuses any call on the session without it, so the
+//! session ids and tokens that anyone can read from `status` cannot be used
+//! to release your locks. `Session` keeps the secret and sends it for you;
+//! [`Session::handle`] hands it out, as a [`SessionHandle`], for code that
+//! must act on the session elsewhere.
+//!
 //! A lease can be lost without the holder noticing in time: a long GC pause,
 //! a suspended VM, a network partition. Deadbolt offers two defences, and
 //! careful callers use both:
@@ -103,6 +110,7 @@ mod calls;
 mod client;
 mod clock;
 mod error;
+mod handle;
 mod lock;
 mod session;
 
@@ -112,5 +120,6 @@ pub use deadbolt_proto::v1::{
 };
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;
+pub use handle::SessionHandle;
 pub use lock::LockGuard;
 pub use session::{LeaseLost, Session};

@@ -11,7 +11,7 @@
 
 use crate::backoff::retry;
 use crate::clock::BootInstant;
-use crate::{Client, Error, ErrorKind, LockGuard};
+use crate::{Client, Error, ErrorKind, LockGuard, SessionHandle};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -30,7 +30,8 @@ pub struct Session {
 #[derive(Debug)]
 struct Inner {
     client: Client,
-    id: u64,
+    /// The id and the secret every call on the session must carry.
+    handle: SessionHandle,
     ttl: Duration,
     lease: watch::Sender<Lease>,
     watchdog: AbortHandle,
@@ -204,18 +205,24 @@ impl LeaseLost {
 impl Session {
     pub(crate) async fn open(client: Client, ttl: Duration) -> Result<Session, Error> {
         let sent = BootInstant::now();
-        let (id, ttl) = client.open_session_raw(ttl).await?;
+        let (handle, ttl) = client.open_session_raw(ttl).await?;
         let (lease, _) = watch::channel(Lease {
             deadline: sent + ttl,
             ended: None,
         });
-        let watchdog =
-            tokio::spawn(watchdog(client.clone(), id, ttl, sent, lease.clone())).abort_handle();
-        tracing::debug!(session = id, ?ttl, "opened session");
+        let watchdog = tokio::spawn(watchdog(
+            client.clone(),
+            handle.clone(),
+            ttl,
+            sent,
+            lease.clone(),
+        ))
+        .abort_handle();
+        tracing::debug!(session = handle.id(), ?ttl, "opened session");
         Ok(Session {
             inner: Arc::new(Inner {
                 client,
-                id,
+                handle,
                 ttl,
                 lease,
                 watchdog,
@@ -246,9 +253,19 @@ impl Session {
         )
     }
 
-    /// The server's id for this session; never reused.
+    /// The server's id for this session; never reused. Public: `status`
+    /// shows it to anyone, and it is not enough to act on the session.
     pub fn id(&self) -> u64 {
-        self.inner.id
+        self.inner.handle.id()
+    }
+
+    /// The session's id and secret: whoever has this can act on the
+    /// session as its owner (keep it alive, take and release locks in it,
+    /// close it), through [`Client`]'s raw calls or the CLI. Hand it only
+    /// to code trusted with that, e.g. a child process that must release
+    /// the lock itself.
+    pub fn handle(&self) -> &SessionHandle {
+        &self.inner.handle
     }
 
     /// The lease length the server granted.
@@ -329,16 +346,16 @@ impl Session {
             }
             open
         });
-        let (client, id) = (&self.inner.client, self.id());
+        let (client, handle) = (&self.inner.client, self.handle());
         // Past the deadline the server ends the session anyway; until then,
         // keep trying so its locks are freed now rather than at expiry.
         let deadline = self.lease_deadline();
         let attempts = retry(
             "closing the session",
-            id,
+            handle.id(),
             Some(deadline),
             Error::is_transient,
-            || async move { client.close_session_raw(id).await },
+            || async move { client.close_session_raw(handle).await },
         );
         // A server that accepts connections but never answers (frozen, or
         // partitioned mid-stream) must not hold the caller past the point
@@ -396,7 +413,7 @@ impl Session {
         };
         // A timeout too long to represent is no timeout at all.
         let give_up = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
-        let (client, id) = (&self.inner.client, self.id());
+        let (client, handle) = (&self.inner.client, self.handle());
         // Acquire is idempotent, so a retry after an ambiguous failure gets
         // the same grant or queue place. Each retry asks the server to wait
         // only for what is left of the caller's timeout.
@@ -405,7 +422,7 @@ impl Session {
                 let remaining = give_up.map(|at| at.saturating_duration_since(Instant::now()));
                 let lock_delay = self.lock_delay();
                 client
-                    .acquire_raw_delayed(id, lock, wait, remaining, lock_delay)
+                    .acquire_raw_delayed(handle, lock, wait, remaining, lock_delay)
                     .await
             })
             .await;
@@ -423,7 +440,7 @@ impl Session {
             }
             acquired => acquired?,
         };
-        tracing::debug!(session = id, lock, token, "acquired lock");
+        tracing::debug!(session = handle.id(), lock, token, "acquired lock");
         Ok(LockGuard::new(self.clone(), claim, token))
     }
 
@@ -484,13 +501,13 @@ impl Session {
     }
 
     pub(crate) async fn release(&self, lock: &str, token: u64) -> Result<(), Error> {
-        let (client, id) = (&self.inner.client, self.id());
+        let (client, handle) = (&self.inner.client, self.handle());
         // Whether an earlier attempt may have been applied without its reply
         // reaching us (a transport failure, not a refusal like NotLeader).
         let maybe_applied = std::sync::atomic::AtomicBool::new(false);
         let maybe_applied = &maybe_applied;
         self.retrying("releasing a lock", None, || async move {
-            match client.release_raw(id, lock, token).await {
+            match client.release_raw(handle, lock, token).await {
                 // A live session holds its locks until it releases them, so
                 // "not holder" after a lost reply means that release went
                 // through. (A lost lease is reported by `retrying` itself,
@@ -511,7 +528,7 @@ impl Session {
             }
         })
         .await?;
-        tracing::debug!(session = id, lock, token, "released lock");
+        tracing::debug!(session = handle.id(), lock, token, "released lock");
         Ok(())
     }
 
@@ -543,11 +560,12 @@ impl Drop for Inner {
         if self.lease.borrow().ended.is_some() {
             return;
         }
-        let (client, id) = (self.client.clone(), self.id);
+        let (client, handle) = (self.client.clone(), self.handle.clone());
+        let id = handle.id();
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    match client.close_session_raw(id).await {
+                    match client.close_session_raw(&handle).await {
                         Ok(()) => tracing::debug!(session = id, "closed dropped session"),
                         Err(error) => {
                             tracing::debug!(session = id, %error, "could not close dropped session")
@@ -570,13 +588,13 @@ impl Drop for Inner {
 /// the last one can stop it.
 async fn watchdog(
     client: Client,
-    id: u64,
+    handle: SessionHandle,
     ttl: Duration,
     mut last_sent: BootInstant,
     lease: watch::Sender<Lease>,
 ) {
     let interval = ttl / 3;
-    let client = &client;
+    let (client, handle, id) = (&client, &handle, handle.id());
     let reason = loop {
         tokio::time::sleep_until((last_sent + interval).to_instant().into()).await;
         let deadline = lease.borrow().deadline.to_instant();
@@ -590,7 +608,7 @@ async fn watchdog(
             |error| !error.ends_session(),
             || async move {
                 let sent = BootInstant::now();
-                match tokio::time::timeout(interval, client.keep_alive_raw(id)).await {
+                match tokio::time::timeout(interval, client.keep_alive_raw(handle)).await {
                     Ok(granted) => granted.map(|granted| (sent, granted)),
                     Err(_) => Err(no_answer("keepalive", interval)),
                 }
@@ -623,7 +641,7 @@ async fn watchdog(
         // The server may still count the lease as live; ending it now frees
         // its locks for others sooner. Best effort: the server was likely
         // unreachable a moment ago.
-        let closed = tokio::time::timeout(interval, client.close_session_raw(id))
+        let closed = tokio::time::timeout(interval, client.close_session_raw(handle))
             .await
             .unwrap_or_else(|_| Err(no_answer("closing the session", interval)));
         if let Err(error) = closed {

@@ -5,14 +5,16 @@
 //! absent: they only move a leader-local deadline (see [`crate::LeaseTracker`]),
 //! and writing them to the log would cost an fsync per heartbeat.
 
-use crate::{LockError, SessionId, StoredValue, Token};
+use crate::{LockError, SecretHash, SessionId, StoredValue, Token};
 use serde::{Deserialize, Serialize};
 
 /// One replicated change to the lock table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Start a session with this lease length.
-    OpenSession { ttl_ms: u64 },
+    /// Start a session with this lease length, owned by whoever knows the
+    /// secret that hashes to `secret` (the server drew it and told only the
+    /// client that asked).
+    OpenSession { ttl_ms: u64, secret: SecretHash },
     /// The client ended its session: release its locks, drop its waits.
     CloseSession { session: SessionId },
     /// The leader of `term` saw the session's lease run out. Same effect as

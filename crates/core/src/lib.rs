@@ -27,7 +27,7 @@ pub use error::LockError;
 pub use fenced::{FencedStore, StoredValue};
 pub use lease::{DueCheckpoint, LeaseTracker, RenewError};
 pub use limits::{validate_key, validate_lock_name, validate_ttl, validate_value, Limits};
-pub use table::{LockInfo, LockTable, SessionLease};
+pub use table::{LockInfo, LockTable, SessionLease, SessionSecret};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -36,6 +36,13 @@ use std::fmt;
 /// never reused: the counter behind it only grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct SessionId(pub u64);
+
+/// The SHA-256 of a session's secret. The table keeps only this: the secret
+/// itself is known to the client that opened the session and to nobody else
+/// (not the log, not snapshots, not other replicas). Hashing and comparing
+/// happen in the server, so this crate stays free of randomness and crypto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SecretHash(pub [u8; 32]);
 
 /// A fencing token. One counter across all locks; every grant takes the next
 /// value, so a later grant always carries a larger token than any earlier one.

@@ -19,7 +19,7 @@ use crate::fenced::Change;
 use crate::limits::validate_lock_delay;
 use crate::{
     validate_key, validate_lock_name, validate_ttl, validate_value, AcquireOutcome, Command, Event,
-    FencedStore, Limits, LockError, Outcome, SessionId, Token,
+    FencedStore, Limits, LockError, Outcome, SecretHash, SessionId, Token,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -43,6 +43,9 @@ pub struct LockTable {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Session {
     ttl_ms: u64,
+    /// The hash of the secret the session was opened with; every call on
+    /// the session must present that secret (the server checks it).
+    secret: SecretHash,
     /// Set by [`Command::CheckpointLease`]: the lease had at most this many
     /// milliseconds left when the leader checkpointed it, and no keepalive
     /// has been acknowledged since. A new leader may start the session with
@@ -90,6 +93,16 @@ impl SessionLease {
             renewals: 0,
         }
     }
+}
+
+/// What [`LockTable::session_secret`] knows of a session id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionSecret<'a> {
+    Live(&'a SecretHash),
+    /// Closed or expired; it never comes back.
+    Ended,
+    /// No session has this id yet (as far as this table has applied).
+    NotYetOpened,
 }
 
 /// A read-only view of one lock.
@@ -172,7 +185,9 @@ impl LockTable {
         let tokens_before = self.next_token;
         let mut events = Vec::new();
         let outcome = match command {
-            Command::OpenSession { ttl_ms } => self.open_session(*ttl_ms, &mut events),
+            Command::OpenSession { ttl_ms, secret } => {
+                self.open_session(*ttl_ms, *secret, &mut events)
+            }
             Command::CloseSession { session } => {
                 self.end_session(*session, SessionEnd::Closed, &mut events)
             }
@@ -236,7 +251,12 @@ impl LockTable {
         Applied { outcome, events }
     }
 
-    fn open_session(&mut self, ttl_ms: u64, events: &mut Vec<Event>) -> Result<Outcome, LockError> {
+    fn open_session(
+        &mut self,
+        ttl_ms: u64,
+        secret: SecretHash,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, LockError> {
         validate_ttl(Duration::from_millis(ttl_ms))?;
         let limit = Limits::STANDARD.max_sessions;
         if self.sessions.len() >= limit {
@@ -248,6 +268,7 @@ impl LockTable {
             session,
             Session {
                 ttl_ms,
+                secret,
                 checkpoint_ms: None,
                 renewals: 0,
                 held: BTreeSet::new(),
@@ -669,6 +690,18 @@ impl LockTable {
 
     pub fn has_session(&self, id: SessionId) -> bool {
         self.sessions.contains_key(&id)
+    }
+
+    /// Where session `id` stands as of the applied log: live (with the hash
+    /// of its secret), ended, or not opened yet. Ids are never reused and a
+    /// secret never changes, so a live session's hash is the same on every
+    /// replica and for as long as the session lives.
+    pub fn session_secret(&self, id: SessionId) -> SessionSecret<'_> {
+        match self.sessions.get(&id) {
+            Some(session) => SessionSecret::Live(&session.secret),
+            None if id.0 < self.next_session => SessionSecret::Ended,
+            None => SessionSecret::NotYetOpened,
+        }
     }
 
     /// Live sessions and their leases, for a new leader to start tracking.

@@ -4,7 +4,8 @@
 //! fence to the token; refused ones change nothing at all.
 
 use deadbolt_core::{
-    AcquireOutcome, Command, LockError, LockTable, Outcome, SessionId, StoredValue, Token,
+    AcquireOutcome, Command, LockError, LockTable, Outcome, SecretHash, SessionId, StoredValue,
+    Token,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -45,7 +46,7 @@ proptest! {
     fn the_store_admits_exactly_the_tokens_a_fence_allows(steps in prop::collection::vec(step(), 1..120)) {
         let mut table = LockTable::new();
         let Ok(Outcome::SessionOpened { session, .. }) =
-            apply(&mut table, Command::OpenSession { ttl_ms: 10_000 })
+            apply(&mut table, Command::OpenSession { ttl_ms: 10_000, secret: SecretHash([0; 32]) })
         else {
             panic!("open refused")
         };
@@ -123,9 +124,13 @@ proptest! {
 #[test]
 fn a_stale_write_names_both_tokens() {
     let mut table = LockTable::new();
-    let Ok(Outcome::SessionOpened { session, .. }) =
-        apply(&mut table, Command::OpenSession { ttl_ms: 10_000 })
-    else {
+    let Ok(Outcome::SessionOpened { session, .. }) = apply(
+        &mut table,
+        Command::OpenSession {
+            ttl_ms: 10_000,
+            secret: SecretHash([0; 32]),
+        },
+    ) else {
         panic!("open refused")
     };
     for _ in 0..2 {

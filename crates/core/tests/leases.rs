@@ -4,7 +4,7 @@
 //! every lease that did run out is reported (once).
 
 use deadbolt_core::{
-    Command, LeaseTracker, LockTable, Outcome, RenewError, SessionId, SessionLease,
+    Command, LeaseTracker, LockTable, Outcome, RenewError, SecretHash, SessionId, SessionLease,
 };
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -128,7 +128,7 @@ proptest! {
         let mut clients = Vec::new();
         for ttl_ms in ttls {
             let Ok(Outcome::SessionOpened { session, .. }) =
-                table.apply(&Command::OpenSession { ttl_ms }).outcome
+                table.apply(&Command::OpenSession { ttl_ms, secret: SecretHash([0; 32]) }).outcome
             else {
                 panic!("open refused")
             };

@@ -3,7 +3,8 @@
 //! outcomes and events), not on its internals.
 
 use deadbolt_core::{
-    AcquireOutcome, Command, Event, LockError, LockTable, Outcome, SessionId, Token,
+    AcquireOutcome, Command, Event, LockError, LockTable, Outcome, SecretHash, SessionId,
+    SessionSecret, Token,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -134,9 +135,40 @@ impl Observed {
     }
 }
 
+/// The secret hash the `index`th session opened is opened with: a different
+/// one for each session.
+fn secret_of(index: usize) -> SecretHash {
+    let mut hash = [0; 32];
+    hash[..8].copy_from_slice(&(index as u64).to_le_bytes());
+    SecretHash(hash)
+}
+
+/// Every session keeps the secret hash it was opened with while it lives,
+/// and an id never opened or ended is never reported live.
+fn check_secrets(table: &LockTable, seen: &Observed) {
+    for (index, session) in seen.opened.iter().enumerate() {
+        let hash = secret_of(index);
+        let expected = if seen.ended.contains(session) {
+            SessionSecret::Ended
+        } else {
+            SessionSecret::Live(&hash)
+        };
+        assert_eq!(
+            table.session_secret(*session),
+            expected,
+            "session {session}"
+        );
+    }
+    let never = SessionId(seen.opened.last().map_or(1, |last| last.0 + 1));
+    assert_eq!(table.session_secret(never), SessionSecret::NotYetOpened);
+}
+
 fn command(step: &Step, seen: &Observed) -> Command {
     match *step {
-        Step::Open => Command::OpenSession { ttl_ms: 10_000 },
+        Step::Open => Command::OpenSession {
+            ttl_ms: 10_000,
+            secret: secret_of(seen.opened.len()),
+        },
         Step::Close(s) => Command::CloseSession {
             session: seen.session(s),
         },
@@ -269,6 +301,7 @@ proptest! {
             }
             let command = command(step, &seen);
             let outcome = run(&mut table, &mut seen, &command);
+            check_secrets(&table, &seen);
             if let (Step::Release(..), Ok(_)) = (step, &outcome) {
                 prop_assert!(matches!(outcome, Ok(Outcome::Released)));
             }
@@ -312,7 +345,7 @@ proptest! {
         let mut restored: LockTable = serde_json::from_slice(&bytes).unwrap();
         prop_assert_eq!(&restored, &table);
         // The restored table never re-issues a token.
-        let open = restored.apply(&Command::OpenSession { ttl_ms: 1000 });
+        let open = restored.apply(&Command::OpenSession { ttl_ms: 1000, secret: secret_of(0) });
         let Ok(Outcome::SessionOpened { session, .. }) = open.outcome else { panic!() };
         let grant = restored.apply(&Command::Acquire { session, lock: "fresh".into(), wait: false, attempt: 0 , lock_delay_ms: 0 });
         let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else { panic!() };
@@ -321,7 +354,13 @@ proptest! {
 }
 
 fn open_session(table: &mut LockTable) -> SessionId {
-    match table.apply(&Command::OpenSession { ttl_ms: 5000 }).outcome {
+    match table
+        .apply(&Command::OpenSession {
+            ttl_ms: 5000,
+            secret: secret_of(0),
+        })
+        .outcome
+    {
         Ok(Outcome::SessionOpened { session, .. }) => session,
         other => panic!("{other:?}"),
     }
@@ -384,7 +423,10 @@ fn release_errors_name_the_problem() {
         Err(LockError::InvalidName { .. })
     ));
     for ttl_ms in [0, 10 * 365 * 24 * 3600 * 1000] {
-        let bad = table.apply(&Command::OpenSession { ttl_ms });
+        let bad = table.apply(&Command::OpenSession {
+            ttl_ms,
+            secret: secret_of(0),
+        });
         assert!(matches!(bad.outcome, Err(LockError::TtlOutOfRange { .. })));
     }
 }
@@ -459,11 +501,16 @@ fn abandon_gives_back_only_what_no_later_attempt_asked_for() {
 fn the_audit_trail_tells_who_held_a_lock_and_how_it_ended() {
     use deadbolt_core::AuditKind;
     let mut table = LockTable::new();
-    let open =
-        |table: &mut LockTable| match table.apply(&Command::OpenSession { ttl_ms: 1000 }).outcome {
-            Ok(Outcome::SessionOpened { session, .. }) => session,
-            other => panic!("{other:?}"),
-        };
+    let open = |table: &mut LockTable| match table
+        .apply(&Command::OpenSession {
+            ttl_ms: 1000,
+            secret: secret_of(0),
+        })
+        .outcome
+    {
+        Ok(Outcome::SessionOpened { session, .. }) => session,
+        other => panic!("{other:?}"),
+    };
     let (a, b) = (open(&mut table), open(&mut table));
     let acquire = |session| Command::Acquire {
         session,

@@ -50,11 +50,13 @@ pub enum ErrorKind {
     NotLeader,
     Unavailable,
     Internal,
+    /// A call on a session without that session's secret.
+    PermissionDenied,
 }
 
 impl ErrorKind {
     /// Every kind: what `parse` knows, and the server's error metric's labels.
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::UnknownSession,
         ErrorKind::Busy,
         ErrorKind::NotHolder,
@@ -67,6 +69,7 @@ impl ErrorKind {
         ErrorKind::NotLeader,
         ErrorKind::Unavailable,
         ErrorKind::Internal,
+        ErrorKind::PermissionDenied,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -83,6 +86,7 @@ impl ErrorKind {
             ErrorKind::NotLeader => "not_leader",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Internal => "internal",
+            ErrorKind::PermissionDenied => "permission_denied",
         }
     }
 
@@ -104,6 +108,7 @@ impl ErrorKind {
             ErrorKind::WaitCancelled => Code::Aborted,
             ErrorKind::NotLeader | ErrorKind::Unavailable => Code::Unavailable,
             ErrorKind::Internal => Code::Internal,
+            ErrorKind::PermissionDenied => Code::PermissionDenied,
         }
     }
 
@@ -135,6 +140,7 @@ impl ErrorKind {
                 tonic::Code::InvalidArgument | tonic::Code::OutOfRange => {
                     ErrorKind::InvalidArgument
                 }
+                tonic::Code::PermissionDenied => ErrorKind::PermissionDenied,
                 _ => ErrorKind::Internal,
             })
     }

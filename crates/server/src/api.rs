@@ -1,10 +1,12 @@
 //! [`Api`]: every call of the Deadbolt API, on the protobuf messages, once.
 //!
 //! The gRPC and HTTP front ends only move these messages on and off their
-//! wire, so the two APIs cannot drift apart.
+//! wire, so the two APIs cannot drift apart. Every call on a session passes
+//! [`Node::authorize`] with the session's secret first (see `secret.rs`).
 
 use crate::metrics::Call;
-use crate::node::{ApiError, Health, Node};
+use crate::node::{ApiError, Health, Node, OwnedSession};
+use crate::secret::SecretSource;
 use deadbolt_core::{AuditKind, Command, LockInfo, Outcome, SessionId, StoredValue, Token};
 use deadbolt_proto::v1::*;
 use std::future::Future;
@@ -13,13 +15,15 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct Api {
     node: Node,
+    /// Where new sessions' secrets come from.
+    secrets: SecretSource,
 }
 
 type Reply<T> = Result<T, ApiError>;
 
 impl Api {
-    pub fn new(node: Node) -> Self {
-        Api { node }
+    pub fn new(node: Node, secrets: SecretSource) -> Self {
+        Api { node, secrets }
     }
 
     /// Runs one call, timing it and counting its error, if any (see
@@ -39,13 +43,20 @@ impl Api {
         self.node.metrics_text()
     }
 
+    /// The session a call acts on, if the call carries its secret.
+    async fn owned(&self, session_id: u64, secret: &str) -> Reply<OwnedSession> {
+        self.node.authorize(SessionId(session_id), secret).await
+    }
+
     pub async fn open_session(&self, request: OpenSessionRequest) -> Reply<OpenSessionResponse> {
         self.timed(Call::OpenSession, async {
             let ttl = Duration::from_millis(request.ttl_ms);
-            let (session, ttl) = self.node.open_session(ttl).await?;
+            let (secret, hash) = self.secrets.draw();
+            let (session, ttl) = self.node.open_session(ttl, hash).await?;
             Ok(OpenSessionResponse {
                 session_id: session.0,
                 ttl_ms: millis(ttl),
+                session_secret: secret,
             })
         })
         .await
@@ -53,7 +64,10 @@ impl Api {
 
     pub async fn keep_alive(&self, request: KeepAliveRequest) -> Reply<KeepAliveResponse> {
         self.timed(Call::KeepAlive, async {
-            let ttl = self.node.keep_alive(SessionId(request.session_id)).await?;
+            let session = self
+                .owned(request.session_id, &request.session_secret)
+                .await?;
+            let ttl = self.node.keep_alive(session).await?;
             Ok(KeepAliveResponse {
                 ttl_ms: millis(ttl),
             })
@@ -63,9 +77,10 @@ impl Api {
 
     pub async fn close_session(&self, request: CloseSessionRequest) -> Reply<CloseSessionResponse> {
         self.timed(Call::CloseSession, async {
-            self.node
-                .close_session(SessionId(request.session_id))
+            let session = self
+                .owned(request.session_id, &request.session_secret)
                 .await?;
+            self.node.close_session(session).await?;
             Ok(CloseSessionResponse {})
         })
         .await
@@ -73,10 +88,13 @@ impl Api {
 
     pub async fn acquire(&self, request: AcquireRequest) -> Reply<AcquireResponse> {
         self.timed(Call::Acquire, async {
+            let session = self
+                .owned(request.session_id, &request.session_secret)
+                .await?;
             let token = self
                 .node
                 .acquire(
-                    SessionId(request.session_id),
+                    session,
                     &request.lock,
                     request.wait,
                     request.timeout_ms.map(Duration::from_millis),
@@ -91,12 +109,11 @@ impl Api {
 
     pub async fn release(&self, request: ReleaseRequest) -> Reply<ReleaseResponse> {
         self.timed(Call::Release, async {
+            let session = self
+                .owned(request.session_id, &request.session_secret)
+                .await?;
             self.node
-                .release(
-                    SessionId(request.session_id),
-                    &request.lock,
-                    Token(request.token),
-                )
+                .release(session, &request.lock, Token(request.token))
                 .await?;
             Ok(ReleaseResponse {})
         })

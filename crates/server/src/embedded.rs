@@ -6,13 +6,15 @@
 //! the same Raft, storage, proposer, leases and operations. Only three
 //! things are handed in instead of taken from the host: the disk (a redb
 //! storage backend), the network (an openraft network factory), and the
-//! [`Clock`].
+//! [`Clock`]; and the [`Api`] over it takes its session secrets from a
+//! [`SecretSource`] the program chooses (the simulation seeds it).
 
 pub use crate::api::Api;
 pub use crate::clock::Clock;
 pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{NodeId, Raft, TypeConfig};
 pub use crate::runtime::seed_raft_rng;
+pub use crate::secret::SecretSource;
 use crate::store::StorageIo;
 use crate::{open_node, raft_config, spawn_duties, RaftTiming};
 use anyhow::Context;

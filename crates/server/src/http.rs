@@ -14,7 +14,9 @@ use axum::{Json, Router};
 use deadbolt_proto::v1::*;
 use deadbolt_proto::ErrorKind;
 
-pub fn router(api: Api) -> Router {
+/// The HTTP API's routes. A request body that stalls for
+/// `body_read_timeout` is answered 408 and its connection closed.
+pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
     Router::new()
         .route("/v1/session/open", post(open_session))
         .route("/v1/session/keepalive", post(keep_alive))
@@ -33,6 +35,9 @@ pub fn router(api: Api) -> Router {
         .route("/v1/cluster/remove", post(remove_member))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            body_read_timeout,
+        ))
         .with_state(api)
 }
 
@@ -84,6 +89,7 @@ fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::LimitReached => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::NotLeader | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
     }
 }
 
@@ -99,11 +105,31 @@ impl From<ApiError> for HttpError {
 
 impl From<BytesRejection> for HttpError {
     fn from(rejection: BytesRejection) -> Self {
+        if timed_out(&rejection) {
+            let message = "the request body stalled: send it whole within the server's \
+                           --body-read-timeout";
+            return HttpError(
+                StatusCode::REQUEST_TIMEOUT,
+                ApiError::new(ErrorKind::InvalidArgument, message),
+            );
+        }
         HttpError(
             rejection.status(),
             ApiError::new(ErrorKind::InvalidArgument, rejection.body_text()),
         )
     }
+}
+
+/// Whether reading a body failed because it stalled past the body timeout.
+fn timed_out(rejection: &BytesRejection) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(err) = cause {
+        if err.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        cause = err.source();
+    }
+    false
 }
 
 impl From<QueryRejection> for HttpError {
@@ -133,6 +159,11 @@ type Reply<T> = Result<Json<T>, HttpError>;
 /// A JSON request body, whatever Content-Type the client sent, so that a
 /// plain `curl -d '{...}'` works. Oversized bodies are refused by axum's
 /// default 2 MB limit before parsing.
+///
+/// Strict, because a typo must not change meaning: an unknown field
+/// (`"wiat": true` would silently make a blocking acquire non-blocking) and
+/// anything after the JSON document are refused, naming what was wrong.
+/// New fields come with new API versions (`/v2/...`), never silently.
 struct JsonBody<T>(T);
 
 #[axum::async_trait]
@@ -145,14 +176,29 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody
         if bytes.iter().all(u8::is_ascii_whitespace) {
             bytes = Bytes::from_static(b"{}");
         }
+        let invalid = |problem: String| -> HttpError {
+            let message = format!("the request body is not valid JSON for this call: {problem}");
+            ApiError::new(ErrorKind::InvalidArgument, message).into()
+        };
         let mut json = serde_json::Deserializer::from_slice(&bytes);
+        let mut unknown = Vec::new();
         // The path names the offending field: "session_id: invalid type...".
-        serde_path_to_error::deserialize(&mut json)
-            .map(JsonBody)
-            .map_err(|err| {
-                let message = format!("the request body is not valid JSON for this call: {err}");
-                ApiError::new(ErrorKind::InvalidArgument, message).into()
-            })
+        let mut note_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+        let value = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
+            &mut json,
+            &mut note_unknown,
+        ))
+        .map_err(|err| invalid(err.to_string()))?;
+        json.end().map_err(|_| {
+            invalid("something follows the JSON document (one object per request)".into())
+        })?;
+        if !unknown.is_empty() {
+            return Err(invalid(format!(
+                "unknown field {} (check the spelling; docs/http-api.md lists each call's fields)",
+                unknown.join(", ")
+            )));
+        }
+        Ok(JsonBody(value))
     }
 }
 

@@ -19,16 +19,19 @@ pub mod embedded;
 mod grpc;
 mod http;
 mod leases;
+mod listener;
 mod metrics;
 mod network;
 mod node;
 mod proposer;
 mod raft_types;
 mod runtime;
+mod secret;
 mod store;
 mod waits;
 
 pub use cluster::InitialCluster;
+pub use listener::ConnectionLimits;
 pub use store::{check_data_dir, DataDirError, DataReport};
 
 use anyhow::Context;
@@ -80,6 +83,8 @@ pub struct ServerConfig {
     pub membership: StartMembership,
     /// Raft timing; see [`RaftTiming`].
     pub timing: RaftTiming,
+    /// What one client can hold: connections, slow requests, streams.
+    pub limits: ConnectionLimits,
 }
 
 /// How often the leader sends heartbeats, and how long a follower waits
@@ -225,6 +230,7 @@ fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
 /// bound address first.
 pub struct Server {
     listener: tokio::net::TcpListener,
+    limits: ConnectionLimits,
     node: Node,
     /// A cluster to form once this node serves (see [`cluster::form`]).
     forming: Option<InitialCluster>,
@@ -240,8 +246,7 @@ impl Server {
         }
         // Bind next: a port in use is the most common start-up failure and
         // should not wait for the data directory.
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
+        let listener = listener::bind(config.listen, config.limits.backlog)
             .with_context(|| format!("cannot listen on {}", config.listen))?;
         let data =
             store::open_data_dir(&config.data_dir, config.node_id).context("refusing to start")?;
@@ -283,6 +288,7 @@ impl Server {
         }
         Ok(Server {
             listener,
+            limits: config.limits,
             node,
             forming,
         })
@@ -300,6 +306,7 @@ impl Server {
     ) -> anyhow::Result<()> {
         let Server {
             listener,
+            limits,
             node,
             forming,
         } = self;
@@ -316,28 +323,26 @@ impl Server {
         }
         let (stop, stopped) = watch::channel(false);
         spawn_duties(&node, stopped);
-        let api = api::Api::new(node.clone());
+        let api = api::Api::new(node.clone(), secret::SecretSource::os());
         let app = grpc::router(
             api.clone(),
             node.raft.clone(),
             ready_to_join,
             stop.subscribe(),
         )
-        .merge(http::router(api))
+        .merge(http::router(api, limits.body_read_timeout))
         .fallback(http::unknown_path)
         .method_not_allowed_fallback(http::method_not_allowed);
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
         let mut stopping = stop.subscribe();
-        let serving = axum::serve(listener, app)
-            .tcp_nodelay(true)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down");
-                let _ = stop.send(true);
-                // Blocked acquires would hold the graceful shutdown open forever.
-                waits.close();
-            });
+        let serving = listener::serve(listener, app, limits, async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            let _ = stop.send(true);
+            // Blocked acquires would hold the graceful shutdown open forever.
+            waits.close();
+        });
         // Connections get a moment to finish their requests, not forever.
         let overdue = async move {
             let _ = stopping.wait_for(|stopping| *stopping).await;
@@ -345,7 +350,7 @@ impl Server {
         };
         let raft_stopped = raft_stopped(node.raft.clone());
         tokio::select! {
-            served = serving => served.context("server failed")?,
+            () = serving => {}
             () = overdue => tracing::warn!(
                 "connections still open {SHUTDOWN_GRACE:?} after the shutdown signal; stopping anyway"
             ),

@@ -12,7 +12,8 @@ use crate::store::{EventSink, SharedTable};
 use crate::waits::{Subscription, WaitEnd, Waits};
 use deadbolt_core::{
     validate_key, validate_lock_name, validate_ttl, AcquireOutcome, AuditRecord, Command, Event,
-    LockError, LockInfo, LockTable, Outcome, SessionId, StoredValue, Token,
+    LockError, LockInfo, LockTable, Outcome, SecretHash, SessionId, SessionSecret, StoredValue,
+    Token,
 };
 use deadbolt_proto::ErrorKind;
 use std::sync::Arc;
@@ -139,6 +140,18 @@ impl EventSink for Observers {
     }
 }
 
+/// A session whose caller presented its secret (see `secret.rs`): the
+/// operations on a session take this rather than a bare id, so that none of
+/// them can skip the check. Only [`Node::authorize`] makes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnedSession(SessionId);
+
+impl OwnedSession {
+    pub fn id(self) -> SessionId {
+        self.0
+    }
+}
+
 #[derive(Clone)]
 pub struct Node {
     pub(crate) id: NodeId,
@@ -194,14 +207,84 @@ impl Node {
         Ok(self.proposer.propose(command).await??)
     }
 
-    pub async fn open_session(&self, ttl: Duration) -> Result<(SessionId, Duration), ApiError> {
+    /// Opens a session owned by whoever knows the secret `secret` is the
+    /// hash of.
+    pub async fn open_session(
+        &self,
+        ttl: Duration,
+        secret: SecretHash,
+    ) -> Result<(SessionId, Duration), ApiError> {
         validate_ttl(ttl)?;
         let ttl_ms = ttl.as_millis() as u64;
-        match self.propose(Command::OpenSession { ttl_ms }).await? {
+        match self
+            .propose(Command::OpenSession { ttl_ms, secret })
+            .await?
+        {
             Outcome::SessionOpened { session, ttl_ms } => {
                 Ok((session, Duration::from_millis(ttl_ms)))
             }
             other => unreachable!("open session answered {other:?}"),
+        }
+    }
+
+    /// Checks that `secret` is the secret `session` was opened with. Checked
+    /// against this node's applied table, which is sound: ids are never
+    /// reused and a session's secret never changes, so a session that is
+    /// live here has the same secret on every replica, and one that ended
+    /// never comes back. Only an id this node has not seen opened needs the
+    /// log: its opening may be committed but not yet applied here (say, on a
+    /// new leader), so it is looked up again after a linearizable barrier,
+    /// and if it is still not there, no session has that id yet and a call
+    /// on it must not reach the log (it could be applied after the opening
+    /// of that id by someone else).
+    pub async fn authorize(
+        &self,
+        session: SessionId,
+        secret: &str,
+    ) -> Result<OwnedSession, ApiError> {
+        if let Some(checked) = self.check_secret(session, secret) {
+            return checked;
+        }
+        self.linearizable().await?;
+        self.check_secret(session, secret)
+            .unwrap_or_else(|| Err(LockError::UnknownSession(session).into()))
+    }
+
+    /// [`authorize`](Self::authorize) on the applied table; `None` if the
+    /// session has not been opened as far as this node knows.
+    fn check_secret(
+        &self,
+        session: SessionId,
+        secret: &str,
+    ) -> Option<Result<OwnedSession, ApiError>> {
+        let state = self.table.read().expect("state lock poisoned");
+        match state.table.session_secret(session) {
+            SessionSecret::Live(hash) if crate::secret::matches(secret, hash) => {
+                Some(Ok(OwnedSession(session)))
+            }
+            SessionSecret::Live(_) => {
+                tracing::debug!(
+                    session = session.0,
+                    "refused a call without the session's secret"
+                );
+                let why = if secret.is_empty() {
+                    format!(
+                        "session {session} needs its secret: send the session_secret that \
+                         opening the session returned"
+                    )
+                } else {
+                    format!(
+                        "session {session} belongs to another client: the session secret \
+                         does not match"
+                    )
+                };
+                Some(Err(ApiError::new(
+                    ErrorKind::PermissionDenied,
+                    format!("{why} (only the client that opened a session may use it)"),
+                )))
+            }
+            SessionSecret::Ended => Some(Err(LockError::UnknownSession(session).into())),
+            SessionSecret::NotYetOpened => None,
         }
     }
 
@@ -212,7 +295,8 @@ impl Node {
     /// quorum's acknowledgement of a heartbeat sent after this keepalive
     /// arrived, so any later leader was elected after the renewal and gives
     /// the session a full TTL from its own (later) start.
-    pub async fn keep_alive(&self, session: SessionId) -> Result<Duration, ApiError> {
+    pub async fn keep_alive(&self, session: OwnedSession) -> Result<Duration, ApiError> {
+        let session = session.id();
         if !self.leases.is_leading() {
             return Err(self.not_leader("this node is not (yet) the leader"));
         }
@@ -240,8 +324,11 @@ impl Node {
         })
     }
 
-    pub async fn close_session(&self, session: SessionId) -> Result<(), ApiError> {
-        self.propose(Command::CloseSession { session }).await?;
+    pub async fn close_session(&self, session: OwnedSession) -> Result<(), ApiError> {
+        self.propose(Command::CloseSession {
+            session: session.id(),
+        })
+        .await?;
         Ok(())
     }
 
@@ -251,7 +338,7 @@ impl Node {
     /// retry of the acquire has come since (see [`AcquireCall`]).
     pub async fn acquire(
         &self,
-        session: SessionId,
+        session: OwnedSession,
         lock: &str,
         wait: bool,
         timeout: Option<Duration>,
@@ -261,7 +348,7 @@ impl Node {
         validate_lock_name(lock)?;
         let mut call = AcquireCall {
             node: self.clone(),
-            session,
+            session: session.id(),
             lock: lock.to_owned(),
             attempt,
             lock_delay_ms: u64::try_from(lock_delay.as_millis()).unwrap_or(u64::MAX),
@@ -295,13 +382,13 @@ impl Node {
 
     pub async fn release(
         &self,
-        session: SessionId,
+        session: OwnedSession,
         lock: &str,
         token: Token,
     ) -> Result<(), ApiError> {
         validate_lock_name(lock)?;
         self.propose(Command::Release {
-            session,
+            session: session.id(),
             lock: lock.to_owned(),
             token,
         })

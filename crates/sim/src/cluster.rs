@@ -3,7 +3,7 @@
 
 use crate::disk::SimDisk;
 use crate::network::{address, Fabric, Reachable, SimNetwork};
-use deadbolt_server::embedded::{Api, Clock, EmbeddedNode, NodeId};
+use deadbolt_server::embedded::{Api, Clock, EmbeddedNode, NodeId, SecretSource};
 use deadbolt_server::RaftTiming;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -26,6 +26,8 @@ pub struct SimCluster {
     /// Some node ran with a clock outside the bound that lease timing
     /// assumes (`CLOCK_DRIFT_BOUND`).
     pub clock_faulted: bool,
+    /// Session secrets for every node's API, from the seed.
+    secrets: SecretSource,
 }
 
 /// What a damaged disk lost or changed (`SimCluster::damage`).
@@ -69,10 +71,12 @@ struct Running {
 
 impl SimCluster {
     /// Starts `size` nodes on blank disks and forms them into one cluster.
+    /// Their APIs draw session secrets from `secrets`.
     pub async fn form(
         size: u64,
         clock_faults: bool,
         fabric: Arc<Fabric>,
+        secrets: SecretSource,
     ) -> anyhow::Result<SimCluster> {
         let mut cluster = SimCluster {
             fabric,
@@ -80,6 +84,7 @@ impl SimCluster {
             incarnations: 0,
             clock_faults,
             clock_faulted: false,
+            secrets,
         };
         for id in 1..=size {
             cluster.slots.insert(
@@ -134,7 +139,7 @@ impl SimCluster {
             Reachable {
                 incarnation,
                 raft: node.raft().clone(),
-                api: Api::new(node.node().clone()),
+                api: Api::new(node.node().clone(), self.secrets.clone()),
                 crashed: crashed_rx,
             },
         );

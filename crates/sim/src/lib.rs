@@ -28,7 +28,7 @@ use cluster::SimCluster;
 use deadbolt_nemesis::checker::{check, Finals, Violation};
 use deadbolt_nemesis::history::{Accepted, Record};
 use deadbolt_proto::v1::{LockHistoryRequest, StoreGetRequest};
-use deadbolt_server::embedded::seed_raft_rng;
+use deadbolt_server::embedded::{seed_raft_rng, SecretSource};
 use network::Fabric;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -57,6 +57,9 @@ impl Default for SimOptions {
         }
     }
 }
+
+/// Mixed into the seed for the session secrets' random stream.
+const SECRETS_STREAM: u64 = 0x5ec2_e75e_c2e7_5ec2;
 
 /// After the faults stop, every lock must see a complete round within this.
 const LIVENESS_BOUND: Duration = Duration::from_secs(10);
@@ -114,7 +117,10 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     // Half the runs keep every clock within the drift bound, so that the
     // lease timing can be checked.
     let clock_faults = rng.gen_bool(0.5);
-    let mut cluster = SimCluster::form(nodes, clock_faults, fabric.clone())
+    // Session secrets from a stream of their own, so that drawing them
+    // moves no other random choice.
+    let secrets = SecretSource::seeded(seed ^ SECRETS_STREAM);
+    let mut cluster = SimCluster::form(nodes, clock_faults, fabric.clone(), secrets)
         .await
         .expect("a new simulated cluster forms");
     let locks: Vec<String> = (0..rng.gen_range(1..=3))

@@ -238,6 +238,8 @@ impl Router {
 /// An open session and the task that keeps it alive.
 struct Session {
     id: u64,
+    /// Every call on the session carries it.
+    secret: String,
     lost: Arc<AtomicBool>,
     keepalive: tokio::task::JoinHandle<()>,
 }
@@ -327,18 +329,21 @@ impl Client {
                 },
             };
             let lock = self.locks[self.rng.gen_range(0..self.locks.len())].clone();
-            if self.round(current.id, &lock).await {
+            if self.round(&current, &lock).await {
                 session = Some(current);
             } else {
                 // A grant we may not know of may be held by this session:
                 // end it (the lease ends it anyway, if this is lost too).
-                let id = current.id;
+                let close = CloseSessionRequest {
+                    session_id: current.id,
+                    session_secret: current.secret.clone(),
+                };
                 drop(current);
                 let _ = self
                     .router
-                    .send(|api| async move {
-                        api.close_session(CloseSessionRequest { session_id: id })
-                            .await
+                    .send(|api| {
+                        let close = close.clone();
+                        async move { api.close_session(close).await }
                     })
                     .await;
             }
@@ -356,7 +361,10 @@ impl Client {
         self.history.lease_renewed(opened.session_id, sent);
         let lost = Arc::new(AtomicBool::new(false));
         let keepalive = tokio::spawn(keep_alive(
-            opened.session_id,
+            KeepAliveRequest {
+                session_id: opened.session_id,
+                session_secret: opened.session_secret.clone(),
+            },
             self.router.clone(),
             self.history.clone(),
             self.paused_until.clone(),
@@ -364,23 +372,26 @@ impl Client {
         ));
         Some(Session {
             id: opened.session_id,
+            secret: opened.session_secret,
             lost,
             keepalive,
         })
     }
 
     /// Acquire, two increments, release. False if the session is in doubt.
-    async fn round(&mut self, session_id: u64, lock: &str) -> bool {
+    async fn round(&mut self, session: &Session, lock: &str) -> bool {
+        let (session_id, secret) = (session.id, session.secret.as_str());
         let mut acquire = self.start(Op::Acquire, lock, None);
         self.attempts += 1;
         let attempt = self.attempts;
         let acquired = self
             .router
             .send(|api| {
-                let lock = lock.to_owned();
+                let (lock, session_secret) = (lock.to_owned(), secret.to_owned());
                 async move {
                     api.acquire(AcquireRequest {
                         session_id,
+                        session_secret,
                         lock,
                         wait: true,
                         timeout_ms: Some(ACQUIRE_WAIT.as_millis() as u64),
@@ -418,10 +429,11 @@ impl Client {
         let released = self
             .router
             .send(|api| {
-                let lock = lock.to_owned();
+                let (lock, session_secret) = (lock.to_owned(), secret.to_owned());
                 async move {
                     api.release(ReleaseRequest {
                         session_id,
+                        session_secret,
                         lock,
                         token,
                     })
@@ -521,12 +533,13 @@ impl Client {
 /// Marks it lost once the server refuses it, or once a TTL has passed since
 /// the last acknowledged keepalive was sent.
 async fn keep_alive(
-    session_id: u64,
+    request: KeepAliveRequest,
     mut router: Router,
     history: History,
     paused_until: Arc<Mutex<Instant>>,
     lost: Arc<AtomicBool>,
 ) {
+    let session_id = request.session_id;
     let mut last_acknowledged_send = Instant::now();
     loop {
         tokio::time::sleep(SESSION_TTL / 3).await;
@@ -540,7 +553,10 @@ async fn keep_alive(
         let sent = Instant::now();
         let sent_ns = now_ns();
         let renewed = router
-            .send(|api| async move { api.keep_alive(KeepAliveRequest { session_id }).await })
+            .send(|api| {
+                let request = request.clone();
+                async move { api.keep_alive(request).await }
+            })
             .await;
         match renewed {
             Ok(_) => {

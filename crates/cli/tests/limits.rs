@@ -1,0 +1,160 @@
+//! What one client can hold is bounded: slow or silent connections are
+//! closed, stalled bodies answered 408, connections past the limit wait in
+//! the backlog instead of costing a file each, and a typo in a request body
+//! is refused rather than silently changing its meaning.
+//!
+//! These need real sockets and a real server, so they run on the wall
+//! clock, with timeouts set low by flags and generous deadlines.
+
+mod common;
+
+use common::{http, TestServer};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+fn server_with(flags: &[&str]) -> (tempfile::TempDir, TestServer) {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let server = TestServer::start_with(&dir.path().join("data"), addr, flags);
+    (dir, server)
+}
+
+/// Reads until the server closes the connection (or `within` passes);
+/// what it sent.
+fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Option<String> {
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut got = Vec::new();
+    match stream.read_to_end(&mut got) {
+        Ok(_) => Some(String::from_utf8_lossy(&got).into_owned()),
+        // A reset is a close too.
+        Err(err) if err.kind() == std::io::ErrorKind::ConnectionReset => {
+            Some(String::from_utf8_lossy(&got).into_owned())
+        }
+        Err(_) => None,
+    }
+}
+
+/// The black-box finding: 500 connections trickling one header byte a
+/// second were never closed (0 of 500 after 40 s).
+#[test]
+fn connections_trickling_headers_or_silent_are_closed() {
+    let (_dir, server) = server_with(&["--header-read-timeout", "1s"]);
+    let mut trickling: Vec<TcpStream> = (0..20)
+        .map(|_| {
+            let mut stream = TcpStream::connect(server.addr).unwrap();
+            stream.write_all(b"GET /health HTTP/1.1\r\nHo").unwrap();
+            stream
+        })
+        .collect();
+    let mut silent: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(server.addr).unwrap())
+        .collect();
+    let started = Instant::now();
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(250));
+        for stream in &mut trickling {
+            let _ = stream.write_all(b"s");
+        }
+    }
+    for stream in trickling.iter_mut().chain(silent.iter_mut()) {
+        let answer = read_until_closed(stream, Duration::from_secs(10));
+        assert!(
+            answer.is_some(),
+            "a slow connection was still open after {:?}",
+            started.elapsed()
+        );
+        assert!(
+            !answer.unwrap().contains("200 OK"),
+            "a slow request was served"
+        );
+    }
+    // And the server serves everyone else.
+    assert_eq!(http(server.addr, "GET", "/health", None).unwrap().0, 200);
+}
+
+/// The black-box finding: a request declaring `Content-Length: 3000000`
+/// and sending nothing was held open forever.
+#[test]
+fn a_stalled_request_body_is_answered_408() {
+    let (_dir, server) = server_with(&["--body-read-timeout", "1s"]);
+    let mut stream = TcpStream::connect(server.addr).unwrap();
+    stream
+        .write_all(
+            b"POST /v1/session/open HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 3000000\r\n\r\n{\"ttl_ms\":",
+        )
+        .unwrap();
+    let answer = read_until_closed(&mut stream, Duration::from_secs(10)).expect("still open");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("--body-read-timeout"), "{answer}");
+}
+
+/// Past `--max-connections`, a new connection waits in the listen backlog
+/// and is served as soon as another ends, rather than costing a file
+/// descriptor (at the open-file limit, held connections locked everyone
+/// out).
+#[test]
+fn connections_past_the_limit_wait_and_are_served_when_one_ends() {
+    let (_dir, server) = server_with(&["--max-connections", "4", "--header-read-timeout", "60s"]);
+    let mut held: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(server.addr).unwrap())
+        .collect();
+    // Give the server a moment to accept all four.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut waiting = TcpStream::connect(server.addr).unwrap();
+    waiting
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    assert_eq!(
+        read_until_closed(&mut waiting, Duration::from_millis(800)),
+        None,
+        "a fifth connection was served past --max-connections 4"
+    );
+    drop(held.pop());
+    let answer = read_until_closed(&mut waiting, Duration::from_secs(10)).expect("never served");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+/// A typo must not change meaning: `"wiat": true` was ignored (a blocking
+/// acquire silently became non-blocking), and `{...}xyz` or two documents
+/// were executed.
+#[test]
+fn request_bodies_with_unknown_fields_or_trailing_bytes_are_refused() {
+    let (_dir, server) = server_with(&[]);
+    let cases: [(&[u8], &str); 4] = [
+        (br#"{"ttl_ms":30000,"wiat":true}"#, "unknown field wiat"),
+        (
+            br#"{"ttl_ms":30000}xyz"#,
+            "something follows the JSON document",
+        ),
+        (
+            br#"{"ttl_ms":30000}{"ttl_ms":30000}"#,
+            "something follows the JSON document",
+        ),
+        (br#"{"ttl_ms":"30000"}"#, "ttl_ms"),
+    ];
+    for (body, expected) in cases {
+        let (status, answer) = http(server.addr, "POST", "/v1/session/open", Some(body)).unwrap();
+        assert_eq!(status, 400, "{answer}");
+        assert!(
+            answer.contains(expected),
+            "{}: {answer}",
+            String::from_utf8_lossy(body)
+        );
+    }
+    let (status, answer) = http(server.addr, "GET", "/health", None).unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        answer.contains("\"sessions\":0"),
+        "a refused request opened a session: {answer}"
+    );
+    let (status, answer) = http(
+        server.addr,
+        "POST",
+        "/v1/session/open",
+        Some(br#"{"ttl_ms":30000}"#),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{answer}");
+}
