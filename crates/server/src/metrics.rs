@@ -235,7 +235,13 @@ impl Metrics {
         let calls: Vec<&str> = Call::ALL.iter().map(|call| call.as_str()).collect();
         let kinds: Vec<&str> = ErrorKind::ALL.iter().map(|kind| kind.as_str()).collect();
         Metrics {
-            grants: register(r, "deadbolt_grants", "Locks granted (applied)", None, Counter::default()),
+            grants: register(
+                r,
+                "deadbolt_grants",
+                "Locks granted (applied)",
+                None,
+                Counter::default(),
+            ),
             releases: register(
                 r,
                 "deadbolt_releases",
@@ -243,7 +249,13 @@ impl Metrics {
                 None,
                 Counter::default(),
             ),
-            sessions_opened: register(r, "deadbolt_sessions_opened", "Sessions opened (applied)", None, Counter::default()),
+            sessions_opened: register(
+                r,
+                "deadbolt_sessions_opened",
+                "Sessions opened (applied)",
+                None,
+                Counter::default(),
+            ),
             session_expiries: register(
                 r,
                 "deadbolt_session_expiries",
@@ -339,7 +351,13 @@ impl Metrics {
                 None,
                 Counter::default(),
             ),
-            sessions: register(r, "deadbolt_sessions", "Live sessions in the applied table", None, Gauge::default()),
+            sessions: register(
+                r,
+                "deadbolt_sessions",
+                "Live sessions in the applied table",
+                None,
+                Gauge::default(),
+            ),
             locks_held: register(
                 r,
                 "deadbolt_locks_held",
@@ -354,8 +372,20 @@ impl Metrics {
                 None,
                 Gauge::default(),
             ),
-            term: register(r, "deadbolt_raft_term", "This node's current Raft term", None, Gauge::default()),
-            is_leader: register(r, "deadbolt_raft_is_leader", "1 if this node is the Raft leader, else 0", None, Gauge::default()),
+            term: register(
+                r,
+                "deadbolt_raft_term",
+                "This node's current Raft term",
+                None,
+                Gauge::default(),
+            ),
+            is_leader: register(
+                r,
+                "deadbolt_raft_is_leader",
+                "1 if this node is the Raft leader, else 0",
+                None,
+                Gauge::default(),
+            ),
             has_leader: register(
                 r,
                 "deadbolt_raft_has_leader",
