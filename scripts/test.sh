@@ -3,7 +3,8 @@
 # property, and the end-to-end tests that start real `deadbolt` processes on
 # 127.0.0.1), then a short fault-injection run against a 3-node cluster. Needs a Rust toolchain with rustfmt and clippy;
 # scripts/postgres.sh provides the PostgreSQL server the crates/fence tests
-# use (installing Debian's package first when run as root without it).
+# use, and scripts/promtool.sh the promtool the metrics tests check with
+# (each installing Debian's package first when run as root without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,11 @@ postgres_env=$(scripts/postgres.sh)
 eval "$postgres_env"
 # With a server set up, a PostgreSQL test that cannot find it fails instead of skipping.
 export DEADBOLT_REQUIRE_POSTGRES=1
+
+echo "== promtool for the metrics tests (scripts/promtool.sh)"
+# Exported: with DEADBOLT_PROMTOOL set, a metrics test that cannot run it fails instead of skipping.
+promtool_env=$(scripts/promtool.sh)
+eval "$promtool_env"
 
 echo "== cargo test"
 log=$(mktemp)

@@ -55,7 +55,8 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    const ALL: [ErrorKind; 13] = [
+    /// Every kind: what `parse` knows, and the server's error metric's labels.
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::UnknownSession,
         ErrorKind::Busy,
         ErrorKind::NotHolder,

@@ -34,6 +34,7 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/cluster/add", post(add_member))
         .route("/v1/cluster/remove", post(remove_member))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             body_read_timeout,
         ))
@@ -335,4 +336,10 @@ async fn health(State(api): State<Api>) -> (StatusCode, Json<HealthResponse>) {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(health))
+}
+
+/// The Prometheus scrape (see docs/operations.md).
+async fn metrics(State(api): State<Api>) -> impl IntoResponse {
+    let content_type = [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)];
+    (content_type, api.metrics())
 }

@@ -5,6 +5,7 @@
 //! - [`node::Node`]: the operations (open session, acquire, ...), which write
 //!   through the [`proposer`] (group commit) into Raft and read the table;
 //! - [`leases`]: keepalives and expiry on the leader, on a monotonic clock;
+//! - [`metrics`]: what the node counts and times, for Prometheus;
 //! - [`store`]: openraft's log and state machine on redb, around the pure
 //!   `deadbolt_core::LockTable`.
 //!
@@ -19,6 +20,7 @@ mod grpc;
 mod http;
 mod leases;
 mod listener;
+mod metrics;
 mod network;
 mod node;
 mod proposer;
@@ -178,12 +180,14 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     let db = Arc::new(data.db);
     let waits = Arc::new(Waits::default());
     let leases = Arc::new(Leases::new(clock));
+    let metrics = Arc::new(metrics::Metrics::new());
     let observers = Arc::new(Observers {
         waits: waits.clone(),
         leases: leases.clone(),
+        metrics: metrics.clone(),
     });
-    let log_store =
-        LogStore::new(db.clone(), data.witness, io).context("cannot read the raft log")?;
+    let log_store = LogStore::new(db.clone(), data.witness, io, metrics.log_append_seconds())
+        .context("cannot read the raft log")?;
     let state_machine = StateMachineStore::open(db, observers)
         .context("cannot load the snapshot from the data directory")?;
     let table = state_machine.shared();
@@ -192,18 +196,20 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         .context("cannot start raft")?;
     Ok(Node {
         id,
-        proposer: Proposer::start(raft.clone(), clock),
+        proposer: Proposer::start(raft.clone(), clock, metrics.clone()),
         raft,
         table,
         waits,
         leases,
+        metrics,
         ready_to_join: Default::default(),
         tls,
     })
 }
 
 /// Starts what a node does by itself, until `stopped`: following
-/// leadership (lease tracking on and off) and expiring leases.
+/// leadership (lease tracking on and off, leader changes counted) and
+/// expiring leases.
 fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
     let leader = node.clone();
     tokio::spawn(leases::follow_leadership(
@@ -213,6 +219,11 @@ fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
         node.waits.clone(),
         node.table.clone(),
         move || leader.give_up_unclaimed_waits(),
+        stopped.clone(),
+    ));
+    tokio::spawn(metrics::count_leader_changes(
+        node.raft.clone(),
+        node.metrics.clone(),
         stopped.clone(),
     ));
     tokio::spawn(leases::expire_sessions(

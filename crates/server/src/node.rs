@@ -5,8 +5,9 @@
 //! (Raft); reads that decide anything pass a linearizable barrier first.
 
 use crate::leases::{KeepAliveError, Leases};
+use crate::metrics::Metrics;
 use crate::proposer::{ProposeError, Proposer};
-use crate::raft_types::{NodeId, Raft};
+use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::{EventSink, SharedTable};
 use crate::waits::{Subscription, WaitEnd, Waits};
 use deadbolt_core::{
@@ -97,13 +98,23 @@ pub struct Health {
     pub purged_index: u64,
 }
 
-/// Wakes waiters and tracks leases as the state machine applies commands.
+/// Wakes waiters, tracks leases and counts, as the state machine applies
+/// commands.
 pub(crate) struct Observers {
     pub waits: Arc<Waits>,
     pub leases: Arc<Leases>,
+    pub metrics: Arc<Metrics>,
 }
 
 impl EventSink for Observers {
+    fn on_applied(&self, outcomes: &[BatchOutcome], events: &[Event]) {
+        self.metrics.applied(outcomes, events);
+    }
+
+    fn on_snapshot_built(&self, bytes: usize, took: Duration) {
+        self.metrics.snapshot_built(bytes, took);
+    }
+
     fn on_events(&self, events: Vec<Event>) {
         for event in &events {
             self.waits.on_event(event);
@@ -149,6 +160,7 @@ pub struct Node {
     pub(crate) table: SharedTable,
     pub(crate) waits: Arc<Waits>,
     pub(crate) leases: Arc<Leases>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Forming a cluster: this node found no formed cluster among its peers
     /// and waits to be taken in (see `cluster::form`).
     pub(crate) ready_to_join: Arc<std::sync::atomic::AtomicBool>,
@@ -300,6 +312,9 @@ impl Node {
             }
             other => other,
         };
+        if renewed.is_ok() {
+            self.metrics.lease_renewed();
+        }
         renewed.map_err(|err| match err {
             KeepAliveError::NotLeader => self.not_leader("this node is not (yet) the leader"),
             KeepAliveError::Unknown => LockError::UnknownSession(session).into(),
@@ -513,6 +528,11 @@ impl Node {
         self.read_linearizable(|table| table.store().get(key)).await
     }
 
+    /// The Prometheus scrape (see `metrics.rs`).
+    pub fn metrics_text(&self) -> String {
+        self.metrics.render(&self.raft, &self.table)
+    }
+
     pub fn health(&self) -> Health {
         let metrics = self.raft.metrics().borrow().clone();
         let applied = self.table.read().expect("state lock poisoned");
@@ -562,6 +582,15 @@ impl AcquireCall {
     }
 
     async fn wait(&mut self, timeout: Option<Duration>) -> Result<Token, ApiError> {
+        let started = std::time::Instant::now();
+        let answer = self.wait_for_grant(timeout).await;
+        self.node
+            .metrics
+            .acquire_waited(started.elapsed(), answer.is_ok());
+        answer
+    }
+
+    async fn wait_for_grant(&mut self, timeout: Option<Duration>) -> Result<Token, ApiError> {
         let subscription = self.subscription.as_mut().expect("subscribed");
         let ended = match timeout {
             Some(limit) => tokio::time::timeout(limit, &mut subscription.ended)

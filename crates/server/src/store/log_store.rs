@@ -47,6 +47,8 @@ pub struct LogStore {
     witness: Arc<Mutex<WitnessFile>>,
     io: StorageIo,
     compactor: Compactor,
+    /// How long each append took to be durable (the metrics').
+    append_seconds: prometheus_client::metrics::histogram::Histogram,
 }
 
 impl LogStore {
@@ -54,8 +56,10 @@ impl LogStore {
         db: Arc<Database>,
         witness: WitnessFile,
         io: StorageIo,
+        append_seconds: prometheus_client::metrics::histogram::Histogram,
     ) -> Result<Self, StorageError> {
         let store = LogStore {
+            append_seconds,
             compactor: Compactor::start(db.clone(), io),
             witness: Arc::new(Mutex::new(witness)),
             io,
@@ -196,6 +200,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        let started = std::time::Instant::now();
         let written = match self.io {
             StorageIo::Threads => {
                 let (db, witness) = (self.db.clone(), self.witness.clone());
@@ -205,6 +210,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             StorageIo::Inline => append_witnessed(&self.db, &self.witness, &entries),
         };
+        self.append_seconds.observe(started.elapsed().as_secs_f64());
         // Only after the commit (fsync) returned may openraft count these
         // entries as persisted.
         match &written {
@@ -348,7 +354,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let opened = super::super::open_data_dir(dir.path(), 1).unwrap();
         let db = Arc::new(opened.db);
-        let mut store = LogStore::new(db.clone(), opened.witness, StorageIo::Threads).unwrap();
+        let mut store = LogStore::new(
+            db.clone(),
+            opened.witness,
+            StorageIo::Threads,
+            prometheus_client::metrics::histogram::Histogram::new([]),
+        )
+        .unwrap();
         let entries: Vec<_> = (1..=1000).map(entry).collect();
         write_entries(&db, &entries).unwrap();
 

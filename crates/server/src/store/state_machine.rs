@@ -19,10 +19,15 @@ use std::io::Cursor;
 use std::sync::{Arc, RwLock};
 
 /// Told about every event the table produces, right after the entries that
-/// produced them are applied. The server wakes blocked acquirers and starts
-/// or stops lease tracking from here.
+/// produced them are applied. The server wakes blocked acquirers, starts
+/// or stops lease tracking, and counts what happened (metrics) from here.
 pub trait EventSink: Send + Sync + 'static {
     fn on_events(&self, events: Vec<Event>);
+    /// What the entries applied produced, for the metrics: called before
+    /// `on_events` with the same entries' outcomes and events.
+    fn on_applied(&self, outcomes: &[BatchOutcome], events: &[Event]);
+    /// A snapshot of `bytes` was built and written in `took`.
+    fn on_snapshot_built(&self, bytes: usize, took: std::time::Duration);
     /// The table was replaced by a snapshot: no events lead from the old
     /// state to the new one, so observers must rebuild from the table.
     fn on_reset(&self, table: &LockTable);
@@ -131,6 +136,7 @@ pub(super) fn apply_entry(
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let started = std::time::Instant::now();
         let (data, meta) = {
             let state = self.state.read().expect("state lock poisoned");
             let data = bincode::serialize(&state.table)
@@ -148,6 +154,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         };
         let stored = StoredSnapshot { meta, data };
         self.write_snapshot(&stored)?;
+        self.sink
+            .on_snapshot_built(stored.data.len(), started.elapsed());
         Ok(Snapshot {
             meta: stored.meta,
             snapshot: Box::new(Cursor::new(stored.data)),
@@ -171,13 +179,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let mut events = Vec::new();
-        let replies = {
+        let replies: Vec<BatchOutcome> = {
             let mut state = self.state.write().expect("state lock poisoned");
             entries
                 .into_iter()
                 .map(|entry| apply_entry(&mut state, entry, &mut events))
                 .collect()
         };
+        self.sink.on_applied(&replies, &events);
         if !events.is_empty() {
             self.sink.on_events(events);
         }
