@@ -54,13 +54,32 @@ struct Cli {
 
     /// The CA certificate (PEM) that signed the servers' certificates; turns
     /// bare endpoints into https://.
-    #[arg(long, global = true, env = "DEADBOLT_CA", value_name = "FILE")]
+    // Ids of their own: `store put KEY` has a `key` already.
+    #[arg(
+        id = "tls_ca",
+        long = "ca",
+        global = true,
+        env = "DEADBOLT_CA",
+        value_name = "FILE"
+    )]
     ca: Option<PathBuf>,
     /// This client's certificate (PEM), for servers that require one.
-    #[arg(long, global = true, env = "DEADBOLT_CERT", value_name = "FILE")]
+    #[arg(
+        id = "tls_cert",
+        long = "cert",
+        global = true,
+        env = "DEADBOLT_CERT",
+        value_name = "FILE"
+    )]
     cert: Option<PathBuf>,
     /// The key of --cert (PEM).
-    #[arg(long, global = true, env = "DEADBOLT_KEY", value_name = "FILE")]
+    #[arg(
+        id = "tls_key",
+        long = "key",
+        global = true,
+        env = "DEADBOLT_KEY",
+        value_name = "FILE"
+    )]
     key: Option<PathBuf>,
 
     #[command(subcommand)]
@@ -196,4 +215,27 @@ fn main() {
     // Do not wait for background tasks (a watchdog mid-backoff) on the way out.
     runtime.shutdown_timeout(Duration::from_millis(100));
     std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clap checks a command line's definition only when it is parsed: a
+    /// global `--key` whose id clashed with `store put KEY` panicked every
+    /// `deadbolt store` call until this ran.
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        for args in [
+            &["deadbolt", "store", "put", "k", "v", "--token", "1"][..],
+            &[
+                "deadbolt", "--ca", "ca.pem", "--key", "k.pem", "--cert", "c.pem", "status",
+                "--lock", "l",
+            ],
+        ] {
+            Cli::try_parse_from(args).unwrap_or_else(|err| panic!("{args:?}: {err}"));
+        }
+    }
 }

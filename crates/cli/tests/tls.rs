@@ -485,3 +485,49 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
         let _ = node.wait();
     }
 }
+
+/// The Raft service shares the client port, so over TLS it checks who
+/// calls: a client certificate from the cluster's own CA is refused before
+/// the message is even decoded; a node certificate gets through to Raft.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_cannot_speak_raft() {
+    use deadbolt_proto::v1::raft_peer_client::RaftPeerClient;
+    use deadbolt_proto::v1::RaftPayload;
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+    let root = tempfile::tempdir().unwrap();
+    let certs = pki(root.path());
+    let server =
+        tokio::task::block_in_place(|| start(root.path(), "data", &tls_flags(&certs, true)));
+    let read = |name: &str| std::fs::read(certs.join(name)).unwrap();
+    let vote_as = |cert: &str, key: &str| {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read("ca.pem")))
+            .identity(Identity::from_pem(read(cert), read(key)));
+        let endpoint = Endpoint::from_shared(format!("https://{}", server.addr))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap();
+        async move {
+            let channel = endpoint.connect().await.unwrap();
+            RaftPeerClient::new(channel)
+                .vote(RaftPayload {
+                    data: b"forged".to_vec(),
+                })
+                .await
+                .unwrap_err()
+        }
+    };
+    let refused = vote_as("alice.pem", "alice-key.pem").await;
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("not a node certificate"),
+        "{refused:?}"
+    );
+    let undecodable = vote_as("node1.pem", "node1-key.pem").await;
+    assert_eq!(
+        undecodable.code(),
+        tonic::Code::InvalidArgument,
+        "{undecodable:?}"
+    );
+}

@@ -14,7 +14,7 @@
 //! connections wait in the kernel's listen backlog (`backlog`) until one
 //! ends, instead of costing a file descriptor each.
 
-use crate::tls::NodeTls;
+use crate::tls::{NodeTls, TlsClient};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -149,7 +149,7 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let header_read_timeout = limits.header_read_timeout;
@@ -165,6 +165,7 @@ pub async fn serve(
             }
             match tls {
                 None => {
+                    let service = TowerToHyperService::new(app);
                     let connection =
                         builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
                     let _ = watcher.watch(connection.into_owned()).await;
@@ -181,6 +182,15 @@ pub async fn serve(
                         }
                         Err(_) => return drop(slot),
                     };
+                    // Every request on this connection carries who sent it.
+                    let client = TlsClient::from_chain(stream.get_ref().1.peer_certificates());
+                    let service = TowerToHyperService::new(tower::util::MapRequest::new(
+                        app,
+                        move |mut request: hyper::Request<hyper::body::Incoming>| {
+                            request.extensions_mut().insert(client.clone());
+                            request
+                        },
+                    ));
                     let connection =
                         builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
                     let _ = watcher.watch(connection.into_owned()).await;

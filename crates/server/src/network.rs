@@ -7,7 +7,7 @@
 //! side; [`PeerService`] the receiving one.
 
 use crate::raft_types::{NodeId, Raft, TypeConfig};
-use crate::tls::NodeTls;
+use crate::tls::{NodeTls, TlsClient};
 use deadbolt_proto::v1::raft_peer_client::RaftPeerClient;
 use deadbolt_proto::v1::raft_peer_server::RaftPeer;
 use deadbolt_proto::v1::RaftPayload;
@@ -261,6 +261,23 @@ impl PeerService {
         }
     }
 
+    /// Over TLS, only the cluster's nodes may speak Raft: a client
+    /// certificate, even one from the cluster's CA, is refused, so no client
+    /// can forge a vote or an append. Without TLS (loopback, or
+    /// `--insecure`) the peer service is as open as everything else.
+    #[allow(clippy::result_large_err)]
+    fn check_peer<T>(request: &tonic::Request<T>) -> Result<(), tonic::Status> {
+        match request.extensions().get::<TlsClient>() {
+            None | Some(TlsClient { node: true, .. }) => Ok(()),
+            Some(TlsClient { name, .. }) => Err(tonic::Status::permission_denied(format!(
+                "only the cluster's nodes may speak Raft here, and this connection's certificate \
+                 ({}) is not a node certificate (one valid for server authentication, as \
+                 `deadbolt certs node` makes)",
+                name.as_deref().unwrap_or("none")
+            ))),
+        }
+    }
+
     #[allow(clippy::result_large_err)]
     fn check_taking_part(&self) -> Result<(), tonic::Status> {
         let ready = self.ready_to_join.as_ref();
@@ -297,6 +314,7 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        Self::check_peer(&request)?;
         self.check_taking_part()?;
         encode(&self.raft.append_entries(decode(request)?).await)
     }
@@ -305,6 +323,7 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        Self::check_peer(&request)?;
         self.check_taking_part()?;
         encode(&self.raft.vote(decode(request)?).await)
     }
@@ -313,6 +332,7 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        Self::check_peer(&request)?;
         self.check_taking_part()?;
         encode(&self.raft.install_snapshot(decode(request)?).await)
     }

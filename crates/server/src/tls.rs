@@ -20,6 +20,42 @@ use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
+/// Who is at the other end of a TLS connection, from the certificate it
+/// showed; put into every request's extensions by the listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsClient {
+    /// The certificate's common name; `None` without a client certificate.
+    pub name: Option<String>,
+    /// A node certificate: valid for server authentication (what `deadbolt
+    /// certs node` makes, and what a node needs to serve TLS at all).
+    /// Client certificates (`deadbolt certs client`) are not.
+    pub node: bool,
+}
+
+impl TlsClient {
+    /// From the certificates a client showed (its own first); a certificate
+    /// rustls accepted but x509-parser cannot read counts as none.
+    pub fn from_chain(chain: Option<&[CertificateDer<'_>]>) -> TlsClient {
+        let parsed = chain
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| x509_parser::parse_x509_certificate(leaf).ok());
+        let Some((_, cert)) = parsed else {
+            return TlsClient {
+                name: None,
+                node: false,
+            };
+        };
+        let name = cert
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .map(str::to_owned);
+        let node = matches!(cert.extended_key_usage(), Ok(Some(usage)) if usage.value.server_auth);
+        TlsClient { name, node }
+    }
+}
+
 /// The files a TLS node is started with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
