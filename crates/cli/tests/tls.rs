@@ -379,7 +379,8 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
         .map(|(i, a)| format!("{}={a}", i + 1))
         .collect::<Vec<_>>()
         .join(",");
-    let mut nodes: Vec<Option<Child>> = (0..3)
+    // Killed when dropped, also when an assertion below fails.
+    let mut nodes: Vec<Option<Server>> = (0..3)
         .map(|i| {
             let mut flags = tls_flags(&certs, true);
             flags.extend([
@@ -388,18 +389,19 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
                 "--initial-cluster".into(),
                 members.clone(),
             ]);
-            Some(
-                Command::new(BIN)
-                    .args(["server", "--listen", &addrs[i].to_string(), "--data-dir"])
-                    .arg(root.path().join(format!("node{}", i + 1)))
-                    .args(&flags)
-                    .stderr(
-                        std::fs::File::create(root.path().join(format!("node{}.log", i + 1)))
-                            .unwrap(),
-                    )
-                    .spawn()
-                    .unwrap(),
-            )
+            let log = root.path().join(format!("node{}.log", i + 1));
+            let child = Command::new(BIN)
+                .args(["server", "--listen", &addrs[i].to_string(), "--data-dir"])
+                .arg(root.path().join(format!("node{}", i + 1)))
+                .args(&flags)
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            Some(Server {
+                addr: addrs[i],
+                child,
+                log,
+            })
         })
         .collect();
     let endpoint = addrs
@@ -456,9 +458,7 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
         .parse()
         .unwrap();
 
-    let mut old_leader = nodes[(leader - 1) as usize].take().unwrap();
-    old_leader.kill().unwrap();
-    old_leader.wait().unwrap();
+    drop(nodes[(leader - 1) as usize].take());
     // The holder's session lapses (2 s TTL) and a new leader grants anew.
     let deadline = Instant::now() + Duration::from_secs(30);
     let second = loop {
@@ -480,10 +480,6 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
         .parse()
         .unwrap();
     assert!(second_token > first_token);
-    for node in nodes.iter_mut().flatten() {
-        let _ = node.kill();
-        let _ = node.wait();
-    }
 }
 
 /// The Raft service shares the client port, so over TLS it checks who
