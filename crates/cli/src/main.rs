@@ -56,7 +56,7 @@ struct Cli {
     /// bare endpoints into https://.
     // Ids of their own: `store put KEY` has a `key` already.
     #[arg(
-        id = "tls_ca",
+        id = "client_ca",
         long = "ca",
         global = true,
         env = "DEADBOLT_CA",
@@ -65,7 +65,7 @@ struct Cli {
     ca: Option<PathBuf>,
     /// This client's certificate (PEM), for servers that require one.
     #[arg(
-        id = "tls_cert",
+        id = "client_cert",
         long = "cert",
         global = true,
         env = "DEADBOLT_CERT",
@@ -74,7 +74,7 @@ struct Cli {
     cert: Option<PathBuf>,
     /// The key of --cert (PEM).
     #[arg(
-        id = "tls_key",
+        id = "client_key",
         long = "key",
         global = true,
         env = "DEADBOLT_KEY",
@@ -237,5 +237,16 @@ mod tests {
         ] {
             Cli::try_parse_from(args).unwrap_or_else(|err| panic!("{args:?}: {err}"));
         }
+        // The server's own TLS flags are not the client's.
+        let server = [
+            "deadbolt",
+            "server",
+            "--tls-cert",
+            "n.pem",
+            "--tls-key",
+            "n-key.pem",
+        ];
+        let cli = Cli::try_parse_from(server).unwrap();
+        assert_eq!((cli.ca, cli.cert, cli.key), (None, None, None));
     }
 }
