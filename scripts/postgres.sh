@@ -34,6 +34,8 @@ PORT_TRIES=100
 
 log() { echo "postgres.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=scripts/apt-install.sh
+source "$(dirname "$0")/apt-install.sh"
 
 if [[ $(id -u) == 0 ]]; then
     # PostgreSQL refuses to run as root; Debian's package creates this user.
@@ -77,18 +79,6 @@ find_pgbin() {
     return 1
 }
 
-install_postgres() {
-    [[ $(id -u) == 0 ]] || die "PostgreSQL is not installed (no initdb/pg_ctl on PATH or in /usr/lib/postgresql/*/bin); install it (e.g. apt-get install postgresql) or run this as root"
-    command -v apt-get >/dev/null 2>&1 || die "PostgreSQL is not installed and there is no apt-get to install it with"
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-cache show postgresql >/dev/null 2>&1; then
-        log "apt does not know postgresql yet: apt-get update"
-        timeout 600 apt-get update >&2 || die "apt-get update failed or took over 10 minutes"
-    fi
-    log "installing postgresql with apt-get"
-    timeout 900 apt-get install -y --no-install-recommends postgresql >&2 \
-        || die "apt-get install postgresql failed or took over 15 minutes"
-}
 
 port_in_use() {
     # Anything accepting a TCP connection there, ours or not.
@@ -196,7 +186,7 @@ main() {
 
     if ! PGBIN=$(find_pgbin); then
         [[ $cmd == stop ]] && { rm -rf "$DIR"; return 0; }
-        install_postgres
+        apt_install postgresql "PostgreSQL is not installed (no initdb/pg_ctl on PATH or in /usr/lib/postgresql/*/bin)"
         PGBIN=$(find_pgbin) || die "installed postgresql but found no initdb/pg_ctl in /usr/lib/postgresql/*/bin"
     fi
 

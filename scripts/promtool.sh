@@ -14,23 +14,13 @@ set -euo pipefail
 
 log() { echo "promtool.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=scripts/apt-install.sh
+source "$(dirname "$0")/apt-install.sh"
 
-install_promtool() {
-    [[ $(id -u) == 0 ]] || die "promtool is not installed (not on PATH); install Debian's prometheus package (apt-get install prometheus) or run this as root"
-    command -v apt-get >/dev/null 2>&1 || die "promtool is not installed and there is no apt-get to install it with"
-    export DEBIAN_FRONTEND=noninteractive
-    if ! apt-cache show prometheus >/dev/null 2>&1; then
-        log "apt does not know prometheus yet: apt-get update"
-        timeout 600 apt-get update >&2 || die "apt-get update failed or took over 10 minutes"
-    fi
-    log "installing prometheus (for promtool) with apt-get"
-    timeout 900 apt-get install -y --no-install-recommends prometheus >&2 \
-        || die "apt-get install prometheus failed or took over 15 minutes"
-}
 
 main() {
     if ! command -v promtool >/dev/null 2>&1; then
-        install_promtool
+        apt_install prometheus "promtool is not installed (not on PATH)"
         command -v promtool >/dev/null 2>&1 || die "installed prometheus but found no promtool on PATH"
     fi
     local promtool
