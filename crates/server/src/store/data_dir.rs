@@ -74,6 +74,13 @@ pub enum DataDirError {
     #[error("{path} is damaged ({reason}). {RECOVERY}")]
     Damaged { path: PathBuf, reason: String },
     #[error(
+        "cannot open {path}: {source}; check its permissions and that its file system is mounted"
+    )]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
         "{path} holds the data of node {found}, not of node {expected}: check --node-id and --data-dir"
     )]
     NodeMismatch {
@@ -150,9 +157,9 @@ impl Disk for DirDisk {
     }
 
     fn db_read_only(&self) -> Result<Box<dyn StorageBackend>, DataDirError> {
-        let file = File::open(self.db_path()).map_err(|e| DataDirError::Damaged {
+        let file = File::open(self.db_path()).map_err(|source| DataDirError::Open {
             path: self.db_path(),
-            reason: e.to_string(),
+            source,
         })?;
         Ok(Box::new(
             FileBackend::new(file).map_err(|e| self.in_use_or(e))?,
@@ -174,12 +181,7 @@ impl Disk for DirDisk {
         {
             Ok(file) => file,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(err) => {
-                return Err(DataDirError::Damaged {
-                    path,
-                    reason: err.to_string(),
-                })
-            }
+            Err(source) => return Err(DataDirError::Open { path, source }),
         };
         Ok(Some(Box::new(
             FileBackend::new(file).map_err(|e| self.in_use_or(e))?,
@@ -503,6 +505,18 @@ mod tests {
             std::fs::read(dir.path().join(DB_FILE)).unwrap(),
             vec![0x5a; 64 * 1024]
         );
+    }
+
+    #[test]
+    fn an_unreadable_directory_is_refused_as_unreadable_not_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(dir.path()).unwrap());
+        let witness = dir.path().join(WITNESS_FILE);
+        std::fs::remove_file(&witness).unwrap();
+        std::fs::create_dir(&witness).unwrap();
+        let err = open(dir.path()).err().unwrap();
+        assert!(matches!(err, DataDirError::Open { .. }), "{err}");
+        assert!(err.to_string().contains("cannot open"), "{err}");
     }
 
     #[test]
