@@ -408,3 +408,34 @@ async fn sigterm_shuts_down_gracefully() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
+
+/// A gRPC request message that does not decode is the caller's fault:
+/// tonic's INTERNAL (which reads as the server's) becomes INVALID_ARGUMENT
+/// with the `deadbolt-error` kind, as every other refusal. Sent with curl,
+/// as a stranger's client would.
+#[test]
+fn an_undecodable_grpc_request_is_invalid_argument_not_internal() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    // One uncompressed message of 3 bytes that are no protobuf.
+    let garbage = dir.path().join("garbage.bin");
+    std::fs::write(&garbage, b"\x00\x00\x00\x00\x03\xff\xff\xff").unwrap();
+    let out = Command::new("curl")
+        .args(["-sS", "-i", "--http2-prior-knowledge", "--max-time", "10"])
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg("--data-binary")
+        .arg(format!("@{}", garbage.display()))
+        .arg(format!(
+            "http://{}/deadbolt.v1.Deadbolt/OpenSession",
+            server.addr
+        ))
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(answer.contains("grpc-status: 3"), "{answer}");
+    assert!(
+        answer.contains("deadbolt-error: invalid_argument"),
+        "{answer}"
+    );
+    assert!(answer.contains("decode"), "{answer}");
+}

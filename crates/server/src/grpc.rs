@@ -37,6 +37,41 @@ pub fn router(
     .add_service(ClusterServer::new(GrpcApi::new(api, stopping)))
     .add_service(peers)
     .into_axum_router()
+    .layer(axum::middleware::map_response(
+        undecodable_requests_are_invalid_arguments,
+    ))
+}
+
+/// tonic answers a request message it cannot decode with INTERNAL, which
+/// reads as the server's fault; it is the caller's. Such a refusal comes as
+/// a trailers-only response (its status in the headers), which is rewritten
+/// to INVALID_ARGUMENT with the `deadbolt-error` kind every other refusal
+/// carries. (A bad message later in the `Calls` stream is answered by id;
+/// see `calls.rs`.)
+async fn undecodable_requests_are_invalid_arguments(
+    mut response: axum::response::Response,
+) -> axum::response::Response {
+    use axum::http::HeaderValue;
+    let headers = response.headers_mut();
+    let internal = headers
+        .get("grpc-status")
+        .is_some_and(|status| status == "13");
+    let undecodable = headers
+        .get("grpc-message")
+        .and_then(|message| message.to_str().ok())
+        .is_some_and(|message| message.contains("decode"));
+    if internal && undecodable {
+        let invalid = (Status::invalid_argument("").code() as i32).to_string();
+        headers.insert(
+            "grpc-status",
+            HeaderValue::from_str(&invalid).expect("a number"),
+        );
+        headers.insert(
+            deadbolt_proto::ERROR_KIND_KEY,
+            HeaderValue::from_static(deadbolt_proto::ErrorKind::InvalidArgument.as_str()),
+        );
+    }
+    response
 }
 
 pub struct GrpcApi {
