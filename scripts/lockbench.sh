@@ -235,7 +235,7 @@ start_deadbolt() {
     return 1
   fi
   rm -rf "$SCRATCH/deadbolt-data"
-  "$DEADBOLT" server --listen "$DEADBOLT_ADDR" --data-dir "$SCRATCH/deadbolt-data" --log-json \
+  "$DEADBOLT" server --listen "$DEADBOLT_ADDR" --data-dir "$SCRATCH/deadbolt-data" --log-format json \
     >"$RES/deadbolt-server-$STAMP.log" 2>&1 &
   DEADBOLT_PID=$!
   for _ in $(seq 1 100); do

@@ -4,6 +4,8 @@ use deadbolt_client::{Error, ErrorKind};
 
 pub const OK: i32 = 0;
 pub const FAILURE: i32 = 1;
+/// A command line (or config file) that does not parse, as clap exits.
+pub const USAGE: i32 = 2;
 /// EX_UNAVAILABLE from sysexits.h.
 pub const UNREACHABLE: i32 = 69;
 /// EX_TEMPFAIL: try again later.

@@ -6,6 +6,7 @@
 mod bench;
 mod certs;
 mod cluster;
+mod config;
 mod data;
 mod demo;
 mod exit;
@@ -170,7 +171,24 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let command = <Cli as clap::CommandFactory>::command();
+    let with_file = match config::with_config_file(&command, std::env::args_os().collect()) {
+        Ok(with_file) => with_file,
+        Err(err) => {
+            eprintln!("deadbolt server: {err}");
+            std::process::exit(exit::USAGE);
+        }
+    };
+    let cli = match Cli::try_parse_from(&with_file.argv) {
+        Ok(cli) => cli,
+        Err(err) => match config::blame(&err, &with_file) {
+            Some(message) => {
+                eprintln!("deadbolt server: {message}");
+                std::process::exit(exit::USAGE);
+            }
+            None => err.exit(),
+        },
+    };
     match cli.command {
         // No runtime, no threads: this process only waits and forwards.
         Command::Guard(args) => std::process::exit(guard::main(args)),

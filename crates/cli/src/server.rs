@@ -11,6 +11,11 @@ use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct ServerArgs {
+    /// Read any of these flags from a TOML file (`listen = "..."`,
+    /// `election-timeout = "300ms"`, `join = true`). A flag on the command
+    /// line wins over its environment variable, which wins over the file.
+    #[arg(long, env = "DEADBOLT_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Address for both the gRPC and the HTTP API.
     #[arg(long, default_value = "127.0.0.1:7070", env = "DEADBOLT_LISTEN")]
     listen: SocketAddr,
@@ -93,13 +98,13 @@ pub struct ServerArgs {
     /// no authentication. Only on a network you trust completely.
     #[arg(long, conflicts_with = "tls_cert")]
     insecure: bool,
-    /// Log as JSON lines instead of human-readable text.
-    #[arg(long)]
-    log_json: bool,
+    /// `text` for people, `json` (one object a line) for log shippers.
+    #[arg(long, value_enum, default_value = "text", env = "DEADBOLT_LOG_FORMAT")]
+    log_format: LogFormat,
 }
 
 pub async fn main(args: ServerArgs) -> i32 {
-    init_logging(args.log_json);
+    init_logging(args.log_format);
     let config = ServerConfig {
         node_id: args.node_id,
         listen: args.listen,
@@ -156,7 +161,14 @@ fn parse_initial_cluster(text: &str) -> Result<InitialCluster, String> {
     text.parse()
 }
 
-fn init_logging(json: bool) {
+/// How the server writes its log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "info,openraft=warn".into());
     // Colours only for a person at a terminal, not in a log file.
@@ -164,7 +176,7 @@ fn init_logging(json: bool) {
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    if json {
+    if format == LogFormat::Json {
         builder.json().init();
     } else {
         builder.init();
