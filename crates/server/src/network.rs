@@ -337,3 +337,40 @@ impl RaftPeer for PeerService {
         encode(&self.raft.install_snapshot(decode(request)?).await)
     }
 }
+
+/// A peer connection's bytes are untrusted until decoded: any payload gives
+/// a message or `invalid_argument`, never a panic or an unbounded
+/// allocation (bincode reads lengths against the bytes it was given).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+    use proptest::prelude::*;
+
+    fn decode_all(data: Vec<u8>) {
+        let request = || tonic::Request::new(RaftPayload { data: data.clone() });
+        let _ = decode::<AppendEntriesRequest<TypeConfig>>(request());
+        let _ = decode::<VoteRequest<NodeId>>(request());
+        let _ = decode::<InstallSnapshotRequest<TypeConfig>>(request());
+    }
+
+    proptest! {
+        #[test]
+        fn untrusted_peer_messages_of_random_bytes_never_panic(data in prop::collection::vec(any::<u8>(), 0..512)) {
+            decode_all(data);
+        }
+
+        /// Lengths near the top of u64 up front, where a careless decoder
+        /// would try to allocate them.
+        #[test]
+        fn untrusted_peer_messages_claiming_huge_lengths_never_allocate_them(
+            prefix in prop::collection::vec(any::<u8>(), 0..24),
+            tail in prop::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let mut data = prefix;
+            data.extend_from_slice(&[0xff; 8]);
+            data.extend(tail);
+            decode_all(data);
+        }
+    }
+}

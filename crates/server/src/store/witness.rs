@@ -268,6 +268,21 @@ mod tests {
         assert!(WitnessFile::read(Box::new(disk)).is_err());
     }
 
+    proptest::proptest! {
+        /// A witness file is read from disk, where anything may have
+        /// happened to it: any bytes give a witness or a refusal, never a
+        /// panic.
+        #[test]
+        fn untrusted_witness_files_of_random_bytes_never_panic(
+            bytes in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..(2 * SLOT as usize + 64)),
+        ) {
+            let disk = Shared::default();
+            disk.set_len(bytes.len() as u64).unwrap();
+            disk.write(0, &bytes).unwrap();
+            let _ = WitnessFile::read(Box::new(disk));
+        }
+    }
+
     #[test]
     fn a_database_behind_the_witness_is_refused() {
         let mut witness = Witness::new(1);
