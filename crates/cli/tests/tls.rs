@@ -98,6 +98,15 @@ fn curl(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The token `deadbolt acquire` printed (`HANDLE TOKEN`).
+fn granted_token(out: &Output) -> u64 {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let token = stdout.split_whitespace().last();
+    token
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no token in {stdout:?}"))
+}
+
 fn text(out: &Output) -> String {
     format!(
         "{}{}",
@@ -454,12 +463,7 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
     };
     let first = run(&["acquire", "--lock", "ha", "--ttl", "2s"]);
     assert!(first.status.success(), "{}\n{}", text(&first), logs());
-    let first_token: u64 = String::from_utf8_lossy(&first.stdout)
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let first_token = granted_token(&first);
 
     drop(nodes[(leader - 1) as usize].take());
     // The holder's session lapses (2 s TTL) and a new leader grants anew.
@@ -476,12 +480,7 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
             logs()
         );
     };
-    let second_token: u64 = String::from_utf8_lossy(&second.stdout)
-        .split_whitespace()
-        .last()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let second_token = granted_token(&second);
     assert!(second_token > first_token);
 }
 
