@@ -135,6 +135,13 @@ async fn status(client: &Client, endpoints: &Endpoints, json: bool) -> i32 {
                 ),
             }
         }
+        if view.transport_security == "none" && view.members.len() > 1 {
+            eprintln!(
+                "deadbolt: WARNING: this cluster runs without TLS: its peers are \
+                 unauthenticated, and anything that can reach a node's port can speak Raft to \
+                 it (docs/security.md)"
+            );
+        }
         if !healthy {
             eprintln!(
                 "deadbolt: the cluster is degraded ({} leader(s) seen, {} of {} members answer)",

@@ -11,6 +11,8 @@ pub const UNREACHABLE: i32 = 69;
 /// EX_TEMPFAIL: try again later.
 pub const BUSY: i32 = 75;
 pub const LOCK_LOST: i32 = 76;
+/// EX_NOPERM: no valid credentials, or no permission for this.
+pub const NOT_PERMITTED: i32 = 77;
 
 /// Prints the error and returns its exit code.
 pub fn report(err: &Error) -> i32 {
@@ -26,6 +28,7 @@ pub fn code_of(err: &Error) -> i32 {
         | ErrorKind::NotHolder
         | ErrorKind::UnknownSession
         | ErrorKind::SessionExpiring => LOCK_LOST,
+        ErrorKind::PermissionDenied | ErrorKind::Unauthenticated => NOT_PERMITTED,
         _ => FAILURE,
     }
 }

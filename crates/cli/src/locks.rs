@@ -266,18 +266,23 @@ pub async fn history(endpoints: &Endpoints, args: HistoryArgs) -> i32 {
             return;
         }
         println!(
-            "{:>10}  {:24}  {:>8}  {:>12}  WHAT",
-            "SEQ", "TIME (UTC)", "SESSION", "TOKEN"
+            "{:>10}  {:24}  {:>8}  {:>12}  {:10}  IDENTITY",
+            "SEQ", "TIME (UTC)", "SESSION", "TOKEN", "WHAT"
         );
         for entry in entries {
             let at = std::time::UNIX_EPOCH + Duration::from_millis(entry.at_ms);
             println!(
-                "{:>10}  {:24}  {:>8}  {:>12}  {}",
+                "{:>10}  {:24}  {:>8}  {:>12}  {:10}  {}",
                 entry.seq,
                 humantime::format_rfc3339_millis(at).to_string(),
                 entry.session_id,
                 entry.token,
-                entry.what
+                entry.what,
+                if entry.identity.is_empty() {
+                    "-"
+                } else {
+                    &entry.identity
+                }
             );
         }
     }))

@@ -3,6 +3,7 @@
 //! Exit codes are part of the interface (scripts and cron wrappers branch on
 //! them); see [`exit`].
 
+mod acl;
 mod bench;
 mod certs;
 mod cluster;
@@ -31,6 +32,8 @@ Exit codes:
   76    the lock was lost (the lease could not be renewed) while running,
         or a token is stale or a session unknown (release, keepalive,
         store put/get/delete, check)
+  77    not permitted: no valid access token or certificate, no permission
+        for this lock or key, or another client's session
   69    the Deadbolt server could not be reached
   1     any other error (bad input, refused request), with a message
   2     invalid command line";
@@ -82,6 +85,18 @@ struct Cli {
         value_name = "FILE"
     )]
     key: Option<PathBuf>,
+    /// The access token to send with every call (from `deadbolt acl
+    /// bootstrap` or `deadbolt acl token create`), for a cluster with
+    /// access control on. Prefer the environment variable: a flag shows in
+    /// `ps`. (Not a fencing token: those are `--token`.)
+    #[arg(
+        long,
+        global = true,
+        env = "DEADBOLT_ACCESS_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    access_token: Option<String>,
 
     #[command(subcommand)]
     command: Command,
@@ -92,16 +107,19 @@ struct Cli {
 pub struct Endpoints {
     urls: Vec<String>,
     tls: TlsOptions,
+    access_token: Option<String>,
 }
 
 impl Endpoints {
     pub async fn connect(&self) -> Result<Client, deadbolt_client::Error> {
-        Client::connect_with(self.urls.iter().cloned(), &self.tls).await
+        let token = self.access_token.as_deref();
+        Client::connect_with_token(self.urls.iter().cloned(), &self.tls, token).await
     }
 
     /// One member, at the address the cluster lists it by.
     pub async fn connect_one(&self, address: &str) -> Result<Client, deadbolt_client::Error> {
-        Client::connect_with([address], &self.tls).await
+        let token = self.access_token.as_deref();
+        Client::connect_with_token([address], &self.tls, token).await
     }
 }
 
@@ -113,6 +131,10 @@ enum Command {
     /// Show or change the cluster's members.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Access control: tokens, roles of permissions on lock and key
+    /// prefixes, and who holds them.
+    #[command(subcommand)]
+    Acl(acl::AclCommand),
     /// Run a command while holding a lock (distributed cron dedupe).
     #[command(after_help = AFTER_HELP)]
     Run(run::RunArgs),
@@ -206,6 +228,7 @@ fn main() {
         Ok(tls) => Endpoints {
             urls: cli.endpoint,
             tls,
+            access_token: cli.access_token,
         },
         Err(err) => std::process::exit(exit::report(&err)),
     };
@@ -223,6 +246,7 @@ fn main() {
             Command::Check(args) => store::check(endpoint, args).await,
             Command::Store(command) => store::main(endpoint, command).await,
             Command::Cluster(command) => cluster::main(endpoint, command).await,
+            Command::Acl(command) => acl::main(endpoint, command).await,
             Command::Demo(command) => demo::main(command).await,
             Command::Bench(args) => bench::main(endpoint, args).await,
             Command::Guard(_) | Command::Data(_) | Command::Certs(_) => {
@@ -248,6 +272,8 @@ mod tests {
         Cli::command().debug_assert();
         for args in [
             &["deadbolt", "store", "put", "k", "v", "--token", "1"][..],
+            &["deadbolt", "--access-token", "dbt.a.b", "acl", "whoami"],
+            &["deadbolt", "acl", "role", "put", "ci", "lock:jobs/", "read"],
             &[
                 "deadbolt", "--ca", "ca.pem", "--key", "k.pem", "--cert", "c.pem", "status",
                 "--lock", "l",

@@ -144,11 +144,11 @@ fn a_session_id_and_token_from_status_cannot_release_anothers_lock() {
     );
     let forged = format!("{session}.0123456789abcdef0123456789abcdef");
     let refused = release(&forged);
-    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert_eq!(refused.status.code(), Some(77), "{refused:?}");
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("belongs to another client"), "{said}");
     let renew = deadbolt(&endpoint, &["keepalive", "--session", &forged]);
-    assert_eq!(renew.status.code(), Some(1), "{renew:?}");
+    assert_eq!(renew.status.code(), Some(77), "{renew:?}");
 
     // Nothing changed: the same grant holds the lock, the job still runs,
     // no lock was taken in its session, and the trail shows one grant.

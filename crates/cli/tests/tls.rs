@@ -461,15 +461,48 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
         );
         std::thread::sleep(Duration::from_millis(100));
     };
+    // Access control on: alice's certificate names her, and she may do
+    // nothing until granted; bob has a token. Both only for lock "ha".
+    let root = run(&["acl", "bootstrap"]);
+    assert!(root.status.success(), "{}", text(&root));
+    let root = String::from_utf8(root.stdout).unwrap().trim().to_owned();
+    let admin = |args: &[&str]| {
+        let mut all = vec!["--access-token", root.as_str()];
+        all.extend(args);
+        let out = run(&all);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let refused = run(&["acquire", "--lock", "ha"]);
+    assert_eq!(refused.status.code(), Some(77), "{}", text(&refused));
+    assert!(
+        text(&refused).contains(r#"identity "alice""#),
+        "{}",
+        text(&refused)
+    );
+    admin(&["acl", "role", "put", "ha", "lock:ha", "read:ha"]);
+    admin(&["acl", "grant", "alice", "ha"]);
+    admin(&["acl", "grant", "bob", "ha"]);
+    let bob = admin(&["acl", "token", "create", "bob"]);
+
     let first = run(&["acquire", "--lock", "ha", "--ttl", "2s"]);
     assert!(first.status.success(), "{}\n{}", text(&first), logs());
     let first_token = granted_token(&first);
 
     drop(nodes[(leader - 1) as usize].take());
-    // The holder's session lapses (2 s TTL) and a new leader grants anew.
+    // The holder's session lapses (2 s TTL) and a new leader grants anew,
+    // to bob: his token, made before, works on the new leader.
     let deadline = Instant::now() + Duration::from_secs(30);
     let second = loop {
-        let out = run(&["acquire", "--lock", "ha", "--wait", "5s"]);
+        let out = run(&[
+            "--access-token",
+            &bob,
+            "acquire",
+            "--lock",
+            "ha",
+            "--wait",
+            "5s",
+        ]);
         if out.status.success() {
             break out;
         }
@@ -482,6 +515,22 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
     };
     let second_token = granted_token(&second);
     assert!(second_token > first_token);
+    let history = run(&["--access-token", &bob, "history", "--lock", "ha", "--json"]);
+    let history: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
+    let holders: Vec<(&str, &str)> = history["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["what"].as_str().unwrap(), e["identity"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        holders,
+        [
+            ("granted", "alice"),
+            ("expired", "alice"),
+            ("granted", "bob")
+        ]
+    );
 }
 
 /// The Raft service shares the client port, so over TLS it checks who

@@ -12,6 +12,7 @@
 //! fails every call in flight with the transport's status, exactly like the
 //! unary calls on that connection; the next call opens a new stream.
 
+use crate::client::Link;
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
@@ -21,7 +22,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
-use tonic::transport::Channel;
 use tonic::Status;
 
 /// The largest call sent. Calls carry a lock name (at most 512 bytes) and a
@@ -48,7 +48,7 @@ struct State {
 impl Calls {
     /// Opens the stream on `channel` in the background: calls made before
     /// the server has answered are sent as soon as it does.
-    pub(crate) fn open(channel: Channel) -> Calls {
+    pub(crate) fn open(channel: Link) -> Calls {
         let (requests, outgoing) = mpsc::unbounded_channel();
         let state = Arc::new(Mutex::new(State::default()));
         tokio::spawn(deliver_answers(channel, outgoing, state.clone()));
@@ -128,7 +128,7 @@ impl Drop for InFlight<'_> {
 /// Runs the stream: hands each answer to its caller, and when the stream
 /// ends, fails every call still waiting with the reason.
 async fn deliver_answers(
-    channel: Channel,
+    channel: Link,
     outgoing: mpsc::UnboundedReceiver<CallRequest>,
     state: Arc<Mutex<State>>,
 ) {

@@ -12,20 +12,27 @@
 use crate::calls::Calls;
 use crate::error::describe_chain;
 use crate::{Error, ErrorKind, HealthResponse, LockState, Session, SessionHandle};
+use deadbolt_proto::v1::access_client::AccessClient;
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::cluster_client::ClusterClient;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{
-    AcquireRequest, AddMemberRequest, AuditEntry, CheckTokenRequest, CloseSessionRequest,
-    ClusterStatusRequest, ClusterStatusResponse, HealthRequest, KeepAliveRequest, ListLocksRequest,
-    LockHistoryRequest, LockStatusRequest, OpenSessionRequest, ReleaseRequest, RemoveMemberRequest,
-    StoreDeleteRequest, StoreGetRequest, StorePutRequest,
+    AclBootstrapRequest, AclCreateTokenRequest, AclDeleteRoleRequest, AclGrant,
+    AclRevokeTokenRequest, AclRole, AclRoleBinding, AclShowRequest, AclShowResponse,
+    AclTokenResponse, AcquireRequest, AddMemberRequest, AuditEntry, CheckTokenRequest,
+    CloseSessionRequest, ClusterStatusRequest, ClusterStatusResponse, HealthRequest,
+    KeepAliveRequest, ListLocksRequest, LockHistoryRequest, LockStatusRequest, OpenSessionRequest,
+    ReleaseRequest, RemoveMemberRequest, StoreDeleteRequest, StoreGetRequest, StorePutRequest,
+    WhoAmIRequest, WhoAmIResponse,
 };
 use std::future::Future;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// How long to wait for a TCP (and HTTP/2) connection before calling the
@@ -61,6 +68,50 @@ pub struct Client {
 struct Shared {
     targets: Vec<Target>,
     current: Mutex<Current>,
+    authorization: Authorization,
+}
+
+/// A connection to one endpoint, with the caller's token (if any) on every
+/// call.
+pub(crate) type Link = InterceptedService<Channel, Authorization>;
+
+/// Puts `authorization: Bearer <token>` on every call of a client made with
+/// a token (see [`Client::connect_with_token`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Authorization(Option<MetadataValue<Ascii>>);
+
+impl Authorization {
+    fn bearer(token: Option<&str>) -> Result<Authorization, Error> {
+        let Some(token) = token else {
+            return Ok(Authorization(None));
+        };
+        let value = MetadataValue::try_from(format!("Bearer {}", token.trim())).map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                "the token holds characters a header cannot carry: copy it again from \
+                 `deadbolt acl token create` (it looks like dbt.<id>.<secret>)",
+            )
+        })?;
+        Ok(Authorization(Some(value)))
+    }
+
+    fn link(&self, channel: Channel) -> Link {
+        InterceptedService::new(channel, self.clone())
+    }
+}
+
+impl Interceptor for Authorization {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
 }
 
 /// How to reach `https://` endpoints: the CA that signed the servers'
@@ -132,13 +183,13 @@ struct Current {
     /// Bumped on every switch, so that many calls failing together move
     /// the client on by one endpoint rather than one each.
     generation: u64,
-    channel: Channel,
+    channel: Link,
     /// The `Calls` stream on `channel`, opened on first use.
     calls: Option<Calls>,
 }
 
 impl Current {
-    fn new(index: usize, generation: u64, channel: Channel) -> Current {
+    fn new(index: usize, generation: u64, channel: Link) -> Current {
         Current {
             index,
             generation,
@@ -147,7 +198,7 @@ impl Current {
         }
     }
 
-    fn channel(&mut self) -> Channel {
+    fn channel(&mut self) -> Link {
         self.channel.clone()
     }
 
@@ -177,6 +228,17 @@ impl Client {
         endpoints: impl IntoIterator<Item = impl Into<String>>,
         tls: &TlsOptions,
     ) -> Result<Client, Error> {
+        Self::connect_with_token(endpoints, tls, None).await
+    }
+
+    /// [`Client::connect_with`], sending `token` (from `deadbolt acl token
+    /// create`) with every call, for a cluster with access control on.
+    pub async fn connect_with_token(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        tls: &TlsOptions,
+        token: Option<&str>,
+    ) -> Result<Client, Error> {
+        let authorization = Authorization::bearer(token)?;
         let targets = endpoints
             .into_iter()
             .map(|endpoint| Target::parse(endpoint.into(), tls))
@@ -192,11 +254,12 @@ impl Client {
             match target.endpoint.connect().await {
                 Ok(channel) => {
                     tracing::debug!(endpoint = %target.address, "connected");
-                    let current = Current::new(index, 0, channel);
+                    let current = Current::new(index, 0, authorization.link(channel));
                     return Ok(Client {
                         shared: Arc::new(Shared {
                             current: Mutex::new(current),
                             targets,
+                            authorization,
                         }),
                     });
                 }
@@ -528,6 +591,100 @@ impl Client {
         .await
     }
 
+    /// Turns access control on (once) and returns the first token, for
+    /// identity `root`. Shown once: keep it.
+    pub async fn acl_bootstrap(&self) -> Result<AclTokenResponse, Error> {
+        self.call(AclBootstrapRequest {}, |channel, request| async move {
+            AccessClient::new(channel).bootstrap(request).await
+        })
+        .await
+    }
+
+    /// Who this client is to the server, and what it may do.
+    pub async fn acl_whoami(&self) -> Result<WhoAmIResponse, Error> {
+        self.call(WhoAmIRequest {}, |channel, request| async move {
+            AccessClient::new(channel).who_am_i(request).await
+        })
+        .await
+    }
+
+    /// Roles, identities and token ids (needs the admin permission).
+    pub async fn acl_show(&self) -> Result<AclShowResponse, Error> {
+        self.call(AclShowRequest {}, |channel, request| async move {
+            AccessClient::new(channel).show(request).await
+        })
+        .await
+    }
+
+    /// A new token for `identity`. Shown once: the server keeps a hash.
+    pub async fn acl_create_token(&self, identity: &str) -> Result<AclTokenResponse, Error> {
+        let request = AclCreateTokenRequest {
+            identity: identity.to_owned(),
+        };
+        self.call(request, |channel, request| async move {
+            AccessClient::new(channel).create_token(request).await
+        })
+        .await
+    }
+
+    pub async fn acl_revoke_token(&self, token_id: &str) -> Result<(), Error> {
+        let request = AclRevokeTokenRequest {
+            token_id: token_id.to_owned(),
+        };
+        self.call(request, |channel, request| async move {
+            AccessClient::new(channel).revoke_token(request).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Creates role `name`, or replaces its grants.
+    pub async fn acl_put_role(&self, name: &str, grants: Vec<AclGrant>) -> Result<(), Error> {
+        let request = AclRole {
+            name: name.to_owned(),
+            grants,
+        };
+        self.call(request, |channel, request| async move {
+            AccessClient::new(channel).put_role(request).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    pub async fn acl_delete_role(&self, name: &str) -> Result<(), Error> {
+        let request = AclDeleteRoleRequest {
+            name: name.to_owned(),
+        };
+        self.call(request, |channel, request| async move {
+            AccessClient::new(channel).delete_role(request).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Gives `identity` the role (`grant`), or takes it away.
+    pub async fn acl_bind_role(
+        &self,
+        identity: &str,
+        role: &str,
+        grant: bool,
+    ) -> Result<(), Error> {
+        let request = AclRoleBinding {
+            identity: identity.to_owned(),
+            role: role.to_owned(),
+        };
+        self.call(request, |channel, request| async move {
+            let mut access = AccessClient::new(channel);
+            if grant {
+                access.grant_role(request).await
+            } else {
+                access.revoke_role(request).await
+            }
+        })
+        .await?;
+        Ok(())
+    }
+
     /// Makes a call on the current endpoint. A request that certainly had no
     /// effect (refused by a node that is not the leader, or never sent
     /// because the endpoint refused the connection) is sent again, straight
@@ -538,7 +695,7 @@ impl Client {
     async fn call<Req, T, Fut>(
         &self,
         request: Req,
-        send: impl Fn(Channel, Req) -> Fut,
+        send: impl Fn(Link, Req) -> Fut,
     ) -> Result<T, Error>
     where
         Req: Clone,
@@ -631,7 +788,7 @@ impl Client {
             .unwrap_or((current.index + 1) % targets.len());
         // Lazy: dialling happens on the next call, which reports failure the
         // same way as any other call.
-        let channel = targets[index].endpoint.connect_lazy();
+        let channel = (self.shared.authorization).link(targets[index].endpoint.connect_lazy());
         *current = Current::new(index, current.generation + 1, channel);
         tracing::debug!(endpoint = %targets[current.index].address, "switched endpoint");
     }

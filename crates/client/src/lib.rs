@@ -116,7 +116,8 @@ mod session;
 
 pub use client::{Client, Stored, TlsOptions};
 pub use deadbolt_proto::v1::{
-    AuditEntry, ClusterStatusResponse, HealthResponse, LockState, Member,
+    AclGrant, AclIdentity, AclRole, AclShowResponse, AclTokenInfo, AclTokenResponse, AuditEntry,
+    ClusterStatusResponse, HealthResponse, LockState, Member, WhoAmIResponse,
 };
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;

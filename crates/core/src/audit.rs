@@ -21,6 +21,9 @@ pub struct AuditRecord {
     pub session: SessionId,
     pub token: Token,
     pub what: AuditKind,
+    /// The identity that opened the session (see [`crate::AccessControl`]);
+    /// it is also who released or closed, since nobody else may.
+    pub identity: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +48,7 @@ pub(crate) fn records(
     events: &[Event],
     seq: u64,
     at_ms: u64,
+    owner_of: impl Fn(SessionId) -> Option<String>,
 ) -> Vec<AuditRecord> {
     let ended = match command {
         Command::CloseSession { .. } => AuditKind::Closed,
@@ -78,6 +82,7 @@ pub(crate) fn records(
                 session,
                 token,
                 what,
+                identity: owner_of(session),
             })
         })
         .collect()

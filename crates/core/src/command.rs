@@ -5,7 +5,7 @@
 //! absent: they only move a leader-local deadline (see [`crate::LeaseTracker`]),
 //! and writing them to the log would cost an fsync per heartbeat.
 
-use crate::{LockError, SecretHash, SessionId, StoredValue, Token};
+use crate::{AclCommand, LockError, SecretHash, SessionId, StoredValue, Token};
 use serde::{Deserialize, Serialize};
 
 /// One replicated change to the lock table.
@@ -14,7 +14,14 @@ pub enum Command {
     /// Start a session with this lease length, owned by whoever knows the
     /// secret that hashes to `secret` (the server drew it and told only the
     /// client that asked).
-    OpenSession { ttl_ms: u64, secret: SecretHash },
+    OpenSession {
+        ttl_ms: u64,
+        secret: SecretHash,
+        /// The identity that opened it (see [`crate::AccessControl`]):
+        /// only that identity may act on the session. `None`: an
+        /// anonymous caller, with access control off.
+        owner: Option<String>,
+    },
     /// The client ended its session: release its locks, drop its waits.
     CloseSession { session: SessionId },
     /// The leader of `term` saw the session's lease run out. Same effect as
@@ -97,6 +104,8 @@ pub enum Command {
         token: Token,
         lock: Option<String>,
     },
+    /// Change who may do what (see [`crate::AccessControl`]).
+    Acl(AclCommand),
 }
 
 impl Command {
@@ -126,8 +135,9 @@ impl Command {
             Command::StoreRead { key, lock, .. } | Command::StoreDelete { key, lock, .. } => {
                 key.len() + lock.as_ref().map_or(0, String::len)
             }
-            Command::OpenSession { .. }
-            | Command::CloseSession { .. }
+            Command::OpenSession { owner, .. } => owner.as_ref().map_or(0, String::len),
+            Command::Acl(change) => change.text_bytes(),
+            Command::CloseSession { .. }
             | Command::ExpireSession { .. }
             | Command::CheckpointLease { .. }
             | Command::LeaseRenewed { .. } => 0,
@@ -172,6 +182,8 @@ pub enum Outcome {
     Deleted {
         existed: bool,
     },
+    /// The access-control change was made.
+    AclChanged,
 }
 
 /// Where an acquire left the session.

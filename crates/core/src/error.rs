@@ -1,6 +1,6 @@
 //! Why a command was refused. Every refusal leaves the table unchanged.
 
-use crate::{SessionId, Token};
+use crate::{AclError, SessionId, Token};
 use serde::{Deserialize, Serialize};
 
 /// A command the state machine refused. Refusals are deterministic: every
@@ -71,6 +71,8 @@ pub enum LockError {
     ValueTooLarge { bytes: usize, limit: usize },
     #[error("the store already has {limit} keys")]
     TooManyKeys { limit: usize },
+    #[error(transparent)]
+    Acl(#[from] AclError),
     #[error("decided by the leader of term {decided} but committed in term {committed}: ignored")]
     Superseded { decided: u64, committed: u64 },
 }

@@ -13,6 +13,7 @@
 //! Everything above this crate (Raft, storage, the network) exists to feed
 //! commands into a `LockTable` in one agreed order.
 
+mod acl;
 mod audit;
 mod command;
 mod error;
@@ -21,6 +22,9 @@ mod lease;
 mod limits;
 mod table;
 
+pub use acl::{
+    AccessControl, AccessToken, AclCommand, AclError, Grant, Permission, ROOT_IDENTITY, ROOT_ROLE,
+};
 pub use audit::{AuditKind, AuditRecord};
 pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};
 pub use error::LockError;

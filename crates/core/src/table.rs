@@ -13,6 +13,7 @@
 //! - every token handed out is smaller than `next_token`, which only grows;
 //! - every fence in the fenced store is a token that was handed out.
 
+use crate::acl::AccessControl;
 use crate::audit::{self, AuditKind, AuditRecord};
 use crate::command::{Applied, SessionEnd};
 use crate::fenced::Change;
@@ -38,6 +39,8 @@ pub struct LockTable {
     applied: u64,
     /// The newest audit records, oldest first.
     audit: VecDeque<AuditRecord>,
+    /// Who may do what; off until bootstrapped.
+    acl: AccessControl,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +49,8 @@ struct Session {
     /// The hash of the secret the session was opened with; every call on
     /// the session must present that secret (the server checks it).
     secret: SecretHash,
+    /// The identity that opened it; only that identity may act on it.
+    owner: Option<String>,
     /// Set by [`Command::CheckpointLease`]: the lease had at most this many
     /// milliseconds left when the leader checkpointed it, and no keepalive
     /// has been acknowledged since. A new leader may start the session with
@@ -98,7 +103,11 @@ impl SessionLease {
 /// What [`LockTable::session_secret`] knows of a session id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionSecret<'a> {
-    Live(&'a SecretHash),
+    /// Open, with the hash of its secret and the identity that opened it.
+    Live {
+        secret: &'a SecretHash,
+        owner: Option<&'a str>,
+    },
     /// Closed or expired; it never comes back.
     Ended,
     /// No session has this id yet (as far as this table has applied).
@@ -134,6 +143,7 @@ impl LockTable {
             next_token: 1,
             applied: 0,
             audit: VecDeque::new(),
+            acl: AccessControl::default(),
         }
     }
 
@@ -167,9 +177,21 @@ impl LockTable {
     /// [`apply`](Self::apply), with the wall-clock time (Unix ms) at which
     /// the leader proposed the command, for the audit trail.
     pub fn apply_at(&mut self, command: &Command, at_ms: u64) -> Applied {
+        // A session that ends is gone once applied; the trail still names
+        // who held its locks.
+        let ending_owner = match command {
+            Command::CloseSession { session } | Command::ExpireSession { session, .. } => {
+                self.sessions.get(session).and_then(|s| s.owner.clone())
+            }
+            _ => None,
+        };
         let applied = self.apply_command(command);
         if applied.outcome.is_ok() {
-            let records = audit::records(command, &applied.events, self.applied, at_ms);
+            let owner_of = |session: SessionId| match self.sessions.get(&session) {
+                Some(open) => open.owner.clone(),
+                None => ending_owner.clone(),
+            };
+            let records = audit::records(command, &applied.events, self.applied, at_ms, owner_of);
             self.applied += 1;
             for record in records {
                 if self.audit.len() == Limits::STANDARD.audit_records {
@@ -185,9 +207,16 @@ impl LockTable {
         let tokens_before = self.next_token;
         let mut events = Vec::new();
         let outcome = match command {
-            Command::OpenSession { ttl_ms, secret } => {
-                self.open_session(*ttl_ms, *secret, &mut events)
-            }
+            Command::OpenSession {
+                ttl_ms,
+                secret,
+                owner,
+            } => self.open_session(*ttl_ms, *secret, owner, &mut events),
+            Command::Acl(change) => self
+                .acl
+                .apply(change)
+                .map(|()| Outcome::AclChanged)
+                .map_err(LockError::from),
             Command::CloseSession { session } => {
                 self.end_session(*session, SessionEnd::Closed, &mut events)
             }
@@ -255,6 +284,7 @@ impl LockTable {
         &mut self,
         ttl_ms: u64,
         secret: SecretHash,
+        owner: &Option<String>,
         events: &mut Vec<Event>,
     ) -> Result<Outcome, LockError> {
         validate_ttl(Duration::from_millis(ttl_ms))?;
@@ -269,6 +299,7 @@ impl LockTable {
             Session {
                 ttl_ms,
                 secret,
+                owner: owner.clone(),
                 checkpoint_ms: None,
                 renewals: 0,
                 held: BTreeSet::new(),
@@ -356,6 +387,11 @@ impl LockTable {
     }
 
     /// The fenced store, for reads that need no fence.
+    /// Who may do what (see [`AccessControl`]).
+    pub fn acl(&self) -> &AccessControl {
+        &self.acl
+    }
+
     pub fn store(&self) -> &FencedStore {
         &self.store
     }
@@ -698,7 +734,10 @@ impl LockTable {
     /// replica and for as long as the session lives.
     pub fn session_secret(&self, id: SessionId) -> SessionSecret<'_> {
         match self.sessions.get(&id) {
-            Some(session) => SessionSecret::Live(&session.secret),
+            Some(session) => SessionSecret::Live {
+                secret: &session.secret,
+                owner: session.owner.as_deref(),
+            },
             None if id.0 < self.next_session => SessionSecret::Ended,
             None => SessionSecret::NotYetOpened,
         }

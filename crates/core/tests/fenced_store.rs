@@ -46,7 +46,7 @@ proptest! {
     fn the_store_admits_exactly_the_tokens_a_fence_allows(steps in prop::collection::vec(step(), 1..120)) {
         let mut table = LockTable::new();
         let Ok(Outcome::SessionOpened { session, .. }) =
-            apply(&mut table, Command::OpenSession { ttl_ms: 10_000, secret: SecretHash([0; 32]) })
+            apply(&mut table, Command::OpenSession { ttl_ms: 10_000, secret: SecretHash([0; 32]), owner: None })
         else {
             panic!("open refused")
         };
@@ -129,6 +129,7 @@ fn a_stale_write_names_both_tokens() {
         Command::OpenSession {
             ttl_ms: 10_000,
             secret: SecretHash([0; 32]),
+            owner: None,
         },
     ) else {
         panic!("open refused")

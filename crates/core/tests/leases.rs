@@ -128,7 +128,7 @@ proptest! {
         let mut clients = Vec::new();
         for ttl_ms in ttls {
             let Ok(Outcome::SessionOpened { session, .. }) =
-                table.apply(&Command::OpenSession { ttl_ms, secret: SecretHash([0; 32]) }).outcome
+                table.apply(&Command::OpenSession { ttl_ms, secret: SecretHash([0; 32]), owner: None }).outcome
             else {
                 panic!("open refused")
             };

@@ -143,15 +143,25 @@ fn secret_of(index: usize) -> SecretHash {
     SecretHash(hash)
 }
 
-/// Every session keeps the secret hash it was opened with while it lives,
+/// The identity the `index`th session is opened by: some anonymous, some
+/// sharing an identity.
+fn owner_of(index: usize) -> Option<String> {
+    index.is_multiple_of(2).then(|| format!("user{}", index % 3))
+}
+
+/// Every session keeps the secret hash and owner it was opened with while it lives,
 /// and an id never opened or ended is never reported live.
 fn check_secrets(table: &LockTable, seen: &Observed) {
     for (index, session) in seen.opened.iter().enumerate() {
         let hash = secret_of(index);
+        let owner = owner_of(index);
         let expected = if seen.ended.contains(session) {
             SessionSecret::Ended
         } else {
-            SessionSecret::Live(&hash)
+            SessionSecret::Live {
+                secret: &hash,
+                owner: owner.as_deref(),
+            }
         };
         assert_eq!(
             table.session_secret(*session),
@@ -168,6 +178,7 @@ fn command(step: &Step, seen: &Observed) -> Command {
         Step::Open => Command::OpenSession {
             ttl_ms: 10_000,
             secret: secret_of(seen.opened.len()),
+            owner: owner_of(seen.opened.len()),
         },
         Step::Close(s) => Command::CloseSession {
             session: seen.session(s),
@@ -345,7 +356,7 @@ proptest! {
         let mut restored: LockTable = serde_json::from_slice(&bytes).unwrap();
         prop_assert_eq!(&restored, &table);
         // The restored table never re-issues a token.
-        let open = restored.apply(&Command::OpenSession { ttl_ms: 1000, secret: secret_of(0) });
+        let open = restored.apply(&Command::OpenSession { ttl_ms: 1000, secret: secret_of(0), owner: None });
         let Ok(Outcome::SessionOpened { session, .. }) = open.outcome else { panic!() };
         let grant = restored.apply(&Command::Acquire { session, lock: "fresh".into(), wait: false, attempt: 0 , lock_delay_ms: 0 });
         let Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) = grant.outcome else { panic!() };
@@ -358,6 +369,7 @@ fn open_session(table: &mut LockTable) -> SessionId {
         .apply(&Command::OpenSession {
             ttl_ms: 5000,
             secret: secret_of(0),
+            owner: None,
         })
         .outcome
     {
@@ -426,6 +438,7 @@ fn release_errors_name_the_problem() {
         let bad = table.apply(&Command::OpenSession {
             ttl_ms,
             secret: secret_of(0),
+            owner: None,
         });
         assert!(matches!(bad.outcome, Err(LockError::TtlOutOfRange { .. })));
     }
@@ -505,6 +518,7 @@ fn the_audit_trail_tells_who_held_a_lock_and_how_it_ended() {
         .apply(&Command::OpenSession {
             ttl_ms: 1000,
             secret: secret_of(0),
+            owner: None,
         })
         .outcome
     {

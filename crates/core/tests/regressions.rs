@@ -12,6 +12,7 @@ fn open(table: &mut LockTable, ttl_ms: u64) -> SessionId {
         .apply(&Command::OpenSession {
             ttl_ms,
             secret: SecretHash([7; 32]),
+            owner: None,
         })
         .outcome
     {

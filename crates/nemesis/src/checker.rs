@@ -318,6 +318,7 @@ mod tests {
             session_id: 1,
             token,
             what: what.into(),
+            identity: String::new(),
         }
     }
 

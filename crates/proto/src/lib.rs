@@ -50,13 +50,17 @@ pub enum ErrorKind {
     NotLeader,
     Unavailable,
     Internal,
-    /// A call on a session without that session's secret.
+    /// A call on a session without that session's secret, or a call the
+    /// caller's identity has no permission for.
     PermissionDenied,
+    /// Access control is on and the call carries no valid credentials (a
+    /// bearer token or a client certificate).
+    Unauthenticated,
 }
 
 impl ErrorKind {
     /// Every kind: what `parse` knows, and the server's error metric's labels.
-    pub const ALL: [ErrorKind; 13] = [
+    pub const ALL: [ErrorKind; 14] = [
         ErrorKind::UnknownSession,
         ErrorKind::Busy,
         ErrorKind::NotHolder,
@@ -70,6 +74,7 @@ impl ErrorKind {
         ErrorKind::Unavailable,
         ErrorKind::Internal,
         ErrorKind::PermissionDenied,
+        ErrorKind::Unauthenticated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -87,6 +92,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Internal => "internal",
             ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::Unauthenticated => "unauthenticated",
         }
     }
 
@@ -109,6 +115,7 @@ impl ErrorKind {
             ErrorKind::NotLeader | ErrorKind::Unavailable => Code::Unavailable,
             ErrorKind::Internal => Code::Internal,
             ErrorKind::PermissionDenied => Code::PermissionDenied,
+            ErrorKind::Unauthenticated => Code::Unauthenticated,
         }
     }
 
@@ -141,6 +148,7 @@ impl ErrorKind {
                     ErrorKind::InvalidArgument
                 }
                 tonic::Code::PermissionDenied => ErrorKind::PermissionDenied,
+                tonic::Code::Unauthenticated => ErrorKind::Unauthenticated,
                 _ => ErrorKind::Internal,
             })
     }

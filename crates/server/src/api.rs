@@ -1,14 +1,21 @@
 //! [`Api`]: every call of the Deadbolt API, on the protobuf messages, once.
 //!
 //! The gRPC and HTTP front ends only move these messages on and off their
-//! wire, so the two APIs cannot drift apart. Every call on a session passes
-//! [`Node::authorize`] with the session's secret first (see `secret.rs`).
+//! wire, so the two APIs cannot drift apart. Every call authenticates its
+//! [`Credentials`] and asks [`Node::permit`] first (see `auth/`), and every
+//! call on a session passes [`Node::authorize`] with the session's secret
+//! (see `secret.rs`).
 
+use crate::auth::{self, Caller, Credentials};
 use crate::metrics::Call;
 use crate::node::{ApiError, Health, Node, OwnedSession};
 use crate::secret::SecretSource;
-use deadbolt_core::{AuditKind, Command, LockInfo, Outcome, SessionId, StoredValue, Token};
+use deadbolt_core::{
+    AclCommand, AuditKind, Command, Grant, LockInfo, Outcome, Permission, SessionId, StoredValue,
+    Token,
+};
 use deadbolt_proto::v1::*;
+use deadbolt_proto::ErrorKind;
 use std::future::Future;
 use std::time::Duration;
 
@@ -38,21 +45,44 @@ impl Api {
         reply
     }
 
+    /// Who is calling, if they may use `permission` on `resource` (`None`:
+    /// on anything; see [`Node::permit`]).
+    async fn caller(
+        &self,
+        credentials: &Credentials,
+        permission: Permission,
+        resource: Option<&str>,
+    ) -> Reply<Caller> {
+        let caller = self.node.authenticate(credentials).await?;
+        self.node.permit(&caller, permission, resource)?;
+        Ok(caller)
+    }
+
     /// The Prometheus scrape, in the text format of `metrics::CONTENT_TYPE`.
-    pub fn metrics(&self) -> String {
-        self.node.metrics_text()
+    /// With access control on, it takes a `read` permission.
+    pub async fn metrics(&self, credentials: &Credentials) -> Reply<String> {
+        self.caller(credentials, Permission::Read, None).await?;
+        Ok(self.node.metrics_text())
     }
 
-    /// The session a call acts on, if the call carries its secret.
-    async fn owned(&self, session_id: u64, secret: &str) -> Reply<OwnedSession> {
-        self.node.authorize(SessionId(session_id), secret).await
+    /// The session a call acts on, if the caller opened it and the call
+    /// carries its secret.
+    async fn owned(&self, caller: &Caller, session_id: u64, secret: &str) -> Reply<OwnedSession> {
+        self.node
+            .authorize(caller, SessionId(session_id), secret)
+            .await
     }
 
-    pub async fn open_session(&self, request: OpenSessionRequest) -> Reply<OpenSessionResponse> {
+    pub async fn open_session(
+        &self,
+        credentials: &Credentials,
+        request: OpenSessionRequest,
+    ) -> Reply<OpenSessionResponse> {
         self.timed(Call::OpenSession, async {
+            let caller = self.caller(credentials, Permission::Lock, None).await?;
             let ttl = Duration::from_millis(request.ttl_ms);
             let (secret, hash) = self.secrets.draw();
-            let (session, ttl) = self.node.open_session(ttl, hash).await?;
+            let (session, ttl) = self.node.open_session(ttl, hash, caller.identity).await?;
             Ok(OpenSessionResponse {
                 session_id: session.0,
                 ttl_ms: millis(ttl),
@@ -62,10 +92,15 @@ impl Api {
         .await
     }
 
-    pub async fn keep_alive(&self, request: KeepAliveRequest) -> Reply<KeepAliveResponse> {
+    pub async fn keep_alive(
+        &self,
+        credentials: &Credentials,
+        request: KeepAliveRequest,
+    ) -> Reply<KeepAliveResponse> {
         self.timed(Call::KeepAlive, async {
+            let caller = self.caller(credentials, Permission::Lock, None).await?;
             let session = self
-                .owned(request.session_id, &request.session_secret)
+                .owned(&caller, request.session_id, &request.session_secret)
                 .await?;
             let ttl = self.node.keep_alive(session).await?;
             Ok(KeepAliveResponse {
@@ -75,10 +110,15 @@ impl Api {
         .await
     }
 
-    pub async fn close_session(&self, request: CloseSessionRequest) -> Reply<CloseSessionResponse> {
+    pub async fn close_session(
+        &self,
+        credentials: &Credentials,
+        request: CloseSessionRequest,
+    ) -> Reply<CloseSessionResponse> {
         self.timed(Call::CloseSession, async {
+            let caller = self.caller(credentials, Permission::Lock, None).await?;
             let session = self
-                .owned(request.session_id, &request.session_secret)
+                .owned(&caller, request.session_id, &request.session_secret)
                 .await?;
             self.node.close_session(session).await?;
             Ok(CloseSessionResponse {})
@@ -86,10 +126,16 @@ impl Api {
         .await
     }
 
-    pub async fn acquire(&self, request: AcquireRequest) -> Reply<AcquireResponse> {
+    pub async fn acquire(
+        &self,
+        credentials: &Credentials,
+        request: AcquireRequest,
+    ) -> Reply<AcquireResponse> {
         self.timed(Call::Acquire, async {
+            let lock = Some(request.lock.as_str());
+            let caller = self.caller(credentials, Permission::Lock, lock).await?;
             let session = self
-                .owned(request.session_id, &request.session_secret)
+                .owned(&caller, request.session_id, &request.session_secret)
                 .await?;
             let token = self
                 .node
@@ -107,10 +153,16 @@ impl Api {
         .await
     }
 
-    pub async fn release(&self, request: ReleaseRequest) -> Reply<ReleaseResponse> {
+    pub async fn release(
+        &self,
+        credentials: &Credentials,
+        request: ReleaseRequest,
+    ) -> Reply<ReleaseResponse> {
         self.timed(Call::Release, async {
+            let lock = Some(request.lock.as_str());
+            let caller = self.caller(credentials, Permission::Lock, lock).await?;
             let session = self
-                .owned(request.session_id, &request.session_secret)
+                .owned(&caller, request.session_id, &request.session_secret)
                 .await?;
             self.node
                 .release(session, &request.lock, Token(request.token))
@@ -120,8 +172,14 @@ impl Api {
         .await
     }
 
-    pub async fn lock_status(&self, request: LockStatusRequest) -> Reply<LockStatusResponse> {
+    pub async fn lock_status(
+        &self,
+        credentials: &Credentials,
+        request: LockStatusRequest,
+    ) -> Reply<LockStatusResponse> {
         self.timed(Call::LockStatus, async {
+            let lock = Some(request.lock.as_str());
+            self.caller(credentials, Permission::Read, lock).await?;
             let info = self.node.lock_status(&request.lock).await?;
             Ok(LockStatusResponse {
                 state: info.map(lock_state),
@@ -130,12 +188,19 @@ impl Api {
         .await
     }
 
-    pub async fn list_locks(&self, request: ListLocksRequest) -> Reply<ListLocksResponse> {
+    /// A page of locks, without those the caller may not read.
+    pub async fn list_locks(
+        &self,
+        credentials: &Credentials,
+        request: ListLocksRequest,
+    ) -> Reply<ListLocksResponse> {
         self.timed(Call::ListLocks, async {
-            let (locks, more) = self
+            let caller = self.caller(credentials, Permission::Read, None).await?;
+            let (mut locks, more) = self
                 .node
                 .list_locks(&request.after, request.limit as usize)
                 .await?;
+            self.node.retain_readable(&caller, &mut locks);
             Ok(ListLocksResponse {
                 locks: locks.into_iter().map(lock_state).collect(),
                 more,
@@ -171,8 +236,14 @@ impl Api {
 }
 
 impl Api {
-    pub async fn check_token(&self, request: CheckTokenRequest) -> Reply<CheckTokenResponse> {
+    pub async fn check_token(
+        &self,
+        credentials: &Credentials,
+        request: CheckTokenRequest,
+    ) -> Reply<CheckTokenResponse> {
         self.timed(Call::CheckToken, async {
+            let lock = Some(request.lock.as_str());
+            self.caller(credentials, Permission::Read, lock).await?;
             let (current, token) = self
                 .node
                 .check_token(&request.lock, Token(request.token))
@@ -185,8 +256,14 @@ impl Api {
         .await
     }
 
-    pub async fn lock_history(&self, request: LockHistoryRequest) -> Reply<LockHistoryResponse> {
+    pub async fn lock_history(
+        &self,
+        credentials: &Credentials,
+        request: LockHistoryRequest,
+    ) -> Reply<LockHistoryResponse> {
         self.timed(Call::LockHistory, async {
+            let lock = Some(request.lock.as_str());
+            self.caller(credentials, Permission::Read, lock).await?;
             let entries = self
                 .node
                 .lock_history(&request.lock)
@@ -198,6 +275,7 @@ impl Api {
                     session_id: record.session.0,
                     token: record.token.0,
                     what: audit_kind(record.what).to_owned(),
+                    identity: record.identity.unwrap_or_default(),
                 })
                 .collect();
             Ok(LockHistoryResponse { entries })
@@ -205,8 +283,15 @@ impl Api {
         .await
     }
 
-    pub async fn store_put(&self, request: StorePutRequest) -> Reply<StorePutResponse> {
+    pub async fn store_put(
+        &self,
+        credentials: &Credentials,
+        request: StorePutRequest,
+    ) -> Reply<StorePutResponse> {
         self.timed(Call::StorePut, async {
+            let key = Some(request.key.as_str());
+            self.caller(credentials, Permission::StoreWrite, key)
+                .await?;
             let command = Command::StorePut {
                 key: request.key,
                 value: request.value,
@@ -221,8 +306,14 @@ impl Api {
         .await
     }
 
-    pub async fn store_get(&self, request: StoreGetRequest) -> Reply<StoreGetResponse> {
+    pub async fn store_get(
+        &self,
+        credentials: &Credentials,
+        request: StoreGetRequest,
+    ) -> Reply<StoreGetResponse> {
         self.timed(Call::StoreGet, async {
+            let key = Some(request.key.as_str());
+            self.caller(credentials, Permission::StoreRead, key).await?;
             let read = match request.token {
                 None => self.node.store_get(&request.key).await?,
                 Some(token) => {
@@ -249,8 +340,15 @@ impl Api {
         .await
     }
 
-    pub async fn store_delete(&self, request: StoreDeleteRequest) -> Reply<StoreDeleteResponse> {
+    pub async fn store_delete(
+        &self,
+        credentials: &Credentials,
+        request: StoreDeleteRequest,
+    ) -> Reply<StoreDeleteResponse> {
         self.timed(Call::StoreDelete, async {
+            let key = Some(request.key.as_str());
+            self.caller(credentials, Permission::StoreWrite, key)
+                .await?;
             let command = Command::StoreDelete {
                 key: request.key,
                 token: Token(request.token),
@@ -266,12 +364,21 @@ impl Api {
 }
 
 impl Api {
+    /// Open to everyone, like `/health`: nodes forming a cluster ask each
+    /// other for it before any of them has rules to check (and a node whose
+    /// data was lost must hear that its peers formed a cluster, to refuse
+    /// to start), and it tells no lock's or session's state.
     pub async fn cluster_status(&self) -> ClusterStatusResponse {
         self.node.cluster_status().await
     }
 
-    pub async fn add_member(&self, request: AddMemberRequest) -> Reply<ClusterStatusResponse> {
+    pub async fn add_member(
+        &self,
+        credentials: &Credentials,
+        request: AddMemberRequest,
+    ) -> Reply<ClusterStatusResponse> {
         self.timed(Call::AddMember, async {
+            self.caller(credentials, Permission::Admin, None).await?;
             self.node
                 .add_member(request.node_id, &request.address)
                 .await?;
@@ -282,13 +389,192 @@ impl Api {
 
     pub async fn remove_member(
         &self,
+        credentials: &Credentials,
         request: RemoveMemberRequest,
     ) -> Reply<ClusterStatusResponse> {
         self.timed(Call::RemoveMember, async {
+            self.caller(credentials, Permission::Admin, None).await?;
             self.node.remove_member(request.node_id).await?;
             Ok(self.node.cluster_status().await)
         })
         .await
+    }
+}
+
+/// Access control (see `auth/` and docs/security.md). Everything but
+/// bootstrap (which access control being off already allows everyone) and
+/// whoami takes the admin permission.
+impl Api {
+    /// Needs no permission: it only works while access control is off,
+    /// when every caller may do everything anyway.
+    pub async fn acl_bootstrap(&self, credentials: &Credentials) -> Reply<AclTokenResponse> {
+        self.node.authenticate(credentials).await?;
+        let (token_id, token, hash) = auth::draw_token(&self.secrets);
+        let change = AclCommand::Bootstrap {
+            token_id: token_id.clone(),
+            hash,
+        };
+        self.node.change_acl(change).await?;
+        tracing::warn!(token_id, "access control is on: bootstrapped identity root");
+        Ok(AclTokenResponse {
+            token_id,
+            identity: deadbolt_core::ROOT_IDENTITY.to_owned(),
+            token,
+        })
+    }
+
+    pub async fn acl_whoami(&self, credentials: &Credentials) -> Reply<WhoAmIResponse> {
+        let caller = self.node.authenticate(credentials).await?;
+        let acl = self.node.acl().await?;
+        Ok(WhoAmIResponse {
+            enabled: acl.enabled(),
+            grants: acl.grants(caller.identity()).map(acl_grant).collect(),
+            identity: caller.identity.unwrap_or_default(),
+            authenticated_by: caller.by.map_or("", |by| by.as_str()).to_owned(),
+        })
+    }
+
+    pub async fn acl_show(&self, credentials: &Credentials) -> Reply<AclShowResponse> {
+        self.caller(credentials, Permission::Admin, None).await?;
+        let acl = self.node.acl().await?;
+        Ok(AclShowResponse {
+            enabled: acl.enabled(),
+            roles: acl
+                .roles()
+                .map(|(name, grants)| AclRole {
+                    name: name.to_owned(),
+                    grants: grants.iter().map(acl_grant).collect(),
+                })
+                .collect(),
+            identities: acl
+                .identities()
+                .map(|(name, roles)| AclIdentity {
+                    name: name.to_owned(),
+                    roles: roles.iter().cloned().collect(),
+                })
+                .collect(),
+            tokens: acl
+                .tokens()
+                .map(|(id, token)| AclTokenInfo {
+                    token_id: id.to_owned(),
+                    identity: token.identity.clone(),
+                })
+                .collect(),
+        })
+    }
+
+    pub async fn acl_create_token(
+        &self,
+        credentials: &Credentials,
+        request: AclCreateTokenRequest,
+    ) -> Reply<AclTokenResponse> {
+        let (token_id, token, hash) = auth::draw_token(&self.secrets);
+        self.change_acl(
+            credentials,
+            AclCommand::CreateToken {
+                token_id: token_id.clone(),
+                identity: request.identity.clone(),
+                hash,
+            },
+        )
+        .await?;
+        Ok(AclTokenResponse {
+            token_id,
+            identity: request.identity,
+            token,
+        })
+    }
+
+    pub async fn acl_revoke_token(
+        &self,
+        credentials: &Credentials,
+        request: AclRevokeTokenRequest,
+    ) -> Reply<AclChangedResponse> {
+        let change = AclCommand::RevokeToken {
+            token_id: request.token_id,
+        };
+        self.change_acl(credentials, change).await
+    }
+
+    pub async fn acl_put_role(
+        &self,
+        credentials: &Credentials,
+        request: AclRole,
+    ) -> Reply<AclChangedResponse> {
+        let grants = request
+            .grants
+            .iter()
+            .map(|grant| {
+                let permission = Permission::parse(&grant.permission).ok_or_else(|| {
+                    let text = format!("{}:{}", grant.permission, grant.prefix);
+                    let why = Grant::parse(&text).expect_err("not a permission");
+                    ApiError::new(ErrorKind::InvalidArgument, why)
+                })?;
+                Ok(Grant::new(permission, grant.prefix.clone()))
+            })
+            .collect::<Reply<Vec<Grant>>>()?;
+        let change = AclCommand::PutRole {
+            name: request.name,
+            grants,
+        };
+        self.change_acl(credentials, change).await
+    }
+
+    pub async fn acl_delete_role(
+        &self,
+        credentials: &Credentials,
+        request: AclDeleteRoleRequest,
+    ) -> Reply<AclChangedResponse> {
+        let change = AclCommand::DeleteRole { name: request.name };
+        self.change_acl(credentials, change).await
+    }
+
+    pub async fn acl_grant_role(
+        &self,
+        credentials: &Credentials,
+        request: AclRoleBinding,
+    ) -> Reply<AclChangedResponse> {
+        let change = AclCommand::GrantRole {
+            identity: request.identity,
+            role: request.role,
+        };
+        self.change_acl(credentials, change).await
+    }
+
+    pub async fn acl_revoke_role(
+        &self,
+        credentials: &Credentials,
+        request: AclRoleBinding,
+    ) -> Reply<AclChangedResponse> {
+        let change = AclCommand::RevokeRole {
+            identity: request.identity,
+            role: request.role,
+        };
+        self.change_acl(credentials, change).await
+    }
+
+    /// An admin's change to the rules, logged with who made it.
+    async fn change_acl(
+        &self,
+        credentials: &Credentials,
+        change: AclCommand,
+    ) -> Reply<AclChangedResponse> {
+        let caller = self.caller(credentials, Permission::Admin, None).await?;
+        let what = change.to_string();
+        self.node.change_acl(change).await?;
+        tracing::info!(
+            by = caller.identity(),
+            change = what,
+            "access control changed"
+        );
+        Ok(AclChangedResponse {})
+    }
+}
+
+fn acl_grant(grant: &Grant) -> AclGrant {
+    AclGrant {
+        permission: grant.permission.as_str().to_owned(),
+        prefix: grant.prefix.clone(),
     }
 }
 

@@ -13,6 +13,7 @@
 //! calls away and ends once the calls in flight are answered.
 
 use crate::api::Api;
+use crate::auth::Credentials;
 use crate::node::ApiError;
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
@@ -57,6 +58,9 @@ pub struct CallStream {
     /// Shared by the calls: one reference count per call rather than a
     /// clone of every handle inside `Api`.
     api: Arc<Api>,
+    /// What the stream was opened with: every call on it runs as that
+    /// caller.
+    credentials: Arc<Credentials>,
     /// `None` once the client has sent its last request: the stream then
     /// ends when the calls in flight have been answered.
     requests: Option<Streaming<CallRequest>>,
@@ -78,11 +82,13 @@ pub struct CallStream {
 impl CallStream {
     pub fn new(
         api: Api,
+        credentials: Credentials,
         requests: Streaming<CallRequest>,
         mut stopping: watch::Receiver<bool>,
     ) -> Self {
         CallStream {
             api: Arc::new(api),
+            credentials: Arc::new(credentials),
             requests: Some(requests),
             stopping: Box::pin(async move {
                 // An error means the server is gone: stopping too.
@@ -135,7 +141,7 @@ impl CallStream {
         self.acquires_in_flight += usize::from(acquire);
         let (sender, cancelled) = oneshot::channel();
         self.cancels.insert(id, Cancel { serial, sender });
-        let work = run(self.api.clone(), call);
+        let work = run(self.api.clone(), self.credentials.clone(), call);
         self.running.push(Box::pin(async move {
             let answer = tokio::select! {
                 answer = work => Some(answer),
@@ -161,11 +167,15 @@ impl CallStream {
     }
 }
 
-async fn run(api: Arc<Api>, call: Call) -> Answer {
+async fn run(api: Arc<Api>, credentials: Arc<Credentials>, call: Call) -> Answer {
+    let credentials = &*credentials;
     let answer = match call {
-        Call::Acquire(request) => api.acquire(request).await.map(Answer::Acquire),
-        Call::Release(request) => api.release(request).await.map(Answer::Release),
-        Call::KeepAlive(request) => api.keep_alive(request).await.map(Answer::KeepAlive),
+        Call::Acquire(request) => api.acquire(credentials, request).await.map(Answer::Acquire),
+        Call::Release(request) => api.release(credentials, request).await.map(Answer::Release),
+        Call::KeepAlive(request) => api
+            .keep_alive(credentials, request)
+            .await
+            .map(Answer::KeepAlive),
         Call::Cancel(_) => unreachable!("cancels are handled by the stream"),
     };
     answer.unwrap_or_else(|err| Answer::Error(err.into()))

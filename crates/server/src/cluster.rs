@@ -263,6 +263,19 @@ impl Node {
             last_log_index: metrics.last_log_index.unwrap_or(0),
             applied_index: metrics.last_applied.map_or(0, |id| id.index),
             members,
+            transport_security: match &self.tls {
+                Some(tls) if tls.mutual() => "mutual-tls",
+                Some(_) => "tls",
+                None => "none",
+            }
+            .to_owned(),
+            access_control: self
+                .table
+                .read()
+                .expect("state lock poisoned")
+                .table
+                .acl()
+                .enabled(),
         }
     }
 

@@ -5,10 +5,13 @@
 //! service is mounted here too, on the same port.
 
 use crate::api::Api;
+use crate::auth::Credentials;
 use crate::calls::CallStream;
 use crate::network::PeerService;
 use crate::node::ApiError;
 use crate::raft_types::Raft;
+use crate::tls::TlsClient;
+use deadbolt_proto::v1::access_server::{Access, AccessServer};
 use deadbolt_proto::v1::cluster_server::{Cluster, ClusterServer};
 use deadbolt_proto::v1::deadbolt_server::{Deadbolt, DeadboltServer};
 use deadbolt_proto::v1::raft_peer_server::RaftPeerServer;
@@ -34,7 +37,11 @@ pub fn router(
         api.clone(),
         stopping.clone(),
     )))
-    .add_service(ClusterServer::new(GrpcApi::new(api, stopping)))
+    .add_service(ClusterServer::new(GrpcApi::new(
+        api.clone(),
+        stopping.clone(),
+    )))
+    .add_service(AccessServer::new(GrpcApi::new(api, stopping)))
     .add_service(peers)
     .into_axum_router()
     .layer(axum::middleware::map_response(
@@ -85,6 +92,18 @@ impl GrpcApi {
     }
 }
 
+/// What a gRPC call presented: its `authorization` metadata and the TLS
+/// client certificate.
+fn credentials<T>(request: &Request<T>) -> Credentials {
+    Credentials::new(
+        request
+            .metadata()
+            .get("authorization")
+            .map(|value| value.as_bytes()),
+        request.extensions().get::<TlsClient>(),
+    )
+}
+
 impl From<ApiError> for Status {
     fn from(err: ApiError) -> Self {
         CallError::from(err).into_status()
@@ -100,13 +119,17 @@ impl Deadbolt for GrpcApi {
         request: Request<OpenSessionRequest>,
     ) -> Reply<OpenSessionResponse> {
         Ok(Response::new(
-            self.api.open_session(request.into_inner()).await?,
+            self.api
+                .open_session(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
     async fn keep_alive(&self, request: Request<KeepAliveRequest>) -> Reply<KeepAliveResponse> {
         Ok(Response::new(
-            self.api.keep_alive(request.into_inner()).await?,
+            self.api
+                .keep_alive(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
@@ -115,16 +138,26 @@ impl Deadbolt for GrpcApi {
         request: Request<CloseSessionRequest>,
     ) -> Reply<CloseSessionResponse> {
         Ok(Response::new(
-            self.api.close_session(request.into_inner()).await?,
+            self.api
+                .close_session(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
     async fn acquire(&self, request: Request<AcquireRequest>) -> Reply<AcquireResponse> {
-        Ok(Response::new(self.api.acquire(request.into_inner()).await?))
+        Ok(Response::new(
+            self.api
+                .acquire(&credentials(&request), request.into_inner())
+                .await?,
+        ))
     }
 
     async fn release(&self, request: Request<ReleaseRequest>) -> Reply<ReleaseResponse> {
-        Ok(Response::new(self.api.release(request.into_inner()).await?))
+        Ok(Response::new(
+            self.api
+                .release(&credentials(&request), request.into_inner())
+                .await?,
+        ))
     }
 
     type CallsStream = CallStream;
@@ -132,6 +165,7 @@ impl Deadbolt for GrpcApi {
     async fn calls(&self, request: Request<Streaming<CallRequest>>) -> Reply<CallStream> {
         Ok(Response::new(CallStream::new(
             self.api.clone(),
+            credentials(&request),
             request.into_inner(),
             self.stopping.clone(),
         )))
@@ -139,13 +173,17 @@ impl Deadbolt for GrpcApi {
 
     async fn lock_status(&self, request: Request<LockStatusRequest>) -> Reply<LockStatusResponse> {
         Ok(Response::new(
-            self.api.lock_status(request.into_inner()).await?,
+            self.api
+                .lock_status(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
     async fn list_locks(&self, request: Request<ListLocksRequest>) -> Reply<ListLocksResponse> {
         Ok(Response::new(
-            self.api.list_locks(request.into_inner()).await?,
+            self.api
+                .list_locks(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
@@ -155,7 +193,9 @@ impl Deadbolt for GrpcApi {
 
     async fn check_token(&self, request: Request<CheckTokenRequest>) -> Reply<CheckTokenResponse> {
         Ok(Response::new(
-            self.api.check_token(request.into_inner()).await?,
+            self.api
+                .check_token(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
@@ -164,19 +204,25 @@ impl Deadbolt for GrpcApi {
         request: Request<LockHistoryRequest>,
     ) -> Reply<LockHistoryResponse> {
         Ok(Response::new(
-            self.api.lock_history(request.into_inner()).await?,
+            self.api
+                .lock_history(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
     async fn store_put(&self, request: Request<StorePutRequest>) -> Reply<StorePutResponse> {
         Ok(Response::new(
-            self.api.store_put(request.into_inner()).await?,
+            self.api
+                .store_put(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
     async fn store_get(&self, request: Request<StoreGetRequest>) -> Reply<StoreGetResponse> {
         Ok(Response::new(
-            self.api.store_get(request.into_inner()).await?,
+            self.api
+                .store_get(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
@@ -185,7 +231,9 @@ impl Deadbolt for GrpcApi {
         request: Request<StoreDeleteRequest>,
     ) -> Reply<StoreDeleteResponse> {
         Ok(Response::new(
-            self.api.store_delete(request.into_inner()).await?,
+            self.api
+                .store_delete(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 }
@@ -201,7 +249,9 @@ impl Cluster for GrpcApi {
 
     async fn add_member(&self, request: Request<AddMemberRequest>) -> Reply<ClusterStatusResponse> {
         Ok(Response::new(
-            self.api.add_member(request.into_inner()).await?,
+            self.api
+                .add_member(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 
@@ -210,7 +260,87 @@ impl Cluster for GrpcApi {
         request: Request<RemoveMemberRequest>,
     ) -> Reply<ClusterStatusResponse> {
         Ok(Response::new(
-            self.api.remove_member(request.into_inner()).await?,
+            self.api
+                .remove_member(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl Access for GrpcApi {
+    async fn bootstrap(&self, request: Request<AclBootstrapRequest>) -> Reply<AclTokenResponse> {
+        Ok(Response::new(
+            self.api.acl_bootstrap(&credentials(&request)).await?,
+        ))
+    }
+
+    async fn who_am_i(&self, request: Request<WhoAmIRequest>) -> Reply<WhoAmIResponse> {
+        Ok(Response::new(
+            self.api.acl_whoami(&credentials(&request)).await?,
+        ))
+    }
+
+    async fn show(&self, request: Request<AclShowRequest>) -> Reply<AclShowResponse> {
+        Ok(Response::new(
+            self.api.acl_show(&credentials(&request)).await?,
+        ))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<AclCreateTokenRequest>,
+    ) -> Reply<AclTokenResponse> {
+        Ok(Response::new(
+            self.api
+                .acl_create_token(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<AclRevokeTokenRequest>,
+    ) -> Reply<AclChangedResponse> {
+        Ok(Response::new(
+            self.api
+                .acl_revoke_token(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn put_role(&self, request: Request<AclRole>) -> Reply<AclChangedResponse> {
+        Ok(Response::new(
+            self.api
+                .acl_put_role(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn delete_role(
+        &self,
+        request: Request<AclDeleteRoleRequest>,
+    ) -> Reply<AclChangedResponse> {
+        Ok(Response::new(
+            self.api
+                .acl_delete_role(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn grant_role(&self, request: Request<AclRoleBinding>) -> Reply<AclChangedResponse> {
+        Ok(Response::new(
+            self.api
+                .acl_grant_role(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn revoke_role(&self, request: Request<AclRoleBinding>) -> Reply<AclChangedResponse> {
+        Ok(Response::new(
+            self.api
+                .acl_revoke_role(&credentials(&request), request.into_inner())
+                .await?,
         ))
     }
 }

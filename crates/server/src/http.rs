@@ -3,10 +3,13 @@
 //! Errors are `{"error": {"kind": ..., "message": ...}}` with a fitting status.
 
 use crate::api::Api;
+use crate::auth::Credentials;
 use crate::node::ApiError;
+use crate::tls::TlsClient;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{FromRequest, Query, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -33,6 +36,15 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/cluster/status", get(cluster_status))
         .route("/v1/cluster/add", post(add_member))
         .route("/v1/cluster/remove", post(remove_member))
+        .route("/v1/acl", get(acl_show))
+        .route("/v1/acl/bootstrap", post(acl_bootstrap))
+        .route("/v1/acl/whoami", get(acl_whoami))
+        .route("/v1/acl/token/create", post(acl_create_token))
+        .route("/v1/acl/token/revoke", post(acl_revoke_token))
+        .route("/v1/acl/role/put", post(acl_put_role))
+        .route("/v1/acl/role/delete", post(acl_delete_role))
+        .route("/v1/acl/grant", post(acl_grant_role))
+        .route("/v1/acl/revoke", post(acl_revoke_role))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
@@ -90,6 +102,7 @@ fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::NotLeader | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
     }
 }
 
@@ -211,82 +224,93 @@ fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
 
 async fn open_session(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<OpenSessionRequest>,
 ) -> Reply<OpenSessionResponse> {
-    Ok(Json(api.open_session(request).await?))
+    Ok(Json(api.open_session(&credentials, request).await?))
 }
 
 async fn keep_alive(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<KeepAliveRequest>,
 ) -> Reply<KeepAliveResponse> {
-    Ok(Json(api.keep_alive(request).await?))
+    Ok(Json(api.keep_alive(&credentials, request).await?))
 }
 
 async fn close_session(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<CloseSessionRequest>,
 ) -> Reply<CloseSessionResponse> {
-    Ok(Json(api.close_session(request).await?))
+    Ok(Json(api.close_session(&credentials, request).await?))
 }
 
 async fn acquire(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<AcquireRequest>,
 ) -> Reply<AcquireResponse> {
-    Ok(Json(api.acquire(request).await?))
+    Ok(Json(api.acquire(&credentials, request).await?))
 }
 
 async fn release(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<ReleaseRequest>,
 ) -> Reply<ReleaseResponse> {
-    Ok(Json(api.release(request).await?))
+    Ok(Json(api.release(&credentials, request).await?))
 }
 
 async fn lock_status(
     State(api): State<Api>,
+    credentials: Credentials,
     query: Result<Query<LockStatusRequest>, QueryRejection>,
 ) -> Reply<LockStatusResponse> {
     let Query(request) = query?;
-    Ok(Json(api.lock_status(request).await?))
+    Ok(Json(api.lock_status(&credentials, request).await?))
 }
 
 async fn list_locks(
     State(api): State<Api>,
+    credentials: Credentials,
     query: Result<Query<ListLocksRequest>, QueryRejection>,
 ) -> Reply<ListLocksResponse> {
     let Query(request) = query?;
-    Ok(Json(api.list_locks(request).await?))
+    Ok(Json(api.list_locks(&credentials, request).await?))
 }
 
 async fn check_token(
     State(api): State<Api>,
+    credentials: Credentials,
     query: Result<Query<CheckTokenRequest>, QueryRejection>,
 ) -> Reply<CheckTokenResponse> {
     let Query(request) = query?;
-    Ok(Json(api.check_token(request).await?))
+    Ok(Json(api.check_token(&credentials, request).await?))
 }
 
 async fn lock_history(
     State(api): State<Api>,
+    credentials: Credentials,
     query: Result<Query<LockHistoryRequest>, QueryRejection>,
 ) -> Reply<LockHistoryResponse> {
     let Query(request) = query?;
-    Ok(Json(api.lock_history(request).await?))
+    Ok(Json(api.lock_history(&credentials, request).await?))
 }
 
 async fn store_put(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<StorePutRequest>,
 ) -> Reply<StorePutResponse> {
-    Ok(Json(api.store_put(request).await?))
+    Ok(Json(api.store_put(&credentials, request).await?))
 }
 
 /// `GET /v1/store/get?key=K`: a plain read. A fenced read changes the key's
 /// fence, so it is a POST.
 async fn store_get_plain(
     State(api): State<Api>,
+    credentials: Credentials,
     query: Result<Query<KeyQuery>, QueryRejection>,
 ) -> Reply<StoreGetResponse> {
     let Query(KeyQuery { key }) = query?;
@@ -294,7 +318,7 @@ async fn store_get_plain(
         key,
         ..Default::default()
     };
-    Ok(Json(api.store_get(request).await?))
+    Ok(Json(api.store_get(&credentials, request).await?))
 }
 
 #[derive(serde::Deserialize)]
@@ -304,16 +328,18 @@ struct KeyQuery {
 
 async fn store_get(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<StoreGetRequest>,
 ) -> Reply<StoreGetResponse> {
-    Ok(Json(api.store_get(request).await?))
+    Ok(Json(api.store_get(&credentials, request).await?))
 }
 
 async fn store_delete(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<StoreDeleteRequest>,
 ) -> Reply<StoreDeleteResponse> {
-    Ok(Json(api.store_delete(request).await?))
+    Ok(Json(api.store_delete(&credentials, request).await?))
 }
 
 async fn cluster_status(State(api): State<Api>) -> Json<ClusterStatusResponse> {
@@ -322,16 +348,18 @@ async fn cluster_status(State(api): State<Api>) -> Json<ClusterStatusResponse> {
 
 async fn add_member(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<AddMemberRequest>,
 ) -> Reply<ClusterStatusResponse> {
-    Ok(Json(api.add_member(request).await?))
+    Ok(Json(api.add_member(&credentials, request).await?))
 }
 
 async fn remove_member(
     State(api): State<Api>,
+    credentials: Credentials,
     JsonBody(request): JsonBody<RemoveMemberRequest>,
 ) -> Reply<ClusterStatusResponse> {
-    Ok(Json(api.remove_member(request).await?))
+    Ok(Json(api.remove_member(&credentials, request).await?))
 }
 
 /// 200 while this node leads and serves; 503 otherwise (for load balancers).
@@ -346,9 +374,91 @@ async fn health(State(api): State<Api>) -> (StatusCode, Json<HealthResponse>) {
 }
 
 /// The Prometheus scrape (see docs/operations.md).
-async fn metrics(State(api): State<Api>) -> impl IntoResponse {
+async fn metrics(
+    State(api): State<Api>,
+    credentials: Credentials,
+) -> Result<impl IntoResponse, HttpError> {
     let content_type = [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)];
-    (content_type, api.metrics())
+    Ok((content_type, api.metrics(&credentials).await?))
+}
+
+async fn acl_bootstrap(
+    State(api): State<Api>,
+    credentials: Credentials,
+) -> Reply<AclTokenResponse> {
+    Ok(Json(api.acl_bootstrap(&credentials).await?))
+}
+
+async fn acl_whoami(State(api): State<Api>, credentials: Credentials) -> Reply<WhoAmIResponse> {
+    Ok(Json(api.acl_whoami(&credentials).await?))
+}
+
+async fn acl_show(State(api): State<Api>, credentials: Credentials) -> Reply<AclShowResponse> {
+    Ok(Json(api.acl_show(&credentials).await?))
+}
+
+async fn acl_create_token(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<AclCreateTokenRequest>,
+) -> Reply<AclTokenResponse> {
+    Ok(Json(api.acl_create_token(&credentials, request).await?))
+}
+
+async fn acl_revoke_token(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<AclRevokeTokenRequest>,
+) -> Reply<AclChangedResponse> {
+    Ok(Json(api.acl_revoke_token(&credentials, request).await?))
+}
+
+async fn acl_put_role(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<AclRole>,
+) -> Reply<AclChangedResponse> {
+    Ok(Json(api.acl_put_role(&credentials, request).await?))
+}
+
+async fn acl_delete_role(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<AclDeleteRoleRequest>,
+) -> Reply<AclChangedResponse> {
+    Ok(Json(api.acl_delete_role(&credentials, request).await?))
+}
+
+async fn acl_grant_role(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<AclRoleBinding>,
+) -> Reply<AclChangedResponse> {
+    Ok(Json(api.acl_grant_role(&credentials, request).await?))
+}
+
+async fn acl_revoke_role(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<AclRoleBinding>,
+) -> Reply<AclChangedResponse> {
+    Ok(Json(api.acl_revoke_role(&credentials, request).await?))
+}
+
+/// The bearer token and client certificate of an HTTP request.
+#[axum::async_trait]
+impl<S: Send + Sync> FromRequestParts<S> for Credentials {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Credentials::new(
+            parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .map(|value| value.as_bytes()),
+            parts.extensions.get::<TlsClient>(),
+        ))
+    }
 }
 
 /// Untrusted bytes in, an answer out, never a panic: random bodies for every

@@ -12,6 +12,7 @@
 //! [`run`] wires them together and serves until the shutdown future resolves.
 
 mod api;
+mod auth;
 mod calls;
 mod clock;
 mod cluster;
@@ -246,6 +247,12 @@ fn check_transport(config: &ServerConfig) -> anyhow::Result<Option<Arc<tls::Node
                  lock and forge Raft messages. Give --tls-cert and --tls-key (and --tls-client-ca \
                  for a cluster; `deadbolt certs` makes them), or --insecure on a network you trust",
                 config.listen
+            );
+        }
+        if config.membership != StartMembership::SingleNode {
+            tracing::warn!(
+                "this cluster's peers are unauthenticated (no TLS): anything that can reach a \
+                 node's port can speak Raft to it; `deadbolt cluster status` says so too"
             );
         }
         if !loopback {

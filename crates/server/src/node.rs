@@ -4,6 +4,7 @@
 //! requests and [`ApiError`]s. Every change goes through the [`Proposer`]
 //! (Raft); reads that decide anything pass a linearizable barrier first.
 
+use crate::auth::Caller;
 use crate::leases::{KeepAliveError, Leases};
 use crate::metrics::Metrics;
 use crate::proposer::{ProposeError, Proposer};
@@ -11,9 +12,9 @@ use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::{EventSink, SharedTable};
 use crate::waits::{Subscription, WaitEnd, Waits};
 use deadbolt_core::{
-    validate_key, validate_lock_name, validate_ttl, AcquireOutcome, AuditRecord, Command, Event,
-    LockError, LockInfo, LockTable, Outcome, SecretHash, SessionId, SessionSecret, StoredValue,
-    Token,
+    validate_key, validate_lock_name, validate_ttl, AccessControl, AclCommand, AclError,
+    AcquireOutcome, AuditRecord, Command, Event, LockError, LockInfo, LockTable, Outcome,
+    SecretHash, SessionId, SessionSecret, StoredValue, Token,
 };
 use deadbolt_proto::ErrorKind;
 use std::sync::Arc;
@@ -57,6 +58,9 @@ impl From<LockError> for ApiError {
             | LockError::ValueTooLarge { .. } => ErrorKind::InvalidArgument,
             // Only the leader's own timer commands are ever superseded.
             LockError::Superseded { .. } => ErrorKind::Unavailable,
+            LockError::Acl(AclError::AlreadyBootstrapped) => ErrorKind::PermissionDenied,
+            LockError::Acl(AclError::TooMany { .. }) => ErrorKind::LimitReached,
+            LockError::Acl(_) => ErrorKind::InvalidArgument,
             LockError::TooManyWaiters { .. }
             | LockError::TooManySessions { .. }
             | LockError::TooManyLocks { .. }
@@ -209,17 +213,22 @@ impl Node {
         Ok(self.proposer.propose(command).await??)
     }
 
-    /// Opens a session owned by whoever knows the secret `secret` is the
-    /// hash of.
+    /// Opens a session owned by `owner` (an identity; `None`: anonymous)
+    /// and whoever knows the secret `secret` is the hash of.
     pub async fn open_session(
         &self,
         ttl: Duration,
         secret: SecretHash,
+        owner: Option<String>,
     ) -> Result<(SessionId, Duration), ApiError> {
         validate_ttl(ttl)?;
         let ttl_ms = ttl.as_millis() as u64;
         match self
-            .propose(Command::OpenSession { ttl_ms, secret })
+            .propose(Command::OpenSession {
+                ttl_ms,
+                secret,
+                owner,
+            })
             .await?
         {
             Outcome::SessionOpened { session, ttl_ms } => {
@@ -239,16 +248,21 @@ impl Node {
     /// and if it is still not there, no session has that id yet and a call
     /// on it must not reach the log (it could be applied after the opening
     /// of that id by someone else).
+    ///
+    /// The session must also belong to `caller`'s identity: a secret that
+    /// leaked to another identity (a shared log, a copied environment) does
+    /// not let that identity act on the session.
     pub async fn authorize(
         &self,
+        caller: &Caller,
         session: SessionId,
         secret: &str,
     ) -> Result<OwnedSession, ApiError> {
-        if let Some(checked) = self.check_secret(session, secret) {
+        if let Some(checked) = self.check_secret(caller, session, secret) {
             return checked;
         }
         self.linearizable().await?;
-        self.check_secret(session, secret)
+        self.check_secret(caller, session, secret)
             .unwrap_or_else(|| Err(LockError::UnknownSession(session).into()))
     }
 
@@ -256,15 +270,26 @@ impl Node {
     /// session has not been opened as far as this node knows.
     fn check_secret(
         &self,
+        caller: &Caller,
         session: SessionId,
         secret: &str,
     ) -> Option<Result<OwnedSession, ApiError>> {
         let state = self.table.read().expect("state lock poisoned");
         match state.table.session_secret(session) {
-            SessionSecret::Live(hash) if crate::secret::matches(secret, hash) => {
+            SessionSecret::Live { owner, .. } if owner != caller.identity() => {
+                let owner = owner.unwrap_or("an anonymous client");
+                Some(Err(ApiError::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "session {session} belongs to identity {owner:?}; only the identity \
+                         that opened a session may use it"
+                    ),
+                )))
+            }
+            SessionSecret::Live { secret: hash, .. } if crate::secret::matches(secret, hash) => {
                 Some(Ok(OwnedSession(session)))
             }
-            SessionSecret::Live(_) => {
+            SessionSecret::Live { .. } => {
                 tracing::debug!(
                     session = session.0,
                     "refused a call without the session's secret"
@@ -401,7 +426,7 @@ impl Node {
     /// Waits until this node's state machine reflects every write committed
     /// before the call (a read-index barrier through openraft): proof from a
     /// quorum that this node still leads.
-    async fn linearizable(&self) -> Result<(), ApiError> {
+    pub(crate) async fn linearizable(&self) -> Result<(), ApiError> {
         use openraft::error::{CheckIsLeaderError, RaftError};
         let give_up = tokio::time::Instant::now() + QUORUM_WAIT;
         loop {
@@ -520,6 +545,20 @@ impl Node {
             Command::StorePut { .. } | Command::StoreRead { .. } | Command::StoreDelete { .. }
         ));
         self.propose(command).await
+    }
+
+    /// Changes who may do what, through the log like everything else.
+    pub async fn change_acl(&self, change: AclCommand) -> Result<(), ApiError> {
+        match self.propose(Command::Acl(change)).await? {
+            Outcome::AclChanged => Ok(()),
+            other => unreachable!("an access-control change answered {other:?}"),
+        }
+    }
+
+    /// The access-control rules as this node has applied them, read after a
+    /// linearizable barrier so a change just made shows.
+    pub async fn acl(&self) -> Result<AccessControl, ApiError> {
+        self.read_linearizable(|table| table.acl().clone()).await
     }
 
     /// A plain (unfenced) linearizable read of a fenced-store key.

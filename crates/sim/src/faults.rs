@@ -23,7 +23,7 @@ use crate::network::{address, LinkQuality};
 use crate::workload::{Failure, Router};
 use deadbolt_proto::v1::{AddMemberRequest, RemoveMemberRequest};
 use deadbolt_proto::ErrorKind;
-use deadbolt_server::embedded::NodeId;
+use deadbolt_server::embedded::{Credentials, NodeId};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -196,8 +196,11 @@ async fn rebuild(
     ));
     cluster.wipe(lost);
     membership_change(router, "remove", lost, |api| async move {
-        api.remove_member(RemoveMemberRequest { node_id: lost })
-            .await
+        api.remove_member(
+            &Credentials::ANONYMOUS,
+            RemoveMemberRequest { node_id: lost },
+        )
+        .await
     })
     .await?;
     restart(cluster, lost, rng, log).await?;
@@ -206,7 +209,7 @@ async fn rebuild(
             node_id: lost,
             address: address(lost),
         };
-        api.add_member(request).await
+        api.add_member(&Credentials::ANONYMOUS, request).await
     })
     .await?;
     log.push(format!("{} node {lost} is a voter again", at()));

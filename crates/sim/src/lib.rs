@@ -28,7 +28,7 @@ use cluster::SimCluster;
 use deadbolt_nemesis::checker::{check, Finals, Violation};
 use deadbolt_nemesis::history::{Accepted, Record};
 use deadbolt_proto::v1::{LockHistoryRequest, StoreGetRequest};
-use deadbolt_server::embedded::{seed_raft_rng, SecretSource};
+use deadbolt_server::embedded::{seed_raft_rng, Credentials, SecretSource};
 use network::Fabric;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -190,11 +190,14 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
             .send(|api| {
                 let key = key.clone();
                 async move {
-                    api.store_get(StoreGetRequest {
-                        key,
-                        token: None,
-                        lock: None,
-                    })
+                    api.store_get(
+                        &Credentials::ANONYMOUS,
+                        StoreGetRequest {
+                            key,
+                            token: None,
+                            lock: None,
+                        },
+                    )
                     .await
                 }
             })
@@ -202,7 +205,10 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         let trail = router
             .send(|api| {
                 let lock = lock.clone();
-                async move { api.lock_history(LockHistoryRequest { lock }).await }
+                async move {
+                    api.lock_history(&Credentials::ANONYMOUS, LockHistoryRequest { lock })
+                        .await
+                }
             })
             .await;
         match (read, trail) {

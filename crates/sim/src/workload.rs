@@ -15,7 +15,7 @@ use deadbolt_proto::v1::{
     StoreGetRequest, StorePutRequest,
 };
 use deadbolt_proto::ErrorKind;
-use deadbolt_server::embedded::{Api, ApiError, NodeId};
+use deadbolt_server::embedded::{Api, ApiError, Credentials, NodeId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -343,7 +343,7 @@ impl Client {
                     .router
                     .send(|api| {
                         let close = close.clone();
-                        async move { api.close_session(close).await }
+                        async move { api.close_session(&Credentials::ANONYMOUS, close).await }
                     })
                     .await;
             }
@@ -355,7 +355,10 @@ impl Client {
         let sent = now_ns();
         let opened = self
             .router
-            .send(|api| async move { api.open_session(OpenSessionRequest { ttl_ms }).await })
+            .send(|api| async move {
+                api.open_session(&Credentials::ANONYMOUS, OpenSessionRequest { ttl_ms })
+                    .await
+            })
             .await
             .ok()?;
         self.history.lease_renewed(opened.session_id, sent);
@@ -389,15 +392,18 @@ impl Client {
             .send(|api| {
                 let (lock, session_secret) = (lock.to_owned(), secret.to_owned());
                 async move {
-                    api.acquire(AcquireRequest {
-                        session_id,
-                        session_secret,
-                        lock,
-                        wait: true,
-                        timeout_ms: Some(ACQUIRE_WAIT.as_millis() as u64),
-                        attempt,
-                        lock_delay_ms: 0,
-                    })
+                    api.acquire(
+                        &Credentials::ANONYMOUS,
+                        AcquireRequest {
+                            session_id,
+                            session_secret,
+                            lock,
+                            wait: true,
+                            timeout_ms: Some(ACQUIRE_WAIT.as_millis() as u64),
+                            attempt,
+                            lock_delay_ms: 0,
+                        },
+                    )
                     .await
                 }
             })
@@ -431,12 +437,15 @@ impl Client {
             .send(|api| {
                 let (lock, session_secret) = (lock.to_owned(), secret.to_owned());
                 async move {
-                    api.release(ReleaseRequest {
-                        session_id,
-                        session_secret,
-                        lock,
-                        token,
-                    })
+                    api.release(
+                        &Credentials::ANONYMOUS,
+                        ReleaseRequest {
+                            session_id,
+                            session_secret,
+                            lock,
+                            token,
+                        },
+                    )
                     .await
                 }
             })
@@ -462,11 +471,14 @@ impl Client {
             .send(|api| {
                 let (key, lock) = (key.clone(), lock.to_owned());
                 async move {
-                    api.store_get(StoreGetRequest {
-                        key,
-                        token: Some(token),
-                        lock: Some(lock),
-                    })
+                    api.store_get(
+                        &Credentials::ANONYMOUS,
+                        StoreGetRequest {
+                            key,
+                            token: Some(token),
+                            lock: Some(lock),
+                        },
+                    )
                     .await
                 }
             })
@@ -484,12 +496,15 @@ impl Client {
             .send(|api| {
                 let (key, lock) = (key.clone(), lock.to_owned());
                 async move {
-                    api.store_put(StorePutRequest {
-                        key,
-                        value: next.to_string(),
-                        token,
-                        lock: Some(lock),
-                    })
+                    api.store_put(
+                        &Credentials::ANONYMOUS,
+                        StorePutRequest {
+                            key,
+                            value: next.to_string(),
+                            token,
+                            lock: Some(lock),
+                        },
+                    )
                     .await
                 }
             })
@@ -555,7 +570,7 @@ async fn keep_alive(
         let renewed = router
             .send(|api| {
                 let request = request.clone();
-                async move { api.keep_alive(request).await }
+                async move { api.keep_alive(&Credentials::ANONYMOUS, request).await }
             })
             .await;
         match renewed {

@@ -36,7 +36,7 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const FORMAT_KEY: &str = "format";
 /// Written once into a new data directory and checked at every start. Bump
 /// the version when the on-disk encoding changes incompatibly.
-const FORMAT: &[u8] = b"deadbolt-data/8";
+const FORMAT: &[u8] = b"deadbolt-data/9";
 /// The data directory's instance id, the same as its witness's.
 const INSTANCE_KEY: &str = "instance";
 const VOTE_KEY: &str = "vote";

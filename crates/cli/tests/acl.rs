@@ -1,0 +1,315 @@
+//! Access control as a new user meets it: `deadbolt acl` to turn it on and
+//! hand out least-privilege tokens, then `curl` (a client nobody here
+//! wrote) and the CLI against a real server. Every refusal is checked to
+//! have changed nothing.
+
+mod common;
+
+use common::{deadbolt, TestServer};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+
+/// `curl` with an optional bearer token; the HTTP status and JSON reply.
+fn curl(addr: SocketAddr, token: Option<&str>, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let mut command = Command::new("curl");
+    command.args(["-sS", "-w", "\n%{http_code}"]);
+    if let Some(token) = token {
+        command.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    if let Some(body) = body {
+        command.args(["-d", &body.to_string()]);
+    }
+    let output = command
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .expect("curl is installed");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let (reply, status) = text.rsplit_once('\n').unwrap_or_else(|| panic!("{text:?}"));
+    // The metrics scrape is text, not JSON: kept short, as a string.
+    let reply = serde_json::from_str(reply)
+        .unwrap_or_else(|_| Value::String(reply.chars().take(200).collect()));
+    (status.parse().unwrap(), reply)
+}
+
+/// `deadbolt ARGS` with `DEADBOLT_ACCESS_TOKEN` set (or not).
+fn as_token(endpoint: &str, token: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(common::BIN);
+    command.args(args).env("DEADBOLT_ENDPOINT", endpoint);
+    if let Some(token) = token {
+        command.env("DEADBOLT_ACCESS_TOKEN", token);
+    }
+    command.output().expect("run deadbolt")
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Bootstraps access control on `server`: a role `jobs` (lock and read
+/// under `jobs/`) held by identities `ci` and `ops`, and a token for each.
+/// Returns (root, ci, ops) tokens.
+fn secured(server: &TestServer) -> (String, String, String) {
+    let endpoint = server.endpoint();
+    let root = stdout(&deadbolt(&endpoint, &["acl", "bootstrap"]));
+    assert!(root.starts_with("dbt."), "{root}");
+    let admin = |args: &[&str]| stdout(&as_token(&endpoint, Some(&root), args));
+    admin(&["acl", "role", "put", "jobs", "lock:jobs/", "read:jobs/"]);
+    admin(&["acl", "grant", "ci", "jobs"]);
+    admin(&["acl", "grant", "ops", "jobs"]);
+    let ci = admin(&["acl", "token", "create", "ci"]);
+    let ops = admin(&["acl", "token", "create", "ops"]);
+    (root, ci, ops)
+}
+
+#[test]
+fn a_token_allows_exactly_what_its_roles_grant_and_a_refusal_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    let addr = server.addr;
+
+    // Off: everything is allowed, as on the loopback default.
+    let (status, _) = curl(addr, None, "/v1/lock/status?lock=jobs/a", None);
+    assert_eq!(status, 200);
+    let (root, ci, _) = secured(&server);
+
+    // A second bootstrap is refused, anonymously or by root.
+    let again = deadbolt(&endpoint, &["acl", "bootstrap"]);
+    assert_eq!(again.status.code(), Some(77), "{again:?}");
+    let again = as_token(&endpoint, Some(&root), &["acl", "bootstrap"]);
+    assert_eq!(again.status.code(), Some(77), "{again:?}");
+    assert!(stderr(&again).contains("already on"), "{}", stderr(&again));
+
+    // On: anonymous calls are unauthenticated (401); /health stays open.
+    for path in [
+        "/v1/lock/status?lock=jobs/a",
+        "/v1/locks",
+        "/metrics",
+        "/v1/acl",
+    ] {
+        let (status, reply) = curl(addr, None, path, None);
+        assert_eq!(status, 401, "{path}: {reply}");
+        assert_eq!(reply["error"]["kind"], "unauthenticated", "{reply}");
+    }
+    let (status, _) = curl(addr, None, "/health", None);
+    assert_eq!(status, 200);
+    let (status, reply) = curl(addr, Some("dbt.0000.1111"), "/v1/locks", None);
+    assert_eq!(
+        (status, reply["error"]["kind"].as_str()),
+        (401, Some("unauthenticated"))
+    );
+
+    // ci may lock and read under jobs/, nothing else.
+    let granted = as_token(&endpoint, Some(&ci), &["acquire", "--lock", "jobs/a"]);
+    let handle = stdout(&granted);
+    let session = handle.split_whitespace().next().unwrap().to_owned();
+    let (status, reply) = curl(addr, Some(&ci), "/v1/lock/status?lock=jobs/a", None);
+    assert_eq!(status, 200, "{reply}");
+    assert!(reply["state"]["token"].as_u64().unwrap() > 0);
+    let web = as_token(&endpoint, Some(&ci), &["acquire", "--lock", "web/a"]);
+    assert_eq!(web.status.code(), Some(77), "{web:?}");
+    assert!(
+        stderr(&web).contains(r#"identity "ci" has no lock permission on "web/a""#),
+        "{}",
+        stderr(&web)
+    );
+    for (path, body) in [
+        (
+            "/v1/store/put",
+            json!({"key": "jobs/k", "value": "v", "token": 1}),
+        ),
+        ("/v1/cluster/remove", json!({"node_id": 1})),
+        ("/v1/acl/token/create", json!({"identity": "ci"})),
+        ("/v1/acl/grant", json!({"identity": "ci", "role": "root"})),
+    ] {
+        let (status, reply) = curl(addr, Some(&ci), path, Some(&body));
+        assert_eq!(status, 403, "{path}: {reply}");
+        assert_eq!(reply["error"]["kind"], "permission_denied", "{reply}");
+    }
+    let (status, reply) = curl(addr, Some(&ci), "/v1/lock/status?lock=web/a", None);
+    assert_eq!(status, 403, "{reply}");
+
+    // Listing shows only what ci may read; root sees everything, and
+    // nothing was taken or stored by the refused calls.
+    let root_acquire = as_token(&endpoint, Some(&root), &["acquire", "--lock", "other"]);
+    stdout(&root_acquire);
+    let (_, listed) = curl(addr, Some(&ci), "/v1/locks", None);
+    let names: Vec<&str> = listed["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|lock| lock["lock"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["jobs/a"]);
+    let (_, listed) = curl(addr, Some(&root), "/v1/locks", None);
+    assert_eq!(listed["locks"].as_array().unwrap().len(), 2, "{listed}");
+    let (_, web) = curl(addr, Some(&root), "/v1/lock/status?lock=web/a", None);
+    assert!(web["state"].is_null(), "{web}");
+    let (_, stored) = curl(addr, Some(&root), "/v1/store/get?key=jobs/k", None);
+    assert_eq!(stored["found"], false, "{stored}");
+    let (status, _) = curl(addr, Some(&root), "/metrics", None);
+    assert_eq!(status, 200);
+
+    // The trail names who held the lock.
+    let (_, history) = curl(addr, Some(&ci), "/v1/lock/history?lock=jobs/a", None);
+    assert_eq!(history["entries"][0]["identity"], "ci", "{history}");
+
+    // A revoked token stops working at once; the session it opened stays
+    // the identity's, usable with another token of that identity.
+    let shown = stdout(&as_token(
+        &endpoint,
+        Some(&root),
+        &["acl", "show", "--json"],
+    ));
+    let shown: Value = serde_json::from_str(&shown).unwrap();
+    let ci_id = ci.split('.').nth(1).unwrap();
+    assert!(shown["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|token| token["token_id"] == ci_id && token["identity"] == "ci"));
+    assert!(!shown.to_string().contains(ci.split('.').nth(2).unwrap()));
+    stdout(&as_token(
+        &endpoint,
+        Some(&root),
+        &["acl", "token", "revoke", ci_id],
+    ));
+    let revoked = as_token(&endpoint, Some(&ci), &["keepalive", "--session", &session]);
+    assert_eq!(revoked.status.code(), Some(77), "{revoked:?}");
+    assert!(stderr(&revoked).contains("revoked"), "{}", stderr(&revoked));
+    let ci_again = stdout(&as_token(
+        &endpoint,
+        Some(&root),
+        &["acl", "token", "create", "ci"],
+    ));
+    let renewed = as_token(
+        &endpoint,
+        Some(&ci_again),
+        &["keepalive", "--session", &session],
+    );
+    stdout(&renewed);
+}
+
+#[test]
+fn another_identitys_session_is_refused_even_with_its_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    let (root, ci, ops) = secured(&server);
+
+    let granted = stdout(&as_token(
+        &endpoint,
+        Some(&ci),
+        &["acquire", "--lock", "jobs/a"],
+    ));
+    let (handle, token) = granted.split_once(' ').unwrap();
+
+    // ops holds the same role, and has the session's handle (secret and
+    // all): it still cannot release, renew or close ci's session.
+    let release = [
+        "release",
+        "--lock",
+        "jobs/a",
+        "--session",
+        handle,
+        "--token",
+        token,
+    ];
+    for args in [&release[..], &["keepalive", "--session", handle]] {
+        let refused = as_token(&endpoint, Some(&ops), args);
+        assert_eq!(refused.status.code(), Some(77), "{refused:?}");
+        assert!(
+            stderr(&refused).contains(r#"belongs to identity "ci""#),
+            "{}",
+            stderr(&refused)
+        );
+    }
+    let status = stdout(&as_token(
+        &endpoint,
+        Some(&root),
+        &["status", "--lock", "jobs/a", "--json"],
+    ));
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["state"]["token"].to_string(), token, "{status}");
+
+    // Its owner can.
+    stdout(&as_token(&endpoint, Some(&ci), &release));
+    let history = stdout(&as_token(
+        &endpoint,
+        Some(&ci),
+        &["history", "--lock", "jobs/a", "--json"],
+    ));
+    let history: Value = serde_json::from_str(&history).unwrap();
+    let trail: Vec<(&str, &str)> = history["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["what"].as_str().unwrap(), e["identity"].as_str().unwrap()))
+        .collect();
+    assert_eq!(trail, [("granted", "ci"), ("released", "ci")]);
+}
+
+#[test]
+fn tokens_and_rules_survive_a_restart_and_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let flags = ["--snapshot-every", "10"];
+    let addr = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let mut server = TestServer::start_with(&data, addr, &flags);
+    let endpoint = server.endpoint();
+    let (root, ci, _) = secured(&server);
+    // Enough entries for a snapshot and a purge of the log behind it.
+    for _ in 0..12 {
+        let granted = stdout(&as_token(
+            &endpoint,
+            Some(&ci),
+            &["acquire", "--lock", "jobs/a"],
+        ));
+        let (handle, token) = granted.split_once(' ').unwrap();
+        let release = [
+            "release",
+            "--lock",
+            "jobs/a",
+            "--session",
+            handle,
+            "--token",
+            token,
+        ];
+        stdout(&as_token(&endpoint, Some(&ci), &release));
+    }
+    server.terminate();
+    let server = TestServer::start_with(&data, addr, &flags);
+    let health = common::http(server.addr, "GET", "/health", None).unwrap().1;
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert!(health["snapshot_index"].as_u64().unwrap() > 0, "{health}");
+
+    let me = stdout(&as_token(
+        &endpoint,
+        Some(&ci),
+        &["acl", "whoami", "--json"],
+    ));
+    let me: Value = serde_json::from_str(&me).unwrap();
+    assert_eq!(
+        (&me["identity"], &me["authenticated_by"]),
+        (&json!("ci"), &json!("token"))
+    );
+    stdout(&as_token(
+        &endpoint,
+        Some(&ci),
+        &["acquire", "--lock", "jobs/b"],
+    ));
+    let web = as_token(&endpoint, Some(&ci), &["acquire", "--lock", "web/b"]);
+    assert_eq!(web.status.code(), Some(77), "{web:?}");
+    let anonymous = deadbolt(&endpoint, &["status", "--lock", "jobs/b"]);
+    assert_eq!(anonymous.status.code(), Some(77), "{anonymous:?}");
+    stdout(&as_token(&endpoint, Some(&root), &["acl", "show"]));
+}

@@ -1,0 +1,298 @@
+//! Who is calling, and may they: authentication and authorization for
+//! every call of the client API.
+//!
+//! Why one module between the wire and [`Node`]: both front ends (gRPC and
+//! HTTP) and the `Calls` stream hand over the same [`Credentials`] (the
+//! bearer token and the TLS client certificate's name), and every call of
+//! [`crate::api::Api`] turns them into a [`Caller`] and asks [`Node::permit`]
+//! before doing anything, so no endpoint can forget the check.
+//!
+//! The rules are the replicated [`deadbolt_core::AccessControl`] in the
+//! applied table: every node enforces the same ones, and they survive
+//! leader changes and restarts. A token is `dbt.<id>.<secret>`: the id is
+//! public (listed, revoked by it), the table keeps the SHA-256 of the secret
+//! only, and the check is a map lookup and one hash compared in constant
+//! time (no bcrypt per request). A token this node has not applied yet (it
+//! was just made, on a lagging replica) is looked up once more after a
+//! linearizable barrier, as a session id is.
+//!
+//! Access control is off until `deadbolt acl bootstrap`: then every caller
+//! may do everything, as on the loopback default, but a session still
+//! belongs to the identity that opened it (see `secret.rs` for the other
+//! half: its secret).
+
+use crate::node::{ApiError, Node};
+use crate::secret::{self, SecretSource};
+use crate::tls::TlsClient;
+use deadbolt_core::{AccessControl, Permission};
+use deadbolt_proto::ErrorKind;
+
+/// The scheme of a token: makes one recognisable in logs and to secret
+/// scanners.
+const TOKEN_PREFIX: &str = "dbt";
+/// Longest `authorization` value looked at: a token is about 53 bytes.
+const MAX_TOKEN_BYTES: usize = 256;
+
+/// What a request presented, before anything is checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    /// The `authorization` header or metadata, if any.
+    authorization: Option<String>,
+    /// The TLS client certificate's common name (mTLS), if any.
+    certificate: Option<String>,
+}
+
+impl Credentials {
+    /// No token and no certificate: what the simulation's clients present.
+    pub const ANONYMOUS: Credentials = Credentials {
+        authorization: None,
+        certificate: None,
+    };
+
+    /// From a request's `authorization` header (or gRPC metadata) and the
+    /// TLS client the listener put into its extensions.
+    pub fn new(authorization: Option<&[u8]>, tls: Option<&TlsClient>) -> Credentials {
+        Credentials {
+            authorization: authorization.map(|value| String::from_utf8_lossy(value).into_owned()),
+            certificate: tls.and_then(|client| client.name.clone()),
+        }
+    }
+}
+
+/// How a caller proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthenticatedBy {
+    Token,
+    Certificate,
+}
+
+impl AuthenticatedBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthenticatedBy::Token => "token",
+            AuthenticatedBy::Certificate => "certificate",
+        }
+    }
+}
+
+/// An authenticated caller; `identity` is `None` for an anonymous one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub identity: Option<String>,
+    pub by: Option<AuthenticatedBy>,
+}
+
+impl Caller {
+    pub fn identity(&self) -> Option<&str> {
+        self.identity.as_deref()
+    }
+}
+
+/// A new token: (token id, the token to show once, the hash to store).
+pub fn draw_token(secrets: &SecretSource) -> (String, String, deadbolt_core::SecretHash) {
+    let (id, _) = secrets.draw();
+    let id = id[..16].to_owned();
+    let (secret, hash) = secrets.draw();
+    let token = format!("{TOKEN_PREFIX}.{id}.{secret}");
+    (id, token, hash)
+}
+
+/// `(id, secret)` of a well-formed `authorization` value.
+fn parse_bearer(authorization: &str) -> Result<(&str, &str), ApiError> {
+    let unusable = |why: &str| {
+        ApiError::new(
+            ErrorKind::Unauthenticated,
+            format!("the authorization header {why}: send `Bearer dbt.<id>.<secret>`, a token from `deadbolt acl token create`"),
+        )
+    };
+    if authorization.len() > MAX_TOKEN_BYTES {
+        return Err(unusable("is too long"));
+    }
+    let Some((scheme, token)) = authorization.split_once(' ') else {
+        return Err(unusable("has no scheme"));
+    };
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(unusable("is not a bearer token"));
+    }
+    let mut parts = token.trim().split('.');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(TOKEN_PREFIX), Some(id), Some(secret), None) if !id.is_empty() => Ok((id, secret)),
+        _ => Err(unusable("does not hold a Deadbolt token")),
+    }
+}
+
+impl Node {
+    /// Who `credentials` speak for. A token must be valid whether or not
+    /// access control is on (a client configured with a token should hear
+    /// that it is wrong); a certificate's name is its identity.
+    pub async fn authenticate(&self, credentials: &Credentials) -> Result<Caller, ApiError> {
+        let Some(authorization) = &credentials.authorization else {
+            return Ok(Caller {
+                identity: credentials.certificate.clone(),
+                by: credentials
+                    .certificate
+                    .as_ref()
+                    .map(|_| AuthenticatedBy::Certificate),
+            });
+        };
+        let (id, secret) = parse_bearer(authorization)?;
+        if let Some(checked) = self.check_bearer(id, secret) {
+            return checked;
+        }
+        self.linearizable().await?;
+        self.check_bearer(id, secret).unwrap_or_else(|| {
+            Err(ApiError::new(
+                ErrorKind::Unauthenticated,
+                format!("unknown token dbt.{id}.…: it was revoked, or never made"),
+            ))
+        })
+    }
+
+    /// The token on the applied table; `None` if this node does not know
+    /// its id.
+    fn check_bearer(&self, id: &str, secret: &str) -> Option<Result<Caller, ApiError>> {
+        let state = self.table.read().expect("state lock poisoned");
+        let token = state.table.acl().token(id)?;
+        if !secret::matches(secret, &token.hash) {
+            return Some(Err(ApiError::new(
+                ErrorKind::Unauthenticated,
+                format!("token dbt.{id}.… has the wrong secret"),
+            )));
+        }
+        Some(Ok(Caller {
+            identity: Some(token.identity.clone()),
+            by: Some(AuthenticatedBy::Token),
+        }))
+    }
+
+    /// Whether `caller` may use `permission` on `resource` (a lock name or
+    /// store key; `None`: on anything at all, for calls not about one).
+    pub fn permit(
+        &self,
+        caller: &Caller,
+        permission: Permission,
+        resource: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let state = self.table.read().expect("state lock poisoned");
+        check(state.table.acl(), caller, permission, resource)
+    }
+
+    /// Keeps only the locks `caller` may read: a listing shows no more.
+    pub fn retain_readable(&self, caller: &Caller, locks: &mut Vec<deadbolt_core::LockInfo>) {
+        let state = self.table.read().expect("state lock poisoned");
+        let acl = state.table.acl();
+        locks.retain(|lock| acl.allows(caller.identity(), Permission::Read, &lock.name));
+    }
+}
+
+/// [`Node::permit`] on given rules.
+fn check(
+    acl: &AccessControl,
+    caller: &Caller,
+    permission: Permission,
+    resource: Option<&str>,
+) -> Result<(), ApiError> {
+    let allowed = match resource {
+        Some(resource) => acl.allows(caller.identity(), permission, resource),
+        None => acl.allows_some(caller.identity(), permission),
+    };
+    if allowed {
+        return Ok(());
+    }
+    let Some(identity) = caller.identity() else {
+        return Err(ApiError::new(
+            ErrorKind::Unauthenticated,
+            "access control is on: send a token (--access-token, DEADBOLT_ACCESS_TOKEN, or \
+             `authorization: Bearer ...`) or a client certificate",
+        ));
+    };
+    let on = match resource {
+        Some(resource) => format!(" on {resource:?}"),
+        None => String::new(),
+    };
+    Err(ApiError::new(
+        ErrorKind::PermissionDenied,
+        format!(
+            "identity {identity:?} has no {permission} permission{on}; an admin can grant it \
+             (`deadbolt acl role put` and `deadbolt acl grant`)"
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deadbolt_core::{AclCommand, Grant};
+
+    #[test]
+    fn a_drawn_token_parses_back_to_its_id_and_a_secret_matching_its_hash() {
+        let (id, token, hash) = draw_token(&SecretSource::os());
+        let header = format!("Bearer {token}");
+        let (parsed_id, secret) = parse_bearer(&header).unwrap();
+        assert_eq!(parsed_id, id);
+        assert!(secret::matches(secret, &hash));
+        assert!(parse_bearer(&format!("bearer  {token}")).is_ok());
+    }
+
+    #[test]
+    fn malformed_authorization_is_unauthenticated_with_the_expected_form() {
+        for bad in [
+            "",
+            "Bearer",
+            "Basic abc",
+            "Bearer abc",
+            "Bearer dbt..x",
+            "Bearer dbt.a.b.c",
+        ] {
+            let err = parse_bearer(bad).unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Unauthenticated, "{bad:?}");
+            assert!(
+                err.message.contains("Bearer dbt.<id>.<secret>"),
+                "{}",
+                err.message
+            );
+        }
+        assert!(parse_bearer(&format!("Bearer dbt.a.{}", "x".repeat(300))).is_err());
+    }
+
+    #[test]
+    fn a_refusal_says_unauthenticated_for_anonymous_and_names_the_missing_permission() {
+        let mut acl = AccessControl::default();
+        let anonymous = Caller {
+            identity: None,
+            by: None,
+        };
+        assert!(check(&acl, &anonymous, Permission::Admin, None).is_ok());
+        acl.apply(&AclCommand::Bootstrap {
+            token_id: "t".into(),
+            hash: deadbolt_core::SecretHash([0; 32]),
+        })
+        .unwrap();
+        let err = check(&acl, &anonymous, Permission::Read, Some("a")).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Unauthenticated);
+        acl.apply(&AclCommand::PutRole {
+            name: "r".into(),
+            grants: vec![Grant::new(Permission::Lock, "jobs/")],
+        })
+        .unwrap();
+        acl.apply(&AclCommand::GrantRole {
+            identity: "ci".into(),
+            role: "r".into(),
+        })
+        .unwrap();
+        let ci = Caller {
+            identity: Some("ci".into()),
+            by: Some(AuthenticatedBy::Token),
+        };
+        assert!(check(&acl, &ci, Permission::Lock, Some("jobs/a")).is_ok());
+        assert!(check(&acl, &ci, Permission::Lock, None).is_ok());
+        let err = check(&acl, &ci, Permission::Lock, Some("web/a")).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::PermissionDenied);
+        assert!(
+            err.message
+                .contains(r#""ci" has no lock permission on "web/a""#),
+            "{}",
+            err.message
+        );
+    }
+}
