@@ -68,6 +68,11 @@ pub struct ServerArgs {
     /// Concurrent gRPC calls (HTTP/2 streams) per connection.
     #[arg(long, default_value_t = ConnectionLimits::DEFAULT.max_streams_per_connection)]
     max_streams_per_connection: u32,
+    /// Calls in flight at once per identity (a token's or certificate's
+    /// name; all anonymous callers count as one), blocking acquires
+    /// included; more are refused with limit_reached.
+    #[arg(long, default_value_t = ConnectionLimits::DEFAULT.max_calls_per_identity)]
+    max_calls_per_identity: usize,
     /// This node's certificate (PEM). With --tls-key, clients and peers
     /// must speak TLS to it. SIGHUP reloads the TLS files.
     #[arg(
@@ -120,6 +125,7 @@ pub async fn main(args: ServerArgs) -> i32 {
             header_read_timeout: args.header_read_timeout,
             body_read_timeout: args.body_read_timeout,
             max_streams_per_connection: args.max_streams_per_connection,
+            max_calls_per_identity: args.max_calls_per_identity,
         },
         tls: match (args.tls_cert, args.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles {

@@ -313,3 +313,84 @@ fn tokens_and_rules_survive_a_restart_and_a_snapshot() {
     assert_eq!(anonymous.status.code(), Some(77), "{anonymous:?}");
     stdout(&as_token(&endpoint, Some(&root), &["acl", "show"]));
 }
+
+#[test]
+fn one_identity_cannot_hold_more_calls_than_its_limit_and_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let flags = ["--max-calls-per-identity", "2"];
+    let server = TestServer::start_with(&dir.path().join("data"), addr, &flags);
+    let endpoint = server.endpoint();
+    let (root, ci, ops) = secured(&server);
+    stdout(&as_token(
+        &endpoint,
+        Some(&ops),
+        &["acquire", "--lock", "jobs/a"],
+    ));
+
+    // Two blocking acquires of ci wait for the lock ops holds: both of
+    // ci's slots are taken while they wait.
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            Command::new(common::BIN)
+                .args(["acquire", "--lock", "jobs/a", "--wait", "60s"])
+                .env("DEADBOLT_ENDPOINT", &endpoint)
+                .env("DEADBOLT_ACCESS_TOKEN", &ci)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    loop {
+        let status = stdout(&as_token(
+            &endpoint,
+            Some(&root),
+            &["status", "--lock", "jobs/a", "--json"],
+        ));
+        let status: Value = serde_json::from_str(&status).unwrap();
+        if status["state"]["waiter_session_ids"]
+            .as_array()
+            .unwrap()
+            .len()
+            == 2
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let third = as_token(&endpoint, Some(&ci), &["acquire", "--lock", "jobs/b"]);
+    assert_eq!(third.status.code(), Some(1), "{third:?}");
+    assert!(
+        stderr(&third).contains(r#"identity "ci" already have 2 calls in flight"#),
+        "{}",
+        stderr(&third)
+    );
+    // Another identity is not held up.
+    stdout(&as_token(
+        &endpoint,
+        Some(&ops),
+        &["acquire", "--lock", "jobs/c"],
+    ));
+    for mut waiter in waiters {
+        waiter.kill().unwrap();
+        waiter.wait().unwrap();
+    }
+    // The slots come back when the callers go away.
+    let started = std::time::Instant::now();
+    while !as_token(&endpoint, Some(&ci), &["acquire", "--lock", "jobs/b"])
+        .status
+        .success()
+    {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "slots never returned"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -146,7 +146,9 @@ fn secret_of(index: usize) -> SecretHash {
 /// The identity the `index`th session is opened by: some anonymous, some
 /// sharing an identity.
 fn owner_of(index: usize) -> Option<String> {
-    index.is_multiple_of(2).then(|| format!("user{}", index % 3))
+    index
+        .is_multiple_of(2)
+        .then(|| format!("user{}", index % 3))
 }
 
 /// Every session keeps the secret hash and owner it was opened with while it lives,

@@ -6,7 +6,7 @@
 //! call on a session passes [`Node::authorize`] with the session's secret
 //! (see `secret.rs`).
 
-use crate::auth::{self, Caller, Credentials};
+use crate::auth::{self, Caller, Credentials, InFlight};
 use crate::metrics::Call;
 use crate::node::{ApiError, Health, Node, OwnedSession};
 use crate::secret::SecretSource;
@@ -17,6 +17,7 @@ use deadbolt_core::{
 use deadbolt_proto::v1::*;
 use deadbolt_proto::ErrorKind;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Clone)]
@@ -24,13 +25,19 @@ pub struct Api {
     node: Node,
     /// Where new sessions' secrets come from.
     secrets: SecretSource,
+    /// Each identity's calls in flight.
+    in_flight: Arc<InFlight>,
 }
 
 type Reply<T> = Result<T, ApiError>;
 
 impl Api {
-    pub fn new(node: Node, secrets: SecretSource) -> Self {
-        Api { node, secrets }
+    pub fn new(node: Node, secrets: SecretSource, in_flight: Arc<InFlight>) -> Self {
+        Api {
+            node,
+            secrets,
+            in_flight,
+        }
     }
 
     /// Runs one call, timing it and counting its error, if any (see
@@ -55,13 +62,13 @@ impl Api {
     ) -> Reply<Caller> {
         let caller = self.node.authenticate(credentials).await?;
         self.node.permit(&caller, permission, resource)?;
-        Ok(caller)
+        caller.admit(&self.in_flight)
     }
 
     /// The Prometheus scrape, in the text format of `metrics::CONTENT_TYPE`.
     /// With access control on, it takes a `read` permission.
     pub async fn metrics(&self, credentials: &Credentials) -> Reply<String> {
-        self.caller(credentials, Permission::Read, None).await?;
+        let _caller = self.caller(credentials, Permission::Read, None).await?;
         Ok(self.node.metrics_text())
     }
 
@@ -179,7 +186,7 @@ impl Api {
     ) -> Reply<LockStatusResponse> {
         self.timed(Call::LockStatus, async {
             let lock = Some(request.lock.as_str());
-            self.caller(credentials, Permission::Read, lock).await?;
+            let _caller = self.caller(credentials, Permission::Read, lock).await?;
             let info = self.node.lock_status(&request.lock).await?;
             Ok(LockStatusResponse {
                 state: info.map(lock_state),
@@ -243,7 +250,7 @@ impl Api {
     ) -> Reply<CheckTokenResponse> {
         self.timed(Call::CheckToken, async {
             let lock = Some(request.lock.as_str());
-            self.caller(credentials, Permission::Read, lock).await?;
+            let _caller = self.caller(credentials, Permission::Read, lock).await?;
             let (current, token) = self
                 .node
                 .check_token(&request.lock, Token(request.token))
@@ -263,7 +270,7 @@ impl Api {
     ) -> Reply<LockHistoryResponse> {
         self.timed(Call::LockHistory, async {
             let lock = Some(request.lock.as_str());
-            self.caller(credentials, Permission::Read, lock).await?;
+            let _caller = self.caller(credentials, Permission::Read, lock).await?;
             let entries = self
                 .node
                 .lock_history(&request.lock)
@@ -290,7 +297,8 @@ impl Api {
     ) -> Reply<StorePutResponse> {
         self.timed(Call::StorePut, async {
             let key = Some(request.key.as_str());
-            self.caller(credentials, Permission::StoreWrite, key)
+            let _caller = self
+                .caller(credentials, Permission::StoreWrite, key)
                 .await?;
             let command = Command::StorePut {
                 key: request.key,
@@ -313,7 +321,7 @@ impl Api {
     ) -> Reply<StoreGetResponse> {
         self.timed(Call::StoreGet, async {
             let key = Some(request.key.as_str());
-            self.caller(credentials, Permission::StoreRead, key).await?;
+            let _caller = self.caller(credentials, Permission::StoreRead, key).await?;
             let read = match request.token {
                 None => self.node.store_get(&request.key).await?,
                 Some(token) => {
@@ -347,7 +355,8 @@ impl Api {
     ) -> Reply<StoreDeleteResponse> {
         self.timed(Call::StoreDelete, async {
             let key = Some(request.key.as_str());
-            self.caller(credentials, Permission::StoreWrite, key)
+            let _caller = self
+                .caller(credentials, Permission::StoreWrite, key)
                 .await?;
             let command = Command::StoreDelete {
                 key: request.key,
@@ -378,7 +387,7 @@ impl Api {
         request: AddMemberRequest,
     ) -> Reply<ClusterStatusResponse> {
         self.timed(Call::AddMember, async {
-            self.caller(credentials, Permission::Admin, None).await?;
+            let _caller = self.caller(credentials, Permission::Admin, None).await?;
             self.node
                 .add_member(request.node_id, &request.address)
                 .await?;
@@ -393,7 +402,7 @@ impl Api {
         request: RemoveMemberRequest,
     ) -> Reply<ClusterStatusResponse> {
         self.timed(Call::RemoveMember, async {
-            self.caller(credentials, Permission::Admin, None).await?;
+            let _caller = self.caller(credentials, Permission::Admin, None).await?;
             self.node.remove_member(request.node_id).await?;
             Ok(self.node.cluster_status().await)
         })
@@ -408,7 +417,7 @@ impl Api {
     /// Needs no permission: it only works while access control is off,
     /// when every caller may do everything anyway.
     pub async fn acl_bootstrap(&self, credentials: &Credentials) -> Reply<AclTokenResponse> {
-        self.node.authenticate(credentials).await?;
+        let _caller = self.node.authenticate(credentials).await?;
         let (token_id, token, hash) = auth::draw_token(&self.secrets);
         let change = AclCommand::Bootstrap {
             token_id: token_id.clone(),
@@ -425,6 +434,7 @@ impl Api {
 
     pub async fn acl_whoami(&self, credentials: &Credentials) -> Reply<WhoAmIResponse> {
         let caller = self.node.authenticate(credentials).await?;
+        let caller = caller.admit(&self.in_flight)?;
         let acl = self.node.acl().await?;
         Ok(WhoAmIResponse {
             enabled: acl.enabled(),
@@ -435,7 +445,7 @@ impl Api {
     }
 
     pub async fn acl_show(&self, credentials: &Credentials) -> Reply<AclShowResponse> {
-        self.caller(credentials, Permission::Admin, None).await?;
+        let _caller = self.caller(credentials, Permission::Admin, None).await?;
         let acl = self.node.acl().await?;
         Ok(AclShowResponse {
             enabled: acl.enabled(),

@@ -10,7 +10,7 @@
 //! [`SecretSource`] the program chooses (the simulation seeds it).
 
 pub use crate::api::Api;
-pub use crate::auth::Credentials;
+pub use crate::auth::{Credentials, InFlight};
 pub use crate::clock::Clock;
 pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{NodeId, Raft, TypeConfig};

@@ -383,7 +383,8 @@ impl Server {
             tokio::spawn(tls::reload_on_sighup(tls.clone(), hangups, stopped.clone()));
         }
         spawn_duties(&node, stopped);
-        let api = api::Api::new(node.clone(), secret::SecretSource::os());
+        let in_flight = auth::InFlight::new(limits.max_calls_per_identity);
+        let api = api::Api::new(node.clone(), secret::SecretSource::os(), in_flight);
         let app = grpc::router(
             api.clone(),
             node.raft.clone(),

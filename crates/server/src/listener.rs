@@ -44,6 +44,9 @@ pub struct ConnectionLimits {
     pub body_read_timeout: Duration,
     /// Concurrent HTTP/2 streams (gRPC calls) per connection.
     pub max_streams_per_connection: u32,
+    /// API calls in flight per identity, across connections (see
+    /// `auth::InFlight`): one client cannot take every slot.
+    pub max_calls_per_identity: usize,
 }
 
 impl ConnectionLimits {
@@ -53,6 +56,7 @@ impl ConnectionLimits {
         header_read_timeout: Duration::from_secs(10),
         body_read_timeout: Duration::from_secs(10),
         max_streams_per_connection: 1024,
+        max_calls_per_identity: 16_384,
     };
 }
 

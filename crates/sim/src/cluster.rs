@@ -3,8 +3,8 @@
 
 use crate::disk::SimDisk;
 use crate::network::{address, Fabric, Reachable, SimNetwork};
-use deadbolt_server::embedded::{Api, Clock, EmbeddedNode, NodeId, SecretSource};
-use deadbolt_server::RaftTiming;
+use deadbolt_server::embedded::{Api, Clock, EmbeddedNode, InFlight, NodeId, SecretSource};
+use deadbolt_server::{ConnectionLimits, RaftTiming};
 use rand::rngs::StdRng;
 use rand::Rng;
 use std::collections::BTreeMap;
@@ -139,7 +139,11 @@ impl SimCluster {
             Reachable {
                 incarnation,
                 raft: node.raft().clone(),
-                api: Api::new(node.node().clone(), self.secrets.clone()),
+                api: Api::new(
+                    node.node().clone(),
+                    self.secrets.clone(),
+                    InFlight::new(ConnectionLimits::DEFAULT.max_calls_per_identity),
+                ),
                 crashed: crashed_rx,
             },
         );

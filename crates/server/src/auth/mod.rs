@@ -26,6 +26,8 @@ use crate::secret::{self, SecretSource};
 use crate::tls::TlsClient;
 use deadbolt_core::{AccessControl, Permission};
 use deadbolt_proto::ErrorKind;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The scheme of a token: makes one recognisable in logs and to secret
 /// scanners.
@@ -59,6 +61,76 @@ impl Credentials {
     }
 }
 
+/// Calls in flight per identity: a limit on what one client (or one
+/// leaked token) can hold of the server, across all its connections.
+/// Connections and streams have limits of their own (`listener.rs`), but a
+/// client with many connections could still fill the proposer and the wait
+/// queues alone. Anonymous callers share one count.
+#[derive(Debug)]
+pub struct InFlight {
+    limit: usize,
+    counts: Mutex<HashMap<Option<String>, usize>>,
+}
+
+impl InFlight {
+    pub fn new(limit: usize) -> Arc<InFlight> {
+        assert!(limit > 0, "the limit of calls in flight must be positive");
+        Arc::new(InFlight {
+            limit,
+            counts: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A slot for one call of `identity`, given back when dropped.
+    fn enter(self: &Arc<Self>, identity: Option<&str>) -> Result<InFlightSlot, ApiError> {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = counts.entry(identity.map(str::to_owned)).or_default();
+        if *count >= self.limit {
+            let who = identity.map_or("anonymous callers".to_owned(), |i| {
+                format!("identity {i:?}")
+            });
+            return Err(ApiError::new(
+                ErrorKind::LimitReached,
+                format!(
+                    "{who} already have {} calls in flight (the server's \
+                     --max-calls-per-identity); wait for some to finish",
+                    self.limit
+                ),
+            ));
+        }
+        *count += 1;
+        Ok(InFlightSlot {
+            in_flight: self.clone(),
+            identity: identity.map(str::to_owned),
+        })
+    }
+}
+
+/// One call's place in [`InFlight`].
+#[derive(Debug)]
+pub struct InFlightSlot {
+    in_flight: Arc<InFlight>,
+    identity: Option<String>,
+}
+
+impl Drop for InFlightSlot {
+    fn drop(&mut self) {
+        let mut counts = self
+            .in_flight
+            .counts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let count = counts
+            .get_mut(&self.identity)
+            .expect("a slot's identity is counted");
+        *count -= 1;
+        // Only identities with calls in flight take room.
+        if *count == 0 {
+            counts.remove(&self.identity);
+        }
+    }
+}
+
 /// How a caller proved who it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AuthenticatedBy {
@@ -76,15 +148,24 @@ impl AuthenticatedBy {
 }
 
 /// An authenticated caller; `identity` is `None` for an anonymous one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
+#[must_use = "a caller holds its call's slot in `InFlight`: keep it for the whole call"]
 pub struct Caller {
     pub identity: Option<String>,
     pub by: Option<AuthenticatedBy>,
+    /// Held for as long as the call runs.
+    slot: Option<InFlightSlot>,
 }
 
 impl Caller {
     pub fn identity(&self) -> Option<&str> {
         self.identity.as_deref()
+    }
+
+    /// Counts this call against its identity's calls in flight.
+    pub fn admit(mut self, in_flight: &Arc<InFlight>) -> Result<Caller, ApiError> {
+        self.slot = Some(in_flight.enter(self.identity())?);
+        Ok(self)
     }
 }
 
@@ -133,6 +214,7 @@ impl Node {
                     .certificate
                     .as_ref()
                     .map(|_| AuthenticatedBy::Certificate),
+                slot: None,
             });
         };
         let (id, secret) = parse_bearer(authorization)?;
@@ -162,6 +244,7 @@ impl Node {
         Some(Ok(Caller {
             identity: Some(token.identity.clone()),
             by: Some(AuthenticatedBy::Token),
+            slot: None,
         }))
     }
 
@@ -225,6 +308,40 @@ mod tests {
     use deadbolt_core::{AclCommand, Grant};
 
     #[test]
+    fn calls_in_flight_are_limited_per_identity_and_given_back() {
+        let in_flight = InFlight::new(2);
+        let ci = [
+            in_flight.enter(Some("ci")).unwrap(),
+            in_flight.enter(Some("ci")).unwrap(),
+        ];
+        let refused = in_flight.enter(Some("ci")).unwrap_err();
+        assert_eq!(refused.kind, ErrorKind::LimitReached);
+        assert!(
+            refused.message.contains(r#"identity "ci" already have 2"#),
+            "{}",
+            refused.message
+        );
+        // Others are not held up by ci, anonymous callers count as one.
+        let _ops = in_flight.enter(Some("ops")).unwrap();
+        let anonymous = [
+            in_flight.enter(None).unwrap(),
+            in_flight.enter(None).unwrap(),
+        ];
+        assert!(in_flight.enter(None).is_err());
+        drop(anonymous);
+        let [first, _second] = ci;
+        drop(first);
+        let _again = in_flight.enter(Some("ci")).unwrap();
+        drop(_ops);
+        let counts = in_flight.counts.lock().unwrap();
+        assert_eq!(
+            counts.len(),
+            1,
+            "identities without calls take no room: {counts:?}"
+        );
+    }
+
+    #[test]
     fn a_drawn_token_parses_back_to_its_id_and_a_secret_matching_its_hash() {
         let (id, token, hash) = draw_token(&SecretSource::os());
         let header = format!("Bearer {token}");
@@ -261,6 +378,7 @@ mod tests {
         let anonymous = Caller {
             identity: None,
             by: None,
+            slot: None,
         };
         assert!(check(&acl, &anonymous, Permission::Admin, None).is_ok());
         acl.apply(&AclCommand::Bootstrap {
@@ -283,6 +401,7 @@ mod tests {
         let ci = Caller {
             identity: Some("ci".into()),
             by: Some(AuthenticatedBy::Token),
+            slot: None,
         };
         assert!(check(&acl, &ci, Permission::Lock, Some("jobs/a")).is_ok());
         assert!(check(&acl, &ci, Permission::Lock, None).is_ok());
