@@ -367,7 +367,7 @@ fn one_identity_cannot_hold_more_calls_than_its_limit_and_others_go_on() {
     let third = as_token(&endpoint, Some(&ci), &["acquire", "--lock", "jobs/b"]);
     assert_eq!(third.status.code(), Some(1), "{third:?}");
     assert!(
-        stderr(&third).contains(r#"identity "ci" already have 2 calls in flight"#),
+        stderr(&third).contains(r#"identity "ci" has 2 calls in flight already"#),
         "{}",
         stderr(&third)
     );

@@ -86,13 +86,13 @@ impl InFlight {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let count = counts.entry(identity.map(str::to_owned)).or_default();
         if *count >= self.limit {
-            let who = identity.map_or("anonymous callers".to_owned(), |i| {
-                format!("identity {i:?}")
+            let who = identity.map_or("anonymous callers have".to_owned(), |i| {
+                format!("identity {i:?} has")
             });
             return Err(ApiError::new(
                 ErrorKind::LimitReached,
                 format!(
-                    "{who} already have {} calls in flight (the server's \
+                    "{who} {} calls in flight already (the server's \
                      --max-calls-per-identity); wait for some to finish",
                     self.limit
                 ),
@@ -317,7 +317,9 @@ mod tests {
         let refused = in_flight.enter(Some("ci")).unwrap_err();
         assert_eq!(refused.kind, ErrorKind::LimitReached);
         assert!(
-            refused.message.contains(r#"identity "ci" already have 2"#),
+            refused
+                .message
+                .contains(r#"identity "ci" has 2 calls in flight already"#),
             "{}",
             refused.message
         );
