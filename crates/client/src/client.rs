@@ -127,7 +127,7 @@ struct Target {
 
 /// The endpoint calls go to now.
 #[derive(Debug)]
-struct Current {
+pub(crate) struct Current {
     index: usize,
     /// Bumped on every switch, so that many calls failing together move
     /// the client on by one endpoint rather than one each.
@@ -147,7 +147,7 @@ impl Current {
         }
     }
 
-    fn channel(&mut self) -> Channel {
+    pub(crate) fn channel(&mut self) -> Channel {
         self.channel.clone()
     }
 
@@ -575,7 +575,7 @@ impl Client {
     /// Sends `request` over what `link` takes from the current endpoint (its
     /// channel, or its `Calls` stream), retrying elsewhere as
     /// [`call`](Self::call) describes.
-    async fn call_over<Link, Req, T, Fut>(
+    pub(crate) async fn call_over<Link, Req, T, Fut>(
         &self,
         link: impl Fn(&mut Current) -> Link,
         request: Req,

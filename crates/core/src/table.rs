@@ -355,6 +355,11 @@ impl LockTable {
             .collect()
     }
 
+    /// Every audit record still kept, oldest first.
+    pub fn audit(&self) -> impl Iterator<Item = &AuditRecord> + '_ {
+        self.audit.iter()
+    }
+
     /// The fenced store, for reads that need no fence.
     pub fn store(&self) -> &FencedStore {
         &self.store

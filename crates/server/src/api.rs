@@ -144,6 +144,13 @@ impl Api {
         .await
     }
 
+    /// A backup file of the applied table (`backup.rs`), from the leader.
+    /// Needs the `admin` permission: it holds every session's secret hash
+    /// and every store value.
+    pub async fn snapshot(&self) -> Reply<Vec<u8>> {
+        crate::backup::take(&self.node).await
+    }
+
     pub fn health(&self) -> HealthResponse {
         let Health {
             node_id,

@@ -33,6 +33,7 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/cluster/status", get(cluster_status))
         .route("/v1/cluster/add", post(add_member))
         .route("/v1/cluster/remove", post(remove_member))
+        .route("/v1/snapshot", get(crate::backup::serve))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
@@ -95,7 +96,7 @@ fn http_status(kind: ErrorKind) -> StatusCode {
 
 /// An error response; the status normally follows from the kind, but a body
 /// the server could not read keeps the status axum chose (413, 415, ...).
-struct HttpError(StatusCode, ApiError);
+pub(crate) struct HttpError(StatusCode, ApiError);
 
 impl From<ApiError> for HttpError {
     fn from(err: ApiError) -> Self {

@@ -12,6 +12,7 @@
 //! [`run`] wires them together and serves until the shutdown future resolves.
 
 mod api;
+mod backup;
 mod calls;
 mod clock;
 mod cluster;
@@ -31,6 +32,7 @@ mod store;
 mod tls;
 mod waits;
 
+pub use backup::{Backup, BadBackup, Summary as BackupSummary, MAX_FILE_BYTES as MAX_BACKUP_BYTES};
 pub use cluster::InitialCluster;
 pub use listener::ConnectionLimits;
 pub use store::{check_data_dir, DataDirError, DataReport};

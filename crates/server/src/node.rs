@@ -401,7 +401,7 @@ impl Node {
     /// Waits until this node's state machine reflects every write committed
     /// before the call (a read-index barrier through openraft): proof from a
     /// quorum that this node still leads.
-    async fn linearizable(&self) -> Result<(), ApiError> {
+    pub(crate) async fn linearizable(&self) -> Result<(), ApiError> {
         use openraft::error::{CheckIsLeaderError, RaftError};
         let give_up = tokio::time::Instant::now() + QUORUM_WAIT;
         loop {
