@@ -16,6 +16,7 @@ mod backup;
 mod calls;
 mod clock;
 mod cluster;
+mod dashboard;
 pub mod embedded;
 mod grpc;
 mod http;
@@ -386,6 +387,7 @@ impl Server {
             stop.subscribe(),
         )
         .merge(http::router(api, limits.body_read_timeout))
+        .merge(dashboard::router(node.clone()))
         .fallback(http::unknown_path)
         .method_not_allowed_fallback(http::method_not_allowed);
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
