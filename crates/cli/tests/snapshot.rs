@@ -198,3 +198,33 @@ fn a_restored_cluster_keeps_the_state_and_never_reissues_a_token() {
     joiner.kill().unwrap();
     joiner.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_follower_names_the_leader_and_the_cli_saves_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = common::start_cluster(dir.path(), 3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(30));
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let (status, body) = http(cluster.node(follower).listen, "GET", "/v1/snapshot", None).unwrap();
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["kind"], "not_leader", "{body}");
+    assert_eq!(
+        body["error"]["leader"],
+        cluster.node(leader).advertised.to_string(),
+        "{body}"
+    );
+    // Every endpoint, the follower first: the CLI follows to the leader.
+    let mut endpoints = vec![cluster.node(follower).endpoint()];
+    endpoints.extend(
+        (1..=3)
+            .filter(|id| *id != follower)
+            .map(|id| cluster.node(id).endpoint()),
+    );
+    let file = dir.path().join("cluster.snap");
+    let saved = json(&deadbolt(
+        &endpoints.join(","),
+        &["snapshot", "save", "--json", file.to_str().unwrap()],
+    ));
+    assert_eq!(saved["node_id"], leader, "{saved}");
+}
