@@ -29,7 +29,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use deadbolt_core::{validate_lock_name, Limits, LockInfo, SessionId};
+use deadbolt_core::{validate_lock_name, Limits, LockInfo, LockTable, SessionId};
 use deadbolt_proto::ErrorKind;
 use serde::{Deserialize, Serialize};
 
@@ -160,6 +160,45 @@ fn millis(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The first `limit` of `items`, and the cursor of the next page (from the
+/// last one taken) if any is left.
+fn page<T>(
+    items: impl Iterator<Item = T>,
+    limit: usize,
+    cursor: impl Fn(&T) -> String,
+) -> (Vec<T>, Option<String>) {
+    let mut taken: Vec<T> = items.take(limit + 1).collect();
+    let more = taken.len() > limit;
+    taken.truncate(limit);
+    let next = more.then(|| taken.last().map(&cursor)).flatten();
+    (taken, next)
+}
+
+/// A page of held locks named `prefix...` after the cursor `after`, in name
+/// order: a walk of the table's ordered map from the cursor, so it costs
+/// the page, not the table.
+fn lock_page(
+    table: &LockTable,
+    prefix: &str,
+    after: &str,
+    limit: usize,
+) -> (Vec<LockInfo>, Option<String>) {
+    // A lock named exactly `prefix` comes first; `locks_after` starts past
+    // its argument.
+    let from_prefix = after < prefix;
+    let exact = if from_prefix {
+        table.lock(prefix)
+    } else {
+        None
+    };
+    let start = if from_prefix { prefix } else { after };
+    let locks = exact
+        .into_iter()
+        .chain(table.locks_after(start))
+        .take_while(|info| info.name.starts_with(prefix));
+    page(locks, limit, |info| info.name.clone())
+}
+
 /// Held locks whose names start with `prefix`, after the cursor `after`.
 async fn locks(
     State(node): State<Node>,
@@ -177,32 +216,10 @@ async fn locks(
             "prefix and after are lock names or their beginnings: at most {max} bytes"
         )));
     }
-    let mut infos: Vec<LockInfo> = {
+    let (infos, next) = {
         let state = node.table.read().expect("state lock poisoned");
-        let table = &state.table;
-        // A lock named exactly `prefix` comes first; `locks_after` starts
-        // past its argument.
-        let from_prefix = after.as_str() < prefix.as_str();
-        let exact = if from_prefix {
-            table.lock(&prefix)
-        } else {
-            None
-        };
-        let start = if from_prefix { &prefix } else { &after };
-        exact
-            .into_iter()
-            .chain(table.locks_after(start))
-            .take_while(|info| info.name.starts_with(prefix.as_str()))
-            .take(limit + 1)
-            .collect()
+        lock_page(&state.table, &prefix, &after, limit)
     };
-    let next = (infos.len() > limit).then(|| {
-        infos.truncate(limit);
-        infos
-            .last()
-            .map(|info| info.name.clone())
-            .unwrap_or_default()
-    });
     let rows = infos
         .into_iter()
         .map(|info| LockRow {
@@ -245,18 +262,11 @@ async fn sessions(
 ) -> Reply<Page<SessionRow>> {
     let Query(SessionsQuery { after, limit }) = query?;
     let limit = page_size(limit)?;
-    let mut infos: Vec<_> = {
+    let (infos, next) = {
         let state = node.table.read().expect("state lock poisoned");
-        state
-            .table
-            .sessions_after(SessionId(after))
-            .take(limit + 1)
-            .collect()
+        let sessions = state.table.sessions_after(SessionId(after));
+        page(sessions, limit, |info| info.id.0.to_string())
     };
-    let next = (infos.len() > limit).then(|| {
-        infos.truncate(limit);
-        infos.last().map_or(0, |info| info.id.0).to_string()
-    });
     let rows = infos
         .into_iter()
         .map(|info| SessionRow {
@@ -310,4 +320,60 @@ async fn history(
         })
         .collect();
     Ok(Json(rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deadbolt_core::{AcquireOutcome, Command, Outcome, SecretHash};
+
+    fn table_with(locks: &[&str]) -> LockTable {
+        let mut table = LockTable::new();
+        let opened = table.apply(&Command::OpenSession {
+            ttl_ms: 10_000,
+            secret: SecretHash([1; 32]),
+        });
+        let Ok(Outcome::SessionOpened { session, .. }) = opened.outcome else {
+            panic!("no session: {:?}", opened.outcome);
+        };
+        for lock in locks {
+            let acquired = table.apply(&Command::Acquire {
+                session,
+                lock: (*lock).to_owned(),
+                wait: false,
+                attempt: 0,
+                lock_delay_ms: 0,
+            });
+            assert!(
+                matches!(
+                    acquired.outcome,
+                    Ok(Outcome::Acquire(AcquireOutcome::Granted { .. }))
+                ),
+                "{lock}: {:?}",
+                acquired.outcome
+            );
+        }
+        table
+    }
+
+    fn names(page: &(Vec<LockInfo>, Option<String>)) -> (Vec<&str>, Option<&str>) {
+        let names = page.0.iter().map(|info| info.name.as_str()).collect();
+        (names, page.1.as_deref())
+    }
+
+    #[test]
+    fn lock_pages_follow_the_cursor_and_keep_to_the_prefix() {
+        let table = table_with(&["a", "job", "job/1", "job/2", "job/3", "jobs", "k"]);
+        let first = lock_page(&table, "job", "", 2);
+        assert_eq!(names(&first), (vec!["job", "job/1"], Some("job/1")));
+        let second = lock_page(&table, "job", "job/1", 2);
+        assert_eq!(names(&second), (vec!["job/2", "job/3"], Some("job/3")));
+        let last = lock_page(&table, "job", "job/3", 2);
+        assert_eq!(names(&last), (vec!["jobs"], None));
+        assert_eq!(names(&lock_page(&table, "zzz", "", 2)), (vec![], None));
+        let all = lock_page(&table, "", "", 50);
+        assert_eq!((all.0.len(), all.1), (7, None));
+        // Exactly a page left: no next cursor.
+        assert_eq!(names(&lock_page(&table, "job/", "", 3)).1, None);
+    }
 }
