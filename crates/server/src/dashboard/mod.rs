@@ -327,7 +327,7 @@ mod tests {
     use super::*;
     use deadbolt_core::{AcquireOutcome, Command, Outcome, SecretHash};
 
-    fn table_with(locks: &[&str]) -> LockTable {
+    fn table_with<S: AsRef<str>>(locks: impl IntoIterator<Item = S>) -> LockTable {
         let mut table = LockTable::new();
         let opened = table.apply(&Command::OpenSession {
             ttl_ms: 10_000,
@@ -337,9 +337,10 @@ mod tests {
             panic!("no session: {:?}", opened.outcome);
         };
         for lock in locks {
+            let lock = lock.as_ref();
             let acquired = table.apply(&Command::Acquire {
                 session,
-                lock: (*lock).to_owned(),
+                lock: lock.to_owned(),
                 wait: false,
                 attempt: 0,
                 lock_delay_ms: 0,
@@ -363,7 +364,7 @@ mod tests {
 
     #[test]
     fn lock_pages_follow_the_cursor_and_keep_to_the_prefix() {
-        let table = table_with(&["a", "job", "job/1", "job/2", "job/3", "jobs", "k"]);
+        let table = table_with(["a", "job", "job/1", "job/2", "job/3", "jobs", "k"]);
         let first = lock_page(&table, "job", "", 2);
         assert_eq!(names(&first), (vec!["job", "job/1"], Some("job/1")));
         let second = lock_page(&table, "job", "job/1", 2);
@@ -375,5 +376,23 @@ mod tests {
         assert_eq!((all.0.len(), all.1), (7, None));
         // Exactly a page left: no next cursor.
         assert_eq!(names(&lock_page(&table, "job/", "", 3)).1, None);
+    }
+
+    /// The figure in docs/operations.md ("Dashboard"): a page of a
+    /// million-lock table costs a page, not the table.
+    #[test]
+    #[ignore = "builds a 1 M-lock table (~7 s): cargo test -p deadbolt-server --lib a_page_of_a_million -- --ignored --nocapture"]
+    fn a_page_of_a_million_locks_costs_a_page() {
+        let table = table_with((0..1_000_000).map(|i| format!("jobs/{i:07}")));
+        for (prefix, after) in [("", ""), ("jobs/05", ""), ("jobs/0999", "jobs/0999950")] {
+            let started = std::time::Instant::now();
+            let (rows, _) = lock_page(&table, prefix, after, MAX_PAGE);
+            let took = started.elapsed();
+            eprintln!(
+                "prefix {prefix:?} after {after:?}: {} rows in {took:?}",
+                rows.len()
+            );
+            assert!(took < std::time::Duration::from_millis(20), "{took:?}");
+        }
     }
 }
