@@ -219,6 +219,28 @@ async fn the_dashboard_shows_a_lock_while_it_is_held_and_its_history() {
     browser
         .wait_text("#rate-text", "the grant rate", |t| t.contains("grants/s"))
         .await;
+
+    // A token given in the page goes with every request it makes from then
+    // on (given and watched in one script: no poll falls in between).
+    let given = "const box = document.getElementById('token'); box.value = 's3cret'; \
+                 box.dispatchEvent(new Event('change')); \
+                 window.sent = []; const plain = window.fetch; \
+                 window.fetch = (url, options) => { \
+                   window.sent.push(options.headers['Authorization'] || ''); \
+                   return plain(url, options); };";
+    browser.client.execute(given, vec![]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let sent = browser
+        .client
+        .execute("return window.sent", vec![])
+        .await
+        .unwrap();
+    let sent: Vec<String> = serde_json::from_value(sent).unwrap();
+    assert!(sent.len() >= 4, "{sent:?}");
+    assert!(
+        sent.iter().all(|header| header == "Bearer s3cret"),
+        "{sent:?}"
+    );
     browser.close().await;
 }
 
