@@ -3,8 +3,10 @@
 # property, and the end-to-end tests that start real `deadbolt` processes on
 # 127.0.0.1), then a short fault-injection run against a 3-node cluster. Needs a Rust toolchain with rustfmt and clippy;
 # scripts/postgres.sh provides the PostgreSQL server the crates/fence tests
-# use, and scripts/promtool.sh the promtool the metrics tests check with
-# (each installing Debian's package first when run as root without it).
+# use, scripts/promtool.sh the promtool the metrics tests check with, and
+# scripts/chromium.sh the headless Chromium and chromedriver the dashboard
+# tests drive (each installing Debian's package first when run as root
+# without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +28,11 @@ echo "== promtool for the metrics tests (scripts/promtool.sh)"
 # Exported: with DEADBOLT_PROMTOOL set, a metrics test that cannot run it fails instead of skipping.
 promtool_env=$(scripts/promtool.sh)
 eval "$promtool_env"
+
+echo "== Chromium and chromedriver for the dashboard tests (scripts/chromium.sh)"
+# Exported: the dashboard tests use this chromedriver; without one they fail.
+chromium_env=$(scripts/chromium.sh)
+eval "$chromium_env"
 
 echo "== cargo test"
 log=$(mktemp)

@@ -15,6 +15,7 @@ mod guard;
 mod locks;
 mod run;
 mod server;
+mod snapshot;
 mod store;
 
 use clap::{Parser, Subcommand};
@@ -167,6 +168,9 @@ enum Command {
     /// Check a stopped node's data directory without changing it.
     #[command(subcommand)]
     Data(data::DataCommand),
+    /// Back up a running cluster, inspect a backup, restore one.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
     /// Live demonstrations of why fencing tokens matter.
     #[command(subcommand)]
     Demo(demo::DemoCommand),
@@ -219,6 +223,11 @@ fn main() {
         Command::Certs(command) => std::process::exit(certs::main(command)),
         _ => {}
     }
+    if let Command::Snapshot(command) = &cli.command {
+        if let Some(code) = snapshot::offline(command) {
+            std::process::exit(code);
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -249,6 +258,7 @@ fn main() {
             Command::Acl(command) => acl::main(endpoint, command).await,
             Command::Demo(command) => demo::main(command).await,
             Command::Bench(args) => bench::main(endpoint, args).await,
+            Command::Snapshot(command) => snapshot::save(endpoint, command).await,
             Command::Guard(_) | Command::Data(_) | Command::Certs(_) => {
                 unreachable!("handled before the runtime starts")
             }

@@ -152,6 +152,32 @@ fn a_token_allows_exactly_what_its_roles_grant_and_a_refusal_changes_nothing() {
     assert_eq!(names, ["jobs/a"]);
     let (_, listed) = curl(addr, Some(&root), "/v1/locks", None);
     assert_eq!(listed["locks"].as_array().unwrap().len(), 2, "{listed}");
+    // The dashboard's reads follow the same rules; the page itself is open.
+    let (_, page) = curl(addr, Some(&ci), "/ui/api/locks", None);
+    let rows: Vec<&str> = page["rows"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{page}"))
+        .iter()
+        .map(|row| row["lock"].as_str().unwrap())
+        .collect();
+    assert_eq!(rows, ["jobs/a"]);
+    let (status, _) = curl(addr, None, "/ui/api/cluster", None);
+    assert_eq!(status, 401);
+    let page = Command::new("curl")
+        .args(["-sf", &format!("http://{addr}/ui")])
+        .output()
+        .unwrap();
+    assert!(page.status.success(), "{page:?}");
+    // A backup holds everything: admin only.
+    let (status, reply) = curl(addr, Some(&ci), "/v1/snapshot", None);
+    assert_eq!(status, 403, "{reply}");
+    let backup = dir.path().join("backup");
+    let saved = as_token(
+        &endpoint,
+        Some(&root),
+        &["snapshot", "save", backup.to_str().unwrap()],
+    );
+    assert!(saved.status.success(), "{saved:?}");
     let (_, web) = curl(addr, Some(&root), "/v1/lock/status?lock=web/a", None);
     assert!(web["state"].is_null(), "{web}");
     let (_, stored) = curl(addr, Some(&root), "/v1/store/get?key=jobs/k", None);

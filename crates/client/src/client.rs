@@ -178,7 +178,7 @@ struct Target {
 
 /// The endpoint calls go to now.
 #[derive(Debug)]
-struct Current {
+pub(crate) struct Current {
     index: usize,
     /// Bumped on every switch, so that many calls failing together move
     /// the client on by one endpoint rather than one each.
@@ -198,7 +198,7 @@ impl Current {
         }
     }
 
-    fn channel(&mut self) -> Link {
+    pub(crate) fn channel(&mut self) -> Link {
         self.channel.clone()
     }
 
@@ -732,7 +732,7 @@ impl Client {
     /// Sends `request` over what `link` takes from the current endpoint (its
     /// channel, or its `Calls` stream), retrying elsewhere as
     /// [`call`](Self::call) describes.
-    async fn call_over<Link, Req, T, Fut>(
+    pub(crate) async fn call_over<Link, Req, T, Fut>(
         &self,
         link: impl Fn(&mut Current) -> Link,
         request: Req,

@@ -111,6 +111,7 @@ mod client;
 mod clock;
 mod error;
 mod handle;
+mod http_get;
 mod lock;
 mod session;
 

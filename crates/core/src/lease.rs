@@ -209,6 +209,11 @@ impl LeaseTracker {
         }
     }
 
+    /// When `session`'s lease runs out, if it is tracked (for display).
+    pub fn deadline(&self, session: SessionId) -> Option<Instant> {
+        self.leases.get(&session).map(|lease| lease.deadline)
+    }
+
     /// The earliest deadline still pending, for sleeping until it.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.by_deadline.first().map(|(deadline, _)| *deadline)

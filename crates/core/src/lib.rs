@@ -31,7 +31,7 @@ pub use error::LockError;
 pub use fenced::{FencedStore, StoredValue};
 pub use lease::{DueCheckpoint, LeaseTracker, RenewError};
 pub use limits::{validate_key, validate_lock_name, validate_ttl, validate_value, Limits};
-pub use table::{LockInfo, LockTable, SessionLease, SessionSecret};
+pub use table::{LockInfo, LockTable, SessionInfo, SessionLease, SessionSecret};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -78,6 +78,16 @@ struct Lock {
     delay_ms: Option<u64>,
 }
 
+/// A live session, for listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: SessionId,
+    pub ttl: Duration,
+    /// How many locks it holds, and how many it waits for.
+    pub held: usize,
+    pub waiting: usize,
+}
+
 /// What a new leader needs to know of a session's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionLease {
@@ -384,6 +394,11 @@ impl LockTable {
             .filter(|record| record.lock == lock)
             .cloned()
             .collect()
+    }
+
+    /// Every audit record still kept, oldest first.
+    pub fn audit(&self) -> impl Iterator<Item = &AuditRecord> + '_ {
+        self.audit.iter()
     }
 
     /// The fenced store, for reads that need no fence.
@@ -722,6 +737,19 @@ impl LockTable {
         self.locks
             .range::<str, _>((Bound::Excluded(after), Bound::Unbounded))
             .map(|(name, _)| self.lock(name).expect("listed lock exists"))
+    }
+
+    /// Live sessions with ids above `after`, in id order (for paging).
+    pub fn sessions_after(&self, after: SessionId) -> impl Iterator<Item = SessionInfo> + '_ {
+        use std::ops::Bound;
+        self.sessions
+            .range((Bound::Excluded(after), Bound::Unbounded))
+            .map(|(id, s)| SessionInfo {
+                id: *id,
+                ttl: Duration::from_millis(s.ttl_ms),
+                held: s.held.len(),
+                waiting: s.waiting.len(),
+            })
     }
 
     pub fn has_session(&self, id: SessionId) -> bool {

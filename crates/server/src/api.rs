@@ -216,6 +216,14 @@ impl Api {
         .await
     }
 
+    /// A backup file of the applied table (`backup.rs`), from the leader.
+    /// Needs the `admin` permission: it holds every session's secret hash
+    /// and every store value.
+    pub async fn snapshot(&self, credentials: &Credentials) -> Reply<Vec<u8>> {
+        let _caller = self.caller(credentials, Permission::Admin, None).await?;
+        crate::backup::take(&self.node).await
+    }
+
     pub fn health(&self) -> HealthResponse {
         let Health {
             node_id,

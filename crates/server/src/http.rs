@@ -45,6 +45,7 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/acl/role/delete", post(acl_delete_role))
         .route("/v1/acl/grant", post(acl_grant_role))
         .route("/v1/acl/revoke", post(acl_revoke_role))
+        .route("/v1/snapshot", get(crate::backup::serve))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
@@ -108,7 +109,7 @@ fn http_status(kind: ErrorKind) -> StatusCode {
 
 /// An error response; the status normally follows from the kind, but a body
 /// the server could not read keeps the status axum chose (413, 415, ...).
-struct HttpError(StatusCode, ApiError);
+pub(crate) struct HttpError(StatusCode, ApiError);
 
 impl From<ApiError> for HttpError {
     fn from(err: ApiError) -> Self {

@@ -187,6 +187,15 @@ impl Leases {
     pub fn is_leading(&self) -> bool {
         self.state().leading.is_some()
     }
+
+    /// The lease time `session` has left by this node's timers; `None`
+    /// unless this node leads and tracks it (for the dashboard).
+    pub fn remaining(&self, session: SessionId) -> Option<Duration> {
+        let state = self.state();
+        state.leading?;
+        let deadline = state.tracker.deadline(session)?;
+        Some(deadline.saturating_duration_since(self.clock.now()))
+    }
 }
 
 /// Proposes `ExpireSession` for every lease that runs out,

@@ -13,9 +13,11 @@
 
 mod api;
 mod auth;
+mod backup;
 mod calls;
 mod clock;
 mod cluster;
+mod dashboard;
 pub mod embedded;
 mod grpc;
 mod http;
@@ -32,6 +34,7 @@ mod store;
 mod tls;
 mod waits;
 
+pub use backup::{Backup, BadBackup, Summary as BackupSummary, MAX_FILE_BYTES as MAX_BACKUP_BYTES};
 pub use cluster::InitialCluster;
 pub use listener::ConnectionLimits;
 pub use store::{check_data_dir, DataDirError, DataReport};
@@ -392,6 +395,7 @@ impl Server {
             stop.subscribe(),
         )
         .merge(http::router(api, limits.body_read_timeout))
+        .merge(dashboard::router(node.clone()))
         .fallback(http::unknown_path)
         .method_not_allowed_fallback(http::method_not_allowed);
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");

@@ -11,16 +11,18 @@
 // that feed them return the same type rather than boxing and unboxing.
 #![allow(clippy::result_large_err)]
 
-mod codec;
+pub(crate) mod codec;
 mod data_dir;
 mod log_store;
 mod overlay;
+mod seed;
 mod state_machine;
 mod verify;
 mod witness;
 
 pub use data_dir::{check_data_dir, open_data_dir, open_simulated_disk, DataDirError, OpenedData};
 pub use log_store::{LogStore, StorageIo};
+pub use seed::seed_data_dir;
 pub use state_machine::{EventSink, SharedTable, StateMachineStore};
 pub use verify::DataReport;
 

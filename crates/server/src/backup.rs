@@ -1,0 +1,274 @@
+//! Backups of a running cluster's state: `deadbolt snapshot save`, `inspect`
+//! and `restore` (docs/operations.md, "Backup and restore").
+//!
+//! Why a file of our own rather than a copy of a node's data directory: a
+//! directory is one node's (its id, its log, its votes, its witness) and a
+//! copy taken while the node runs is torn. The file holds only the applied
+//! lock table, read by the leader after a linearizable barrier, so it holds
+//! every write acknowledged before the save began. It is versioned (a first
+//! line `deadbolt-snapshot/N`) and sealed with the CRC-32 every stored record
+//! carries (`store/codec.rs`), so a truncated or damaged copy is refused
+//! before anything is restored from it.
+//!
+//! Tokens never go back across a restore: the old cluster may have gone on
+//! granting after the save, so the restore raises the token floor past the
+//! later of the restoring host's clock and the save's time, plus a margin
+//! (default one hour, `--token-margin`) for clock differences and for tokens
+//! the old cluster issued faster than one per microsecond. Tokens are
+//! microseconds in a `u64`, so the margin costs nothing.
+
+use crate::api::Api;
+use crate::auth::Credentials;
+use crate::http::HttpError;
+use crate::node::{ApiError, Node};
+use crate::raft_types::NodeId;
+use crate::store::codec;
+use crate::store::{seed_data_dir, DataReport};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use deadbolt_core::LockTable;
+use deadbolt_proto::ErrorKind;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The first bytes of every backup, followed by the version and a newline.
+const MAGIC: &str = "deadbolt-snapshot/";
+/// Bump when [`Contents`] changes incompatibly.
+const VERSION: u32 = 1;
+/// The largest backup read: above what the table's limits allow (1 M locks
+/// with 512-byte names and their queues, 100 000 store values of 64 KiB).
+pub const MAX_FILE_BYTES: u64 = 8 << 30;
+
+/// What a backup holds: the table and where in the old cluster's log it
+/// was taken. Serialized with the table borrowed, read back owned.
+#[derive(Serialize, Deserialize)]
+struct Contents<T> {
+    /// The saving leader's wall clock, Unix milliseconds.
+    saved_at_ms: u64,
+    /// The node that answered the save.
+    node_id: NodeId,
+    /// The last entry applied to the table: its term and index.
+    term: u64,
+    index: u64,
+    table: T,
+}
+
+/// A backup read back from its file.
+pub struct Backup {
+    contents: Contents<LockTable>,
+    file_bytes: u64,
+}
+
+/// What `deadbolt snapshot inspect` shows of a backup.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub version: u32,
+    pub file_bytes: u64,
+    pub saved_at_ms: u64,
+    pub node_id: NodeId,
+    pub term: u64,
+    pub index: u64,
+    pub sessions: usize,
+    pub locks: usize,
+    pub waiters: usize,
+    /// The highest token the table shows (held locks, the audit trail,
+    /// store fences); 0 if none.
+    pub highest_token: u64,
+    /// Every token issued before the save is below this.
+    pub next_token: u64,
+    pub audit_records: usize,
+    pub store_keys: usize,
+}
+
+/// A backup file that cannot be used, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadBackup(String);
+
+fn now_ms() -> u64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The backup file of this node's table, after a linearizable barrier (so
+/// only the leader answers, with everything committed before the call).
+/// Encoded on a blocking thread: a table of a million locks takes a while.
+pub(crate) async fn take(node: &Node) -> Result<Vec<u8>, ApiError> {
+    node.linearizable().await?;
+    let (shared, id) = (node.table.clone(), node.id);
+    let encoded = tokio::task::spawn_blocking(move || {
+        let state = shared.read().expect("state lock poisoned");
+        let last = state.last_applied.unwrap_or_default();
+        encode(&Contents {
+            saved_at_ms: now_ms(),
+            node_id: id,
+            term: last.leader_id.term,
+            index: last.index,
+            table: &state.table,
+        })
+    })
+    .await;
+    match encoded {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(err)) => Err(ApiError::new(
+            ErrorKind::Internal,
+            format!("cannot encode the snapshot: {err}"),
+        )),
+        Err(err) => Err(ApiError::new(
+            ErrorKind::Internal,
+            format!("the snapshot task failed: {err}"),
+        )),
+    }
+}
+
+/// `GET /v1/snapshot`: the backup file, `application/octet-stream`; errors
+/// as every HTTP call's (`not_leader` with the leader's address from a
+/// follower). Needs the `admin` permission.
+pub(crate) async fn serve(State(api): State<Api>, credentials: Credentials) -> Response {
+    match api.snapshot(&credentials).await {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Err(err) => HttpError::from(err).into_response(),
+    }
+}
+
+fn encode(contents: &Contents<&LockTable>) -> bincode::Result<Vec<u8>> {
+    let mut file = format!("{MAGIC}{VERSION}\n").into_bytes();
+    file.extend_from_slice(&codec::seal(&bincode::serialize(contents)?));
+    Ok(file)
+}
+
+impl Backup {
+    /// Reads a backup file's bytes: version, checksum, decoding, and the
+    /// table's invariants, all checked.
+    pub fn decode(bytes: &[u8]) -> Result<Backup, BadBackup> {
+        let bad = |why: String| BadBackup(why);
+        let rest = bytes.strip_prefix(MAGIC.as_bytes()).ok_or_else(|| {
+            bad("not a Deadbolt snapshot (it does not start with `deadbolt-snapshot/`)".into())
+        })?;
+        let newline = rest
+            .iter()
+            .take(16)
+            .position(|&b| b == b'\n')
+            .ok_or_else(|| bad("its version line is damaged".into()))?;
+        let version = std::str::from_utf8(&rest[..newline])
+            .ok()
+            .and_then(|text| text.parse::<u32>().ok())
+            .ok_or_else(|| bad("its version line is damaged".into()))?;
+        if version != VERSION {
+            return Err(bad(format!(
+                "it is a version {version} snapshot; this build reads version {VERSION}"
+            )));
+        }
+        let body = codec::unseal(&rest[newline + 1..]).map_err(|err| {
+            bad(format!(
+                "{err}: the file is truncated or damaged; save a new snapshot"
+            ))
+        })?;
+        let contents: Contents<LockTable> = bincode::deserialize(body)
+            .map_err(|err| bad(format!("its contents do not decode: {err}")))?;
+        let table = &contents.table;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| table.check_invariants()))
+            .map_err(|_| bad("its lock table breaks the lock invariants".into()))?;
+        Ok(Backup {
+            contents,
+            file_bytes: bytes.len() as u64,
+        })
+    }
+
+    pub fn summary(&self) -> Summary {
+        let Contents {
+            saved_at_ms,
+            node_id,
+            term,
+            index,
+            ref table,
+        } = self.contents;
+        let locks = table
+            .locks_after("")
+            .map(|lock| (lock.token, lock.waiters.len()));
+        let (mut highest, mut waiters) = (0, 0);
+        for (token, queued) in locks {
+            highest = highest.max(token.0);
+            waiters += queued;
+        }
+        let audited = table.audit().map(|record| record.token.0);
+        let fenced = table.store().fences().map(|(_, fence)| fence.0);
+        Summary {
+            version: VERSION,
+            file_bytes: self.file_bytes,
+            saved_at_ms,
+            node_id,
+            term,
+            index,
+            sessions: table.session_count(),
+            locks: table.lock_count(),
+            waiters,
+            highest_token: audited.chain(fenced).fold(highest, u64::max),
+            next_token: table.next_token().0,
+            audit_records: table.audit().count(),
+            store_keys: table.store().len(),
+        }
+    }
+
+    /// Writes a new data directory `dir` for node `node_id`, the single
+    /// member of a new cluster, serving at `address`, from this backup.
+    /// Its tokens start above `max(now, saved_at) + token_margin`. The
+    /// sessions stay, with their locks and queues; their leases start
+    /// afresh on the new leader, as after any leader change.
+    pub fn restore(
+        mut self,
+        dir: &Path,
+        node_id: NodeId,
+        address: &str,
+        token_margin: Duration,
+    ) -> anyhow::Result<DataReport> {
+        let margin_ms = u64::try_from(token_margin.as_millis()).unwrap_or(u64::MAX);
+        let floor_ms = now_ms()
+            .max(self.contents.saved_at_ms)
+            .saturating_add(margin_ms);
+        self.contents.table.raise_token_floor(floor_ms);
+        seed_data_dir(dir, node_id, address, &self.contents.table)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deadbolt_core::{Command, SecretHash};
+
+    fn sample() -> Vec<u8> {
+        let mut table = LockTable::new();
+        table.apply(&Command::OpenSession {
+            ttl_ms: 10_000,
+            secret: SecretHash([7; 32]),
+            owner: None,
+        });
+        encode(&Contents {
+            saved_at_ms: 1,
+            node_id: 1,
+            term: 2,
+            index: 3,
+            table: &table,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_backup_reads_back_and_every_damage_is_refused() {
+        let file = sample();
+        let summary = Backup::decode(&file).unwrap().summary();
+        assert_eq!((summary.sessions, summary.term, summary.index), (1, 2, 3));
+        for len in 0..file.len() {
+            assert!(Backup::decode(&file[..len]).is_err(), "truncated to {len}");
+        }
+        for byte in 0..file.len() {
+            let mut damaged = file.clone();
+            damaged[byte] ^= 0x10;
+            assert!(Backup::decode(&damaged).is_err(), "byte {byte} flipped");
+        }
+    }
+}
