@@ -43,7 +43,9 @@ awk '/^test result:/ { passed += $4; failed += $6 }
      END { printf "tests: %d passed, %d failed\n", passed, failed }' "$log"
 
 echo "== fault injection: a short nemesis run (scripts/nemesis.sh; longer runs: docs/safety.md)"
-scripts/nemesis.sh --debug --duration 30s --seed 1
+scripts/nemesis.sh --debug --duration 20s --seed 1
+echo "== the same over mutual TLS with access control on (workers hold a least-privilege token)"
+scripts/nemesis.sh --debug --duration 20s --seed 2 -- --secure
 
 echo "== deterministic simulation: a budget of seeds (scripts/sim.sh; longer runs: docs/safety.md)"
 scripts/sim.sh --seeds 300

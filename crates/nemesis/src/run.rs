@@ -6,8 +6,8 @@
 use crate::checker::{check, Finals};
 use crate::history::{now, Accepted, Op, Phase, Record};
 use crate::worker::http;
-use deadbolt_client::Client;
-use deadbolt_testkit::{free_port, signal, TestCluster};
+use deadbolt_client::{AclGrant, Client};
+use deadbolt_testkit::{free_port, signal, TestCluster, TestPki};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -42,6 +42,12 @@ pub struct RunArgs {
     /// Keep the history, the resource's log and the node logs here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Run the cluster over mutual TLS with access control on: the clients
+    /// use a least-privilege token, so every fault also exercises the
+    /// certificates and the replicated rules (a token made before a leader
+    /// change must keep working after it).
+    #[arg(long)]
+    secure: bool,
 }
 
 /// After the faults stop, each lock must see a completed round within this.
@@ -73,7 +79,16 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         humantime::format_duration(args.duration)
     );
 
-    let mut cluster = TestCluster::start(&deadbolt, &out.join("cluster"), args.nodes).await;
+    let pki = args
+        .secure
+        .then(|| TestPki::create(&deadbolt, &out.join("certs"), "nemesis"));
+    let mut cluster =
+        TestCluster::start_with(&deadbolt, &out.join("cluster"), args.nodes, pki).await;
+    let locks: Vec<String> = (0..args.locks).map(|i| format!("lock-{i}")).collect();
+    let access = match cluster.pki() {
+        Some(pki) => Some(secure(&cluster, pki).await?),
+        None => None,
+    };
     let resource_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let accepted_path = out.join("accepted.jsonl");
     let mut resource = Command::new(&me)
@@ -88,7 +103,6 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         .spawn()?;
     wait_for_port(resource_addr).await?;
 
-    let locks: Vec<String> = (0..args.locks).map(|i| format!("lock-{i}")).collect();
     let history = Arc::new(Mutex::new(Vec::<Record>::new()));
     let mut workers = Vec::new();
     for id in 0..args.clients {
@@ -99,6 +113,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
             &locks,
             resource_addr,
             &args,
+            access.as_ref(),
             history.clone(),
         )?);
     }
@@ -144,7 +159,10 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         }
     }
 
-    let client = Client::connect(cluster.endpoints()).await?;
+    let client = match &access {
+        Some(access) => access.admin.clone(),
+        None => cluster.client().await,
+    };
     let mut finals = Finals {
         store: BTreeMap::new(),
         resource: BTreeMap::new(),
@@ -199,6 +217,42 @@ struct Worker {
     reader: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// What `--secure` gives the run: a client with the root token, for the
+/// final reads, and the workers' flags (their certificate and a token of
+/// identity `worker`, allowed only the run's locks and counters).
+struct Access {
+    admin: Client,
+    worker_flags: Vec<String>,
+}
+
+/// Turns access control on (the bootstrap arrives over mutual TLS, like
+/// everything else) and makes the workers' role and token.
+async fn secure(cluster: &TestCluster, pki: &TestPki) -> anyhow::Result<Access> {
+    let tls = pki.tls_options();
+    let root = cluster.client().await.acl_bootstrap().await?.token;
+    let admin = Client::connect_with_token(cluster.endpoints(), &tls, Some(&root)).await?;
+    let grants = [
+        ("lock", "lock-"),
+        ("read", "lock-"),
+        ("store-read", "counter:"),
+        ("store-write", "counter:"),
+    ]
+    .map(|(permission, prefix)| AclGrant {
+        permission: permission.into(),
+        prefix: prefix.into(),
+    });
+    admin.acl_put_role("worker", grants.to_vec()).await?;
+    admin.acl_bind_role("worker", "worker", true).await?;
+    let token = admin.acl_create_token("worker").await?.token;
+    let mut worker_flags = pki.client_flags();
+    worker_flags.extend(["--access-token".to_owned(), token]);
+    println!("nemesis: mutual TLS, access control on; workers run as identity \"worker\"");
+    Ok(Access {
+        admin,
+        worker_flags,
+    })
+}
+
 fn spawn_worker(
     me: &Path,
     id: usize,
@@ -206,6 +260,7 @@ fn spawn_worker(
     locks: &[String],
     resource: SocketAddr,
     args: &RunArgs,
+    access: Option<&Access>,
     history: Arc<Mutex<Vec<Record>>>,
 ) -> anyhow::Result<Worker> {
     let mut child = Command::new(me)
@@ -215,6 +270,11 @@ fn spawn_worker(
         .args(["--resource", &resource.to_string()])
         .args(["--ttl", &humantime::format_duration(args.ttl).to_string()])
         .args(["--seed", &(args.seed * 1000 + id as u64).to_string()])
+        .args(
+            access
+                .map(|access| access.worker_flags.as_slice())
+                .unwrap_or_default(),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)

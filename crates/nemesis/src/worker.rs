@@ -7,10 +7,11 @@
 //! writing. Safety must come from the fences, which is what the run tests.
 
 use crate::history::{now, Op, Phase, Record};
-use deadbolt_client::{Client, ErrorKind, Session};
+use deadbolt_client::{Client, ErrorKind, Session, TlsOptions};
 use rand::{Rng, SeedableRng};
 use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -28,6 +29,17 @@ pub struct WorkerArgs {
     ttl: Duration,
     #[arg(long)]
     seed: u64,
+    /// Mutual TLS (`run --secure`): the CA, and this client's certificate
+    /// and key.
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// The access token to send (`run --secure`).
+    #[arg(long)]
+    access_token: Option<String>,
 }
 
 /// How long one acquire may wait before it is recorded as failed.
@@ -36,7 +48,13 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn main(args: WorkerArgs) -> anyhow::Result<()> {
-    let client = Client::connect(args.endpoints.clone()).await?;
+    let tls = TlsOptions::from_files(
+        args.ca.as_deref(),
+        args.cert.as_deref(),
+        args.key.as_deref(),
+    )?;
+    let token = args.access_token.as_deref();
+    let client = Client::connect_with_token(args.endpoints.clone(), &tls, token).await?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let mut log = Log { client: args.id };
     // Ends the loop when the runner closes our stdin.

@@ -9,7 +9,7 @@
 //! test-only flags. Tests that talk to a node directly use its `listen`
 //! address and are never cut off.
 
-use crate::{free_port, http, signal};
+use crate::{free_port, http, signal, TestPki};
 use deadbolt_client::Client;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -28,11 +28,22 @@ pub struct ClusterNode {
     pub data_dir: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// Set when the cluster runs over mutual TLS.
+    pki: Option<TestPki>,
 }
 
 impl ClusterNode {
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.listen)
+        let scheme = if self.pki.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.listen)
+    }
+
+    /// A GET straight to this node (over TLS if the cluster uses it).
+    pub fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
+        match &self.pki {
+            Some(pki) => pki.get(self.listen, path),
+            None => http(self.listen, "GET", path, None),
+        }
     }
 
     pub fn is_running(&self) -> bool {
@@ -45,7 +56,7 @@ impl ClusterNode {
 
     /// This node's own `/v1/cluster/status`, if it answers.
     pub fn status(&self) -> Option<serde_json::Value> {
-        match http(self.listen, "GET", "/v1/cluster/status", None) {
+        match self.get("/v1/cluster/status") {
             Ok((200, body)) => serde_json::from_str(&body).ok(),
             _ => None,
         }
@@ -68,12 +79,24 @@ pub struct TestCluster {
     bin: PathBuf,
     network: Arc<Mutex<Network>>,
     initial_cluster: String,
+    pki: Option<TestPki>,
 }
 
 impl TestCluster {
     /// Starts `size` nodes with empty data directories under `dir` and waits
     /// until one leads.
     pub async fn start(bin: &Path, dir: &Path, size: u64) -> TestCluster {
+        Self::start_with(bin, dir, size, None).await
+    }
+
+    /// [`start`](Self::start), over mutual TLS with `pki`'s certificates
+    /// when given.
+    pub async fn start_with(
+        bin: &Path,
+        dir: &Path,
+        size: u64,
+        pki: Option<TestPki>,
+    ) -> TestCluster {
         std::fs::create_dir_all(dir).expect("create the cluster directory");
         let network = Arc::new(Mutex::new(Network::default()));
         let mut nodes = Vec::new();
@@ -87,6 +110,7 @@ impl TestCluster {
                 data_dir: dir.join(format!("node{id}")),
                 log: dir.join(format!("node{id}.log")),
                 child: None,
+                pki: pki.clone(),
             });
         }
         let initial_cluster = nodes
@@ -99,6 +123,7 @@ impl TestCluster {
             bin: bin.to_owned(),
             network,
             initial_cluster,
+            pki,
         };
         for id in 1..=size {
             cluster.start_node(id);
@@ -121,7 +146,19 @@ impl TestCluster {
     }
 
     pub async fn client(&self) -> Client {
-        Client::connect(self.endpoints()).await.expect("connect")
+        let tls = self
+            .pki
+            .as_ref()
+            .map(TestPki::tls_options)
+            .unwrap_or_default();
+        Client::connect_with(self.endpoints(), &tls)
+            .await
+            .expect("connect")
+    }
+
+    /// The certificates, when the cluster runs over mutual TLS.
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.pki.as_ref()
     }
 
     /// Starts (or restarts) node `id` with the cluster's `--initial-cluster`.
@@ -157,6 +194,11 @@ impl TestCluster {
         max_file_bytes: Option<u64>,
     ) {
         let bin = self.bin.clone();
+        let tls_flags = self
+            .pki
+            .as_ref()
+            .map(TestPki::server_flags)
+            .unwrap_or_default();
         let node = self.node_mut(id);
         assert!(node.child.is_none(), "node {id} is already running");
         let log = std::fs::OpenOptions::new()
@@ -169,6 +211,7 @@ impl TestCluster {
             .args(["server", "--node-id", &id.to_string()])
             .args(["--listen", &node.listen.to_string(), "--data-dir"])
             .arg(&node.data_dir)
+            .args(&tls_flags)
             .args(flags)
             .env("RUST_LOG", "info,openraft=warn")
             .envs(env.iter().copied())
@@ -272,10 +315,7 @@ impl TestCluster {
             .all(|s| s["leader_id"].as_u64() == Some(leader));
         // Leading includes having applied every earlier entry: `/health`
         // answers 200 only then.
-        let ready = matches!(
-            http(self.node(leader).listen, "GET", "/health", None),
-            Ok((200, _))
-        );
+        let ready = matches!(self.node(leader).get("/health"), Ok((200, _)));
         (agreed && ready).then_some(leader)
     }
 

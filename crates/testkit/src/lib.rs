@@ -6,8 +6,10 @@
 //! node is the real binary, started as a process, killed with real signals.
 
 pub mod cluster;
+pub mod pki;
 
 pub use cluster::{ClusterNode, TestCluster};
+pub use pki::TestPki;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -53,7 +55,12 @@ pub fn http(
     let _ = stream.write_all(body);
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
-    let text = String::from_utf8_lossy(&response).into_owned();
+    parse_response(&response)
+}
+
+/// Status and body of an HTTP/1.1 response read to its end.
+fn parse_response(response: &[u8]) -> std::io::Result<(u16, String)> {
+    let text = String::from_utf8_lossy(response).into_owned();
     let status = text
         .split(' ')
         .nth(1)
