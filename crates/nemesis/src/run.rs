@@ -104,16 +104,21 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     wait_for_port(resource_addr).await?;
 
     let history = Arc::new(Mutex::new(Vec::<Record>::new()));
+    // How workers reach the cluster: its endpoints, and under --secure
+    // their certificate and token.
+    let mut connect = vec!["--endpoints".to_owned(), cluster.endpoints().join(",")];
+    if let Some(access) = &access {
+        connect.extend(access.worker_flags.iter().cloned());
+    }
     let mut workers = Vec::new();
     for id in 0..args.clients {
         workers.push(spawn_worker(
             &me,
             id,
-            &cluster,
+            &connect,
             &locks,
             resource_addr,
             &args,
-            access.as_ref(),
             history.clone(),
         )?);
     }
@@ -256,25 +261,19 @@ async fn secure(cluster: &TestCluster, pki: &TestPki) -> anyhow::Result<Access> 
 fn spawn_worker(
     me: &Path,
     id: usize,
-    cluster: &TestCluster,
+    connect: &[String],
     locks: &[String],
     resource: SocketAddr,
     args: &RunArgs,
-    access: Option<&Access>,
     history: Arc<Mutex<Vec<Record>>>,
 ) -> anyhow::Result<Worker> {
     let mut child = Command::new(me)
         .args(["worker", "--id", &id.to_string()])
-        .args(["--endpoints", &cluster.endpoints().join(",")])
+        .args(connect)
         .args(["--locks", &locks.join(",")])
         .args(["--resource", &resource.to_string()])
         .args(["--ttl", &humantime::format_duration(args.ttl).to_string()])
         .args(["--seed", &(args.seed * 1000 + id as u64).to_string()])
-        .args(
-            access
-                .map(|access| access.worker_flags.as_slice())
-                .unwrap_or_default(),
-        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
