@@ -285,7 +285,7 @@ fn another_identitys_session_is_refused_even_with_its_secret() {
 }
 
 #[test]
-fn tokens_and_rules_survive_a_restart_and_a_snapshot() {
+fn tokens_and_rules_survive_a_restart_a_snapshot_and_a_restore() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let flags = ["--snapshot-every", "10"];
@@ -338,6 +338,36 @@ fn tokens_and_rules_survive_a_restart_and_a_snapshot() {
     let anonymous = deadbolt(&endpoint, &["status", "--lock", "jobs/b"]);
     assert_eq!(anonymous.status.code(), Some(77), "{anonymous:?}");
     stdout(&as_token(&endpoint, Some(&root), &["acl", "show"]));
+
+    // A cluster restored from a backup keeps the rules and the tokens.
+    let backup = dir.path().join("backup");
+    let backup = backup.to_str().unwrap();
+    stdout(&as_token(
+        &endpoint,
+        Some(&root),
+        &["snapshot", "save", backup],
+    ));
+    let restored_dir = dir.path().join("restored");
+    let restored_addr = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let restore = [
+        "snapshot",
+        "restore",
+        backup,
+        "--data-dir",
+        restored_dir.to_str().unwrap(),
+        "--listen",
+        &restored_addr.to_string(),
+    ];
+    stdout(&deadbolt(&endpoint, &restore));
+    let restored = TestServer::start_on(&restored_dir, restored_addr);
+    let restored = restored.endpoint();
+    stdout(&as_token(
+        &restored,
+        Some(&ci),
+        &["acquire", "--lock", "jobs/c"],
+    ));
+    let web = as_token(&restored, Some(&ci), &["acquire", "--lock", "web/c"]);
+    assert_eq!(web.status.code(), Some(77), "{web:?}");
 }
 
 #[test]
