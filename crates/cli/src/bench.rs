@@ -7,6 +7,9 @@
 //! - `failover`: kills the leader (with a command you give) again and again;
 //!   how long from each kill until a client's next successful grant.
 //!
+//! `--fill N` first takes N more locks and holds them while measuring, to
+//! see what a big table costs (snapshots of it, above all).
+//!
 //! Every client has its own session and, by default, its own connection, as
 //! in lockbench; `--connections N` spreads the sessions over N connections
 //! instead, as a program whose workers share one `Client` would. The bench
@@ -16,7 +19,7 @@
 use crate::Endpoints;
 use crate::{exit, parse_duration};
 use anyhow::Context;
-use deadbolt_client::{Client, Error};
+use deadbolt_client::{Client, Error, LockGuard, Session};
 use hdrhistogram::Histogram;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -61,6 +64,74 @@ pub struct BenchArgs {
     /// above. Example: `scripts/cluster.sh start`.
     #[arg(long, required_if_eq("workload", "failover"))]
     restart_cmd: Option<String>,
+    /// `uncontended` and `contended`: first take this many locks
+    /// (`bench:fill:N`, up to 12 in a session) and hold them while
+    /// measuring. The server's limits allow 1,000,000 locks and 100,000
+    /// sessions in all, so 990000 fills the table.
+    #[arg(long, default_value_t = 0)]
+    fill: u64,
+}
+
+/// Locks the fill takes per session: 990,000 locks in 82,500 sessions.
+const FILL_LOCKS_PER_SESSION: u64 = 12;
+/// The fill's sessions are renewed every TTL/3: long, to keep keepalives
+/// from being the load.
+const FILL_TTL: Duration = Duration::from_secs(600);
+/// Fill requests in flight at once.
+const FILL_CONCURRENCY: usize = 256;
+
+/// What `--fill` holds: its sessions, and the guards of their locks (kept
+/// until the sessions are closed, which releases them all at once).
+struct Fill {
+    sessions: Vec<Session>,
+    guards: Vec<LockGuard>,
+}
+
+/// Takes `count` locks and holds them (see [`BenchArgs::fill`]).
+async fn fill(endpoints: &Endpoints, count: u64) -> Result<Fill, Error> {
+    use futures::{StreamExt, TryStreamExt};
+    let mut clients = Vec::new();
+    for _ in 0..16.min(count) {
+        clients.push(endpoints.connect().await?);
+    }
+    let started = Instant::now();
+    let sessions: Vec<Session> = futures::stream::iter(0..count.div_ceil(FILL_LOCKS_PER_SESSION))
+        .map(|i| clients[i as usize % clients.len()].open_session(FILL_TTL))
+        .buffer_unordered(FILL_CONCURRENCY)
+        .try_collect()
+        .await?;
+    let locks = (0..count).map(|i| (i, &sessions[(i / FILL_LOCKS_PER_SESSION) as usize]));
+    let guards: Vec<LockGuard> = futures::stream::iter(locks)
+        .map(|(i, session)| async move {
+            let guard = session.lock(&format!("bench:fill:{i:07}")).await?;
+            if (i + 1) % 100_000 == 0 {
+                eprintln!("[fill] {} locks held", i + 1);
+            }
+            Ok::<_, Error>(guard)
+        })
+        .buffer_unordered(FILL_CONCURRENCY)
+        .try_collect()
+        .await?;
+    eprintln!(
+        "[fill] {count} locks held in {} sessions, in {:.1}s",
+        sessions.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Fill { sessions, guards })
+}
+
+impl Fill {
+    async fn release(self) -> Result<(), Error> {
+        use futures::{StreamExt, TryStreamExt};
+        futures::stream::iter(&self.sessions)
+            .map(Session::close)
+            .buffer_unordered(FILL_CONCURRENCY)
+            .try_collect::<Vec<()>>()
+            .await?;
+        // Closed sessions released their locks: dropping sends nothing.
+        drop(self.guards);
+        Ok(())
+    }
 }
 
 pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
@@ -92,6 +163,7 @@ struct ClientStats {
 }
 
 async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Result<(), Error> {
+    let filled = fill(endpoints, args.fill).await?;
     let connections = args.connections.unwrap_or(args.clients).min(args.clients);
     let mut clients = Vec::new();
     for _ in 0..connections {
@@ -166,6 +238,7 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     for session in sessions {
         session.close().await?;
     }
+    filled.release().await?;
     let total: u64 = per_client.iter().sum();
     let rate = total as f64 / elapsed.as_secs_f64();
     let what = if contended {
