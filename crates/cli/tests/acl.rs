@@ -5,32 +5,10 @@
 
 mod common;
 
-use common::{deadbolt, TestServer};
+use common::{curl, deadbolt, TestServer};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::process::{Command, Output};
-
-/// `curl` with an optional bearer token; the HTTP status and JSON reply.
-fn curl(addr: SocketAddr, token: Option<&str>, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut command = Command::new("curl");
-    command.args(["-sS", "-w", "\n%{http_code}"]);
-    if let Some(token) = token {
-        command.args(["-H", &format!("Authorization: Bearer {token}")]);
-    }
-    if let Some(body) = body {
-        command.args(["-d", &body.to_string()]);
-    }
-    let output = command
-        .arg(format!("http://{addr}{path}"))
-        .output()
-        .expect("curl is installed");
-    let text = String::from_utf8(output.stdout).unwrap();
-    let (reply, status) = text.rsplit_once('\n').unwrap_or_else(|| panic!("{text:?}"));
-    // The metrics scrape is text, not JSON: kept short, as a string.
-    let reply = serde_json::from_str(reply)
-        .unwrap_or_else(|_| Value::String(reply.chars().take(200).collect()));
-    (status.parse().unwrap(), reply)
-}
 
 /// `deadbolt ARGS` with `DEADBOLT_ACCESS_TOKEN` set (or not).
 fn as_token(endpoint: &str, token: Option<&str>, args: &[&str]) -> Output {
@@ -48,6 +26,31 @@ fn stdout(out: &Output) -> String {
         .unwrap()
         .trim()
         .to_owned()
+}
+
+/// `deadbolt acquire --lock LOCK` with `token`: the session handle and the
+/// fencing token, as printed.
+fn acquire(endpoint: &str, token: &str, lock: &str) -> (String, String) {
+    let granted = stdout(&as_token(
+        endpoint,
+        Some(token),
+        &["acquire", "--lock", lock],
+    ));
+    let (handle, fencing) = granted.split_once(' ').unwrap();
+    (handle.to_owned(), fencing.to_owned())
+}
+
+/// The `deadbolt release` arguments for what [`acquire`] printed.
+fn release_args<'a>(lock: &'a str, handle: &'a str, fencing: &'a str) -> [&'a str; 7] {
+    [
+        "release",
+        "--lock",
+        lock,
+        "--session",
+        handle,
+        "--token",
+        fencing,
+    ]
 }
 
 fn stderr(out: &Output) -> String {
@@ -109,9 +112,7 @@ fn a_token_allows_exactly_what_its_roles_grant_and_a_refusal_changes_nothing() {
     );
 
     // ci may lock and read under jobs/, nothing else.
-    let granted = as_token(&endpoint, Some(&ci), &["acquire", "--lock", "jobs/a"]);
-    let handle = stdout(&granted);
-    let session = handle.split_whitespace().next().unwrap().to_owned();
+    let (session, _) = acquire(&endpoint, &ci, "jobs/a");
     let (status, reply) = curl(addr, Some(&ci), "/v1/lock/status?lock=jobs/a", None);
     assert_eq!(status, 200, "{reply}");
     assert!(reply["state"]["token"].as_u64().unwrap() > 0);
@@ -232,25 +233,12 @@ fn another_identitys_session_is_refused_even_with_its_secret() {
     let endpoint = server.endpoint();
     let (root, ci, ops) = secured(&server);
 
-    let granted = stdout(&as_token(
-        &endpoint,
-        Some(&ci),
-        &["acquire", "--lock", "jobs/a"],
-    ));
-    let (handle, token) = granted.split_once(' ').unwrap();
+    let (handle, token) = acquire(&endpoint, &ci, "jobs/a");
 
     // ops holds the same role, and has the session's handle (secret and
     // all): it still cannot release, renew or close ci's session.
-    let release = [
-        "release",
-        "--lock",
-        "jobs/a",
-        "--session",
-        handle,
-        "--token",
-        token,
-    ];
-    for args in [&release[..], &["keepalive", "--session", handle]] {
+    let release = release_args("jobs/a", &handle, &token);
+    for args in [&release[..], &["keepalive", "--session", &handle]] {
         let refused = as_token(&endpoint, Some(&ops), args);
         assert_eq!(refused.status.code(), Some(77), "{refused:?}");
         assert!(
@@ -295,21 +283,8 @@ fn tokens_and_rules_survive_a_restart_a_snapshot_and_a_restore() {
     let (root, ci, _) = secured(&server);
     // Enough entries for a snapshot and a purge of the log behind it.
     for _ in 0..12 {
-        let granted = stdout(&as_token(
-            &endpoint,
-            Some(&ci),
-            &["acquire", "--lock", "jobs/a"],
-        ));
-        let (handle, token) = granted.split_once(' ').unwrap();
-        let release = [
-            "release",
-            "--lock",
-            "jobs/a",
-            "--session",
-            handle,
-            "--token",
-            token,
-        ];
+        let (handle, token) = acquire(&endpoint, &ci, "jobs/a");
+        let release = release_args("jobs/a", &handle, &token);
         stdout(&as_token(&endpoint, Some(&ci), &release));
     }
     server.terminate();

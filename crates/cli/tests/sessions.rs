@@ -5,28 +5,11 @@
 
 mod common;
 
-use common::{deadbolt, signal, TestServer, BIN};
+use common::{curl, deadbolt, signal, TestServer, BIN};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// `curl` as a new user would type it; the HTTP status and the JSON reply.
-fn curl(addr: SocketAddr, path: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut command = Command::new("curl");
-    command.args(["-sS", "-w", "\n%{http_code}"]);
-    if let Some(body) = body {
-        command.args(["-d", &body.to_string()]);
-    }
-    let output = command
-        .arg(format!("http://{addr}{path}"))
-        .output()
-        .expect("curl is installed");
-    let text = String::from_utf8(output.stdout).unwrap();
-    let (reply, status) = text.rsplit_once('\n').unwrap_or_else(|| panic!("{text:?}"));
-    let reply = serde_json::from_str(reply).unwrap_or_else(|_| panic!("not JSON: {reply:?}"));
-    (status.parse().unwrap(), reply)
-}
 
 /// Holder session id and token of `lock`, as `deadbolt status --json`
 /// shows them to anyone; `None` while it is free.
@@ -73,7 +56,7 @@ fn a_session_id_and_token_from_status_cannot_release_anothers_lock() {
         assert!(started.elapsed() < Duration::from_secs(10), "never held");
         std::thread::sleep(Duration::from_millis(20));
     };
-    let (status, shown) = curl(server.addr, "/v1/lock/status?lock=nightly", None);
+    let (status, shown) = curl(server.addr, None, "/v1/lock/status?lock=nightly", None);
     assert_eq!(status, 200, "{shown}");
     assert_eq!(shown["state"]["holder_session_id"], session);
     assert_eq!(shown["state"]["token"], token);
@@ -102,7 +85,7 @@ fn a_session_id_and_token_from_status_cannot_release_anothers_lock() {
             ("/v1/session/close", json!({})),
             ("/v1/lock/acquire", json!({"lock": "squatted"})),
         ] {
-            let (status, reply) = curl(server.addr, path, Some(&with_secret(body)));
+            let (status, reply) = curl(server.addr, None, path, Some(&with_secret(body)));
             assert_eq!(status, 403, "{path} with secret {secret:?}: {reply}");
             assert_eq!(reply["error"]["kind"], "permission_denied", "{reply}");
             let message = reply["error"]["message"].as_str().unwrap();
@@ -157,7 +140,7 @@ fn a_session_id_and_token_from_status_cannot_release_anothers_lock() {
     assert_eq!(holder(&endpoint, "nightly"), Some((session, token)));
     assert_eq!(holder(&endpoint, "squatted"), None);
     assert!(run.try_wait().unwrap().is_none(), "deadbolt run exited");
-    let (_, history) = curl(server.addr, "/v1/lock/history?lock=nightly", None);
+    let (_, history) = curl(server.addr, None, "/v1/lock/history?lock=nightly", None);
     let entries = history["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 1, "{history}");
     assert_eq!(entries[0]["what"], "granted");

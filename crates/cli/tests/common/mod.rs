@@ -139,3 +139,31 @@ pub fn post(addr: SocketAddr, path: &str, json: serde_json::Value) -> (u16, serd
     let value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("not JSON: {body:?}"));
     (status, value)
 }
+
+/// `curl` as a new user would type it, with a bearer token if given; the
+/// HTTP status and the JSON reply (a reply that is not JSON, such as the
+/// metrics scrape, comes back as its first 200 characters in a string).
+pub fn curl(
+    addr: SocketAddr,
+    token: Option<&str>,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut command = Command::new("curl");
+    command.args(["-sS", "-w", "\n%{http_code}"]);
+    if let Some(token) = token {
+        command.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    if let Some(body) = body {
+        command.args(["-d", &body.to_string()]);
+    }
+    let output = command
+        .arg(format!("http://{addr}{path}"))
+        .output()
+        .expect("curl is installed");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let (reply, status) = text.rsplit_once('\n').unwrap_or_else(|| panic!("{text:?}"));
+    let reply = serde_json::from_str(reply)
+        .unwrap_or_else(|_| serde_json::Value::String(reply.chars().take(200).collect()));
+    (status.parse().unwrap(), reply)
+}
