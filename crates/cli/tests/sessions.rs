@@ -7,7 +7,6 @@ mod common;
 
 use common::{curl, deadbolt, signal, TestServer, BIN};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
