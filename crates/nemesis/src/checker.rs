@@ -153,6 +153,21 @@ pub fn check(
         }
     }
 
+    // A session belongs to the identity that opened it.
+    for trespass in done
+        .iter()
+        .filter(|c| c.done.op == Op::Trespass && c.done.phase == Phase::Ok)
+    {
+        violations.push(Violation {
+            what: format!(
+                "client {} renewed session {} of another identity",
+                trespass.done.client,
+                trespass.done.value.unwrap_or(0)
+            ),
+            records: vec![show(&trespass.done)],
+        });
+    }
+
     // The resource's accepted writes, per lock, never go back in token.
     let mut last: HashMap<&str, &Accepted> = HashMap::new();
     for write in accepted {

@@ -18,6 +18,11 @@ pub enum Op {
     /// The same on the resource process (`deadbolt-nemesis resource`).
     ResourceIncrement,
     Release,
+    /// A keepalive on another identity's session, with that session's
+    /// secret: must be refused (the simulation's clients each have an
+    /// identity; see `deadbolt_server::auth`). `lock` holds nothing; the
+    /// session id is in `value`.
+    Trespass,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

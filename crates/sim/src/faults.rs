@@ -195,21 +195,18 @@ async fn rebuild(
         at()
     ));
     cluster.wipe(lost);
-    membership_change(router, "remove", lost, |api| async move {
-        api.remove_member(
-            &Credentials::ANONYMOUS,
-            RemoveMemberRequest { node_id: lost },
-        )
-        .await
+    membership_change(router, "remove", lost, |api, credentials| async move {
+        let request = RemoveMemberRequest { node_id: lost };
+        api.remove_member(&credentials, request).await
     })
     .await?;
     restart(cluster, lost, rng, log).await?;
-    membership_change(router, "add", lost, |api| async move {
+    membership_change(router, "add", lost, |api, credentials| async move {
         let request = AddMemberRequest {
             node_id: lost,
             address: address(lost),
         };
-        api.add_member(&Credentials::ANONYMOUS, request).await
+        api.add_member(&credentials, request).await
     })
     .await?;
     log.push(format!("{} node {lost} is a voter again", at()));
@@ -222,7 +219,7 @@ async fn membership_change<T, Fut>(
     router: &mut Router,
     what: &str,
     node: NodeId,
-    change: impl Fn(deadbolt_server::embedded::Api) -> Fut,
+    change: impl Fn(deadbolt_server::embedded::Api, std::sync::Arc<Credentials>) -> Fut,
 ) -> Result<(), String>
 where
     Fut: std::future::Future<Output = Result<T, deadbolt_server::embedded::ApiError>>,

@@ -28,7 +28,7 @@ use cluster::SimCluster;
 use deadbolt_nemesis::checker::{check, Finals, Violation};
 use deadbolt_nemesis::history::{Accepted, Record};
 use deadbolt_proto::v1::{LockHistoryRequest, StoreGetRequest};
-use deadbolt_server::embedded::{seed_raft_rng, Credentials, SecretSource};
+use deadbolt_server::embedded::{seed_raft_rng, SecretSource};
 use network::Fabric;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -187,11 +187,11 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     for lock in &locks {
         let key = format!("counter:{lock}");
         let read = router
-            .send(|api| {
+            .send(|api, credentials| {
                 let key = key.clone();
                 async move {
                     api.store_get(
-                        &Credentials::ANONYMOUS,
+                        &credentials,
                         StoreGetRequest {
                             key,
                             token: None,
@@ -203,10 +203,10 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
             })
             .await;
         let trail = router
-            .send(|api| {
+            .send(|api, credentials| {
                 let lock = lock.clone();
                 async move {
-                    api.lock_history(&Credentials::ANONYMOUS, LockHistoryRequest { lock })
+                    api.lock_history(&credentials, LockHistoryRequest { lock })
                         .await
                 }
             })

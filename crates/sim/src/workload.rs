@@ -18,7 +18,7 @@ use deadbolt_proto::ErrorKind;
 use deadbolt_server::embedded::{Api, ApiError, Credentials, NodeId};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -180,6 +180,8 @@ pub struct Router {
     fabric: Arc<Fabric>,
     nodes: Vec<NodeId>,
     target: NodeId,
+    /// Who the requests come from (see `Router::as_identity`).
+    credentials: Arc<Credentials>,
 }
 
 impl Router {
@@ -188,6 +190,16 @@ impl Router {
             fabric,
             nodes,
             target: first,
+            credentials: Arc::new(Credentials::ANONYMOUS),
+        }
+    }
+
+    /// This router, sending as a client whose certificate names
+    /// `identity`: the sessions it opens belong to that identity.
+    pub fn as_identity(&self, identity: &str) -> Router {
+        Router {
+            credentials: Arc::new(Credentials::certificate(identity)),
+            ..self.clone()
         }
     }
 
@@ -196,7 +208,10 @@ impl Router {
         self.target = self.nodes[at.map_or(0, |at| (at + 1) % self.nodes.len())];
     }
 
-    pub async fn send<T, Fut>(&mut self, request: impl Fn(Api) -> Fut) -> Result<T, Failure>
+    pub async fn send<T, Fut>(
+        &mut self,
+        request: impl Fn(Api, Arc<Credentials>) -> Fut,
+    ) -> Result<T, Failure>
     where
         Fut: Future<Output = Result<T, ApiError>>,
     {
@@ -204,7 +219,9 @@ impl Router {
         loop {
             let answer = self
                 .fabric
-                .call(Sender::Client, self.target, |node| request(node.api))
+                .call(Sender::Client, self.target, |node| {
+                    request(node.api, self.credentials.clone())
+                })
                 .await;
             let no_effect = match answer {
                 Ok(Ok(value)) => return Ok(value),
@@ -261,7 +278,16 @@ struct Client {
     paused_until: Arc<Mutex<Instant>>,
     /// Acquire attempts so far; each acquire is a new attempt.
     attempts: u64,
+    /// Sessions the clients opened lately, as if their secrets had leaked.
+    leaked: Leaked,
 }
+
+/// The newest sessions opened by any client: (client, session id, secret).
+type Leaked = Arc<Mutex<VecDeque<(usize, u64, String)>>>;
+/// How many [`Leaked`] keeps.
+const LEAKED_SESSIONS: usize = 64;
+/// One round in this many starts with a trespass (see `Client::trespass`).
+const TRESPASS_EVERY: u32 = 16;
 
 /// One operation of a client: recorded as invoked when it starts, and once
 /// more when it ends.
@@ -328,6 +354,9 @@ impl Client {
                     }
                 },
             };
+            if self.rng.gen_ratio(1, TRESPASS_EVERY) {
+                self.trespass().await;
+            }
             let lock = self.locks[self.rng.gen_range(0..self.locks.len())].clone();
             if self.round(&current, &lock).await {
                 session = Some(current);
@@ -341,9 +370,9 @@ impl Client {
                 drop(current);
                 let _ = self
                     .router
-                    .send(|api| {
+                    .send(|api, credentials| {
                         let close = close.clone();
-                        async move { api.close_session(&Credentials::ANONYMOUS, close).await }
+                        async move { api.close_session(&credentials, close).await }
                     })
                     .await;
             }
@@ -355,13 +384,20 @@ impl Client {
         let sent = now_ns();
         let opened = self
             .router
-            .send(|api| async move {
-                api.open_session(&Credentials::ANONYMOUS, OpenSessionRequest { ttl_ms })
+            .send(|api, credentials| async move {
+                api.open_session(&credentials, OpenSessionRequest { ttl_ms })
                     .await
             })
             .await
             .ok()?;
         self.history.lease_renewed(opened.session_id, sent);
+        {
+            let mut leaked = self.leaked.lock().expect("leaked poisoned");
+            if leaked.len() == LEAKED_SESSIONS {
+                leaked.pop_front();
+            }
+            leaked.push_back((self.id, opened.session_id, opened.session_secret.clone()));
+        }
         let lost = Arc::new(AtomicBool::new(false));
         let keepalive = tokio::spawn(keep_alive(
             KeepAliveRequest {
@@ -381,6 +417,41 @@ impl Client {
         })
     }
 
+    /// Renews another client's session with its secret, as a client would
+    /// whose colleague's session handle leaked to it: the session belongs
+    /// to the identity that opened it, so the server must refuse, whatever
+    /// crashes, elections and snapshots came between (the checker flags an
+    /// acknowledged trespass).
+    async fn trespass(&mut self) {
+        let victim = {
+            let leaked = self.leaked.lock().expect("leaked poisoned");
+            let others: Vec<_> = leaked
+                .iter()
+                .filter(|(owner, ..)| *owner != self.id)
+                .collect();
+            if others.is_empty() {
+                return;
+            }
+            others[self.rng.gen_range(0..others.len())].clone()
+        };
+        let (_, session_id, session_secret) = victim;
+        let step = self.start(Op::Trespass, "", None);
+        let renewed = self
+            .router
+            .send(|api, credentials| {
+                let request = KeepAliveRequest {
+                    session_id,
+                    session_secret: session_secret.clone(),
+                };
+                async move { api.keep_alive(&credentials, request).await }
+            })
+            .await;
+        match renewed {
+            Ok(_) => step.ok(Some(session_id)),
+            Err(failure) => step.failed(&failure, Some(session_id)),
+        }
+    }
+
     /// Acquire, two increments, release. False if the session is in doubt.
     async fn round(&mut self, session: &Session, lock: &str) -> bool {
         let (session_id, secret) = (session.id, session.secret.as_str());
@@ -389,11 +460,11 @@ impl Client {
         let attempt = self.attempts;
         let acquired = self
             .router
-            .send(|api| {
+            .send(|api, credentials| {
                 let (lock, session_secret) = (lock.to_owned(), secret.to_owned());
                 async move {
                     api.acquire(
-                        &Credentials::ANONYMOUS,
+                        &credentials,
                         AcquireRequest {
                             session_id,
                             session_secret,
@@ -434,11 +505,11 @@ impl Client {
         let release = self.start(Op::Release, lock, Some(token));
         let released = self
             .router
-            .send(|api| {
+            .send(|api, credentials| {
                 let (lock, session_secret) = (lock.to_owned(), secret.to_owned());
                 async move {
                     api.release(
-                        &Credentials::ANONYMOUS,
+                        &credentials,
                         ReleaseRequest {
                             session_id,
                             session_secret,
@@ -468,11 +539,11 @@ impl Client {
         let key = format!("counter:{lock}");
         let read = self
             .router
-            .send(|api| {
+            .send(|api, credentials| {
                 let (key, lock) = (key.clone(), lock.to_owned());
                 async move {
                     api.store_get(
-                        &Credentials::ANONYMOUS,
+                        &credentials,
                         StoreGetRequest {
                             key,
                             token: Some(token),
@@ -493,11 +564,11 @@ impl Client {
         let next = current + 1;
         let written = self
             .router
-            .send(|api| {
+            .send(|api, credentials| {
                 let (key, lock) = (key.clone(), lock.to_owned());
                 async move {
                     api.store_put(
-                        &Credentials::ANONYMOUS,
+                        &credentials,
                         StorePutRequest {
                             key,
                             value: next.to_string(),
@@ -568,9 +639,9 @@ async fn keep_alive(
         let sent = Instant::now();
         let sent_ns = now_ns();
         let renewed = router
-            .send(|api| {
+            .send(|api, credentials| {
                 let request = request.clone();
-                async move { api.keep_alive(&Credentials::ANONYMOUS, request).await }
+                async move { api.keep_alive(&credentials, request).await }
             })
             .await;
         match renewed {
@@ -608,11 +679,14 @@ pub fn spawn_clients(
     seed: u64,
     stop: &tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
+    let leaked = Leaked::default();
     (0..count)
         .map(|id| {
             let client = Client {
                 id,
-                router: router.clone(),
+                // Each client is an identity of its own, as a client
+                // certificate would make it.
+                router: router.as_identity(&format!("client-{id}")),
                 rng: StdRng::seed_from_u64(
                     seed ^ (id as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15),
                 ),
@@ -621,6 +695,7 @@ pub fn spawn_clients(
                 resource: resource.clone(),
                 paused_until: Arc::new(Mutex::new(Instant::now())),
                 attempts: 0,
+                leaked: leaked.clone(),
             };
             tokio::spawn(client.run(stop.clone()))
         })

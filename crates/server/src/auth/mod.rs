@@ -51,6 +51,15 @@ impl Credentials {
         certificate: None,
     };
 
+    /// What a client with a certificate named `name` presents (mutual TLS),
+    /// for the simulation's clients, which reach nodes without TLS.
+    pub fn certificate(name: &str) -> Credentials {
+        Credentials {
+            authorization: None,
+            certificate: Some(name.to_owned()),
+        }
+    }
+
     /// From a request's `authorization` header (or gRPC metadata) and the
     /// TLS client the listener put into its extensions.
     pub fn new(authorization: Option<&[u8]>, tls: Option<&TlsClient>) -> Credentials {
