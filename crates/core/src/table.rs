@@ -752,6 +752,14 @@ impl LockTable {
             })
     }
 
+    /// Whether `session` holds `lock` or waits in its queue: an acquire of
+    /// it is then a retry, which keeps that place rather than asking for one.
+    pub fn holds_or_waits(&self, session: SessionId, lock: &str) -> bool {
+        self.sessions
+            .get(&session)
+            .is_some_and(|s| s.held.contains(lock) || s.waiting.contains(lock))
+    }
+
     pub fn has_session(&self, id: SessionId) -> bool {
         self.sessions.contains_key(&id)
     }

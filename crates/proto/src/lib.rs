@@ -49,6 +49,10 @@ pub enum ErrorKind {
     SessionExpiring,
     NotLeader,
     Unavailable,
+    /// The leader has more work queued than it takes (its proposal queue is
+    /// full): nothing was done, and the same request may be sent again
+    /// after a backoff. Clients back off with jitter.
+    Overloaded,
     Internal,
     /// A call on a session without that session's secret, or a call the
     /// caller's identity has no permission for.
@@ -60,7 +64,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind: what `parse` knows, and the server's error metric's labels.
-    pub const ALL: [ErrorKind; 14] = [
+    pub const ALL: [ErrorKind; 15] = [
         ErrorKind::UnknownSession,
         ErrorKind::Busy,
         ErrorKind::NotHolder,
@@ -72,6 +76,7 @@ impl ErrorKind {
         ErrorKind::SessionExpiring,
         ErrorKind::NotLeader,
         ErrorKind::Unavailable,
+        ErrorKind::Overloaded,
         ErrorKind::Internal,
         ErrorKind::PermissionDenied,
         ErrorKind::Unauthenticated,
@@ -90,6 +95,7 @@ impl ErrorKind {
             ErrorKind::SessionExpiring => "session_expiring",
             ErrorKind::NotLeader => "not_leader",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Overloaded => "overloaded",
             ErrorKind::Internal => "internal",
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Unauthenticated => "unauthenticated",
@@ -112,7 +118,11 @@ impl ErrorKind {
             ErrorKind::InvalidArgument => Code::InvalidArgument,
             ErrorKind::WaitTimeout => Code::DeadlineExceeded,
             ErrorKind::WaitCancelled => Code::Aborted,
-            ErrorKind::NotLeader | ErrorKind::Unavailable => Code::Unavailable,
+            // UNAVAILABLE, not RESOURCE_EXHAUSTED: gRPC's own retry policies
+            // and generic clients retry it with backoff, which is the answer.
+            ErrorKind::NotLeader | ErrorKind::Unavailable | ErrorKind::Overloaded => {
+                Code::Unavailable
+            }
             ErrorKind::Internal => Code::Internal,
             ErrorKind::PermissionDenied => Code::PermissionDenied,
             ErrorKind::Unauthenticated => Code::Unauthenticated,

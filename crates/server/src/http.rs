@@ -100,7 +100,9 @@ fn http_status(kind: ErrorKind) -> StatusCode {
         }
         ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
         ErrorKind::LimitReached => StatusCode::TOO_MANY_REQUESTS,
-        ErrorKind::NotLeader | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::NotLeader | ErrorKind::Unavailable | ErrorKind::Overloaded => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,

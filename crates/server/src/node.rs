@@ -7,7 +7,7 @@
 use crate::auth::Caller;
 use crate::leases::{KeepAliveError, Leases};
 use crate::metrics::Metrics;
-use crate::proposer::{ProposeError, Proposer};
+use crate::proposer::{Admission, ProposeError, Proposer};
 use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::{EventSink, SharedTable};
 use crate::waits::{Subscription, WaitEnd, Waits};
@@ -75,6 +75,7 @@ impl From<ProposeError> for ApiError {
         let kind = match err {
             ProposeError::NotLeader { .. } => ErrorKind::NotLeader,
             ProposeError::ShuttingDown | ProposeError::NoQuorum(_) => ErrorKind::Unavailable,
+            ProposeError::Overloaded { .. } => ErrorKind::Overloaded,
             ProposeError::Fatal(_) => ErrorKind::Internal,
         };
         let leader = match &err {
@@ -610,7 +611,17 @@ impl AcquireCall {
             attempt: self.attempt,
             lock_delay_ms: self.lock_delay_ms,
         };
-        match self.node.propose(command).await? {
+        // A retry of an acquire that already has its queue place (or grant)
+        // is never refused as overloaded: refused for longer than the
+        // abandonment grace, it would lose that place.
+        let retry = (self.node.table.read().expect("state lock poisoned").table)
+            .holds_or_waits(self.session, &self.lock);
+        let admission = match retry {
+            true => Admission::Always,
+            false => Admission::Refusable,
+        };
+        let proposed = self.node.proposer.propose_with(command, admission).await;
+        match proposed?? {
             Outcome::Acquire(AcquireOutcome::Granted { token }) => Ok(token),
             Outcome::Acquire(AcquireOutcome::Queued { .. }) => {
                 self.subscription = Some(self.node.waits.subscribe(self.session, &self.lock));
