@@ -34,6 +34,13 @@ pub const LEADER_KEY: &str = "deadbolt-leader";
 /// would cut them off.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Calls in flight on one `Calls` stream, of every kind. The server stops
+/// reading a stream at this many (HTTP/2 flow control then holds the
+/// client back); the client waits for a slot before sending past it. Twice
+/// the acquires one stream may have blocked (4096), so keepalives and
+/// releases always find room beside them.
+pub const MAX_CALLS_PER_STREAM: usize = 8192;
+
 /// The stable, machine-readable kinds of API error. Both the gRPC trailer
 /// and the HTTP error body carry one of these strings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
