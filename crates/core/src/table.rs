@@ -383,8 +383,7 @@ impl LockTable {
                 });
             }
         }
-        self.store
-            .apply(key, token, change, Limits::STANDARD.max_keys)
+        self.store.apply(key, token, change, Limits::STANDARD)
     }
 
     /// The audit trail of `lock` still kept, oldest first.
@@ -852,6 +851,7 @@ impl LockTable {
                 "fence of key {key:?} is a token never handed out"
             );
         }
+        self.store.check_bytes();
         for (name, lock) in &self.locks {
             if lock.delay_ms.is_some() {
                 // The lost grant's session expired, and ids are never reused.

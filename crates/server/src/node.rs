@@ -64,7 +64,8 @@ impl From<LockError> for ApiError {
             LockError::TooManyWaiters { .. }
             | LockError::TooManySessions { .. }
             | LockError::TooManyLocks { .. }
-            | LockError::TooManyKeys { .. } => ErrorKind::LimitReached,
+            | LockError::TooManyKeys { .. }
+            | LockError::StoreFull { .. } => ErrorKind::LimitReached,
         };
         ApiError::new(kind, err.to_string())
     }
