@@ -199,3 +199,40 @@ async fn a_full_proposal_queue_answers_overloaded_and_recovers() {
     guard.release().await.unwrap();
     assert_eq!(http(server.addr, "GET", "/health", None).unwrap().0, 200);
 }
+
+/// A client that sends thousands of calls on one `Calls` stream and reads
+/// no answer for a while: the server holds at most a bounded number of
+/// answers for it (it stops reading the stream meanwhile), and once the
+/// client reads, every call is answered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_stream_read_slowly_answers_every_call_once() {
+    use deadbolt_proto::v1::call_response::Result as Answer;
+    use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
+    use deadbolt_proto::v1::CallRequest;
+
+    const CALLS: u64 = 5000;
+    let (_dir, server) = server_with(&[]);
+    // Calls naming no call: each is refused on its own, without running.
+    let requests = (1..=CALLS).map(|id| CallRequest { id, call: None });
+    let mut answers = DeadboltClient::connect(server.endpoint())
+        .await
+        .unwrap()
+        .calls(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut answered = std::collections::HashSet::new();
+    while let Some(answer) = answers.message().await.unwrap() {
+        let Some(Answer::Error(error)) = answer.result else {
+            panic!("call {} was answered {:?}", answer.id, answer.result);
+        };
+        assert_eq!(error.kind, "invalid_argument");
+        assert!(
+            answered.insert(answer.id),
+            "call {} answered twice",
+            answer.id
+        );
+    }
+    assert_eq!(answered.len() as u64, CALLS);
+}
