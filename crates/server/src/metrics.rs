@@ -176,6 +176,7 @@ pub struct Metrics {
     last_log_index: Gauge,
     applied_index: Gauge,
     apply_lag: Gauge,
+    queued_commands: Gauge,
     replication_lag: Family<PeerLabel, Gauge>,
 }
 
@@ -414,6 +415,14 @@ impl Metrics {
                 None,
                 Gauge::default(),
             ),
+            queued_commands: register(
+                r,
+                "deadbolt_proposer_queued_commands",
+                "Commands waiting to be proposed, past the batch being written; at \
+                 --max-queued-commands new work is refused overloaded",
+                None,
+                Gauge::default(),
+            ),
             replication_lag: register(
                 r,
                 "deadbolt_raft_replication_lag_entries",
@@ -501,7 +510,9 @@ impl Metrics {
 
     /// The scrape: reads the gauges from their sources, then encodes
     /// everything in the Prometheus text format.
-    pub fn render(&self, raft: &Raft, table: &SharedTable) -> String {
+    pub fn render(&self, raft: &Raft, table: &SharedTable, queued_commands: usize) -> String {
+        self.queued_commands
+            .set(gauge_value(queued_commands as u64));
         {
             let applied = table.read().expect("state lock poisoned");
             let table = &applied.table;

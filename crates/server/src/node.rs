@@ -571,7 +571,7 @@ impl Node {
 
     /// The Prometheus scrape (see `metrics.rs`).
     pub fn metrics_text(&self) -> String {
-        self.metrics.render(&self.raft, &self.table)
+        (self.metrics).render(&self.raft, &self.table, self.proposer.queued_commands())
     }
 
     pub fn health(&self) -> Health {

@@ -200,6 +200,11 @@ impl Proposer {
         Proposer { queue, load }
     }
 
+    /// Commands waiting to be proposed (for the metrics).
+    pub fn queued_commands(&self) -> usize {
+        self.load.commands.load(Ordering::Relaxed)
+    }
+
     /// Commits `command` and returns what applying it produced; refuses it
     /// with [`ProposeError::Overloaded`] if the queue is full and
     /// [`Admission::of`] the command allows.
