@@ -29,9 +29,10 @@
 //!   leader (keepalives never reach the log); calls and errors on the node
 //!   that answered them (a follower's `not_leader` refusals included); log
 //!   appends and snapshots on each node's own disk.
-//! - **At scrape time**: the gauges, read from the applied table and from
-//!   openraft's metrics, so they cost the hot path nothing. Counting the
-//!   queued waiters holds the table's read lock for O(sessions).
+//! - **At scrape time**: the gauges, read from the applied table, the
+//!   proposal queue's count and openraft's metrics, so they cost the hot
+//!   path nothing. Counting the queued waiters holds the table's read lock
+//!   for O(sessions).
 //!
 //! Durations are measured on `std::time::Instant`: they decide nothing, so
 //! they need not come from the node's [`crate::clock::Clock`].
