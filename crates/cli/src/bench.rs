@@ -5,7 +5,10 @@
 //! - `contended`: all clients loop acquire→release on one lock (FIFO);
 //! - `expiry`: a holder stops renewing; how long until a waiter gets the lock;
 //! - `failover`: kills the leader (with a command you give) again and again;
-//!   how long from each kill until a client's next successful grant.
+//!   how long from each kill until a client's next successful grant;
+//! - `overload`: thousands of blocking waiters on a few locks and a flood of
+//!   unary calls; a probe's latency, the server's memory, and whether every
+//!   grant was right (see `overload.rs`).
 //!
 //! `--fill N` first takes N more locks and holds them while measuring, to
 //! see what a big table costs (snapshots of it, above all).
@@ -25,19 +28,23 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod overload;
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum Workload {
     Uncontended,
     Contended,
     Expiry,
     Failover,
+    Overload,
 }
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
     #[arg(value_enum)]
     workload: Workload,
-    /// Concurrent clients, each with its own session.
+    /// Concurrent clients, each with its own session (`overload`: the
+    /// blocking waiters).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     clients: u32,
     /// Connections the clients' sessions are spread over, round robin
@@ -45,7 +52,7 @@ pub struct BenchArgs {
     /// `Calls` stream, as the workers of one program sharing a `Client` do.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     connections: Option<u32>,
-    /// Measured time (after warm-up).
+    /// Measured time (after warm-up; `overload`: the flood).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     duration: Duration,
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
@@ -70,6 +77,17 @@ pub struct BenchArgs {
     /// sessions in all, so 990000 fills the table.
     #[arg(long, default_value_t = 0)]
     fill: u64,
+    /// `overload`: locks the waiters queue on (waiter i on lock i mod N).
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    locks: usize,
+    /// `overload`: tasks flooding the server with unary calls (session open
+    /// and close, lock status), spread over the connections.
+    #[arg(long, default_value_t = 256)]
+    flooders: usize,
+    /// `overload`: the server's process id, to sample its memory from /proc
+    /// (the server must run on this machine).
+    #[arg(long)]
+    server_pid: Option<u32>,
 }
 
 /// Locks the fill takes per session: 990,000 locks in 82,500 sessions.
@@ -139,20 +157,29 @@ pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
         Workload::Uncontended => loops(endpoints, &args, false).await,
         Workload::Contended => loops(endpoints, &args, true).await,
         Workload::Expiry => expiry(endpoints, &args).await,
-        Workload::Failover => {
-            return match failover(endpoints, &args).await {
+        Workload::Failover | Workload::Overload => {
+            let result = match args.workload {
+                Workload::Failover => failover(endpoints, &args).await,
+                _ => overload::overload(endpoints, &args).await,
+            };
+            return match result {
                 Ok(()) => exit::OK,
                 Err(err) => {
                     eprintln!("deadbolt: {err:#}");
                     exit::FAILURE
                 }
-            }
+            };
         }
     };
     match result {
         Ok(()) => exit::OK,
         Err(err) => exit::report(&err),
     }
+}
+
+/// Microseconds, 1 µs to an hour, 3 significant digits.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram bounds")
 }
 
 /// Per-client results of a loop workload.
@@ -187,7 +214,7 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
         tasks.push(tokio::spawn(async move {
             let mut stats = ClientStats {
                 grants: 0,
-                acquire_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram"),
+                acquire_us: histogram(),
                 tokens_ok: true,
             };
             let mut last_token = 0;
@@ -226,7 +253,7 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     }
     done.store(true, Ordering::Relaxed);
     let elapsed = started.elapsed();
-    let mut all = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+    let mut all = histogram();
     let mut per_client = Vec::new();
     let mut tokens_ok = true;
     for task in tasks {
@@ -280,7 +307,7 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
 async fn expiry(endpoints: &Endpoints, args: &BenchArgs) -> Result<(), Error> {
     let client = endpoints.connect().await?;
     let waiter = client.open_session(Duration::from_secs(30)).await?;
-    let mut overshoots = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+    let mut overshoots = histogram();
     for round in 0..args.rounds {
         let name = format!("bench:expiry:{round}:{}", std::process::id());
         // The holder never sends a keepalive: it "dies" right after its grant.
@@ -337,7 +364,7 @@ async fn failover(endpoints: &Endpoints, args: &BenchArgs) -> anyhow::Result<()>
             }
         })
     };
-    let mut times = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
+    let mut times = histogram();
     for round in 0..args.rounds {
         let leader = client
             .cluster_status()

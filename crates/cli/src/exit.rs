@@ -22,7 +22,7 @@ pub fn report(err: &Error) -> i32 {
 
 pub fn code_of(err: &Error) -> i32 {
     match err.kind() {
-        ErrorKind::Busy | ErrorKind::WaitTimeout => BUSY,
+        ErrorKind::Busy | ErrorKind::WaitTimeout | ErrorKind::Overloaded => BUSY,
         ErrorKind::Unavailable | ErrorKind::NotLeader => UNREACHABLE,
         ErrorKind::StaleToken
         | ErrorKind::NotHolder

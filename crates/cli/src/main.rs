@@ -29,7 +29,8 @@ Exit codes:
         128+N if it died of signal N)
   126   `run`: the command was found but could not be started
   127   `run`: the command was not found
-  75    the lock is busy, or the wait for it timed out
+  75    the lock is busy, the wait for it timed out, or the server is
+        overloaded: try again later
   76    the lock was lost (the lease could not be renewed) while running,
         or a token is stale or a session unknown (release, keepalive,
         store put/get/delete, check)

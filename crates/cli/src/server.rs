@@ -3,7 +3,8 @@
 use crate::exit;
 use crate::parse_duration;
 use deadbolt_server::{
-    ConnectionLimits, InitialCluster, RaftTiming, Server, ServerConfig, StartMembership, TlsFiles,
+    ConnectionLimits, InitialCluster, QueueLimits, RaftTiming, Server, ServerConfig,
+    StartMembership, TlsFiles,
 };
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -73,6 +74,12 @@ pub struct ServerArgs {
     /// included; more are refused with limit_reached.
     #[arg(long, default_value_t = ConnectionLimits::DEFAULT.max_calls_per_identity)]
     max_calls_per_identity: usize,
+    /// Commands the leader queues for the Raft log; past this (or 64 MiB of
+    /// them), new work (acquires, session opens, store writes) is refused
+    /// with overloaded, and clients retry after a backoff. Releases,
+    /// keepalives and lease expiries are never refused.
+    #[arg(long, default_value_t = QueueLimits::DEFAULT.max_commands, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_queued_commands: usize,
     /// This node's certificate (PEM). With --tls-key, clients and peers
     /// must speak TLS to it. SIGHUP reloads the TLS files.
     #[arg(
@@ -126,6 +133,10 @@ pub async fn main(args: ServerArgs) -> i32 {
             body_read_timeout: args.body_read_timeout,
             max_streams_per_connection: args.max_streams_per_connection,
             max_calls_per_identity: args.max_calls_per_identity,
+        },
+        queue: QueueLimits {
+            max_commands: args.max_queued_commands,
+            ..QueueLimits::DEFAULT
         },
         tls: match (args.tls_cert, args.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles {

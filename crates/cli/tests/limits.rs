@@ -1,7 +1,8 @@
 //! What one client can hold is bounded: slow or silent connections are
 //! closed, stalled bodies answered 408, connections past the limit wait in
 //! the backlog instead of costing a file each, and a typo in a request body
-//! is refused rather than silently changing its meaning.
+//! is refused rather than silently changing its meaning; a full proposal
+//! queue refuses new work with `overloaded` and recovers once drained.
 //!
 //! These need real sockets and a real server, so they run on the wall
 //! clock, with timeouts set low by flags and generous deadlines.
@@ -157,4 +158,81 @@ fn request_bodies_with_unknown_fields_or_trailing_bytes_are_refused() {
     )
     .unwrap();
     assert_eq!(status, 200, "{answer}");
+}
+
+/// A flood of session opens against a proposal queue of one command: the
+/// ones that find it full hear `overloaded` (naming the flag), nothing else
+/// goes wrong, and once the flood is over the server serves as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_proposal_queue_answers_overloaded_and_recovers() {
+    use deadbolt_client::{Client, ErrorKind};
+    let (_dir, server) = server_with(&["--max-queued-commands", "1"]);
+    // Several connections, so the opens arrive together.
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(Client::connect([server.endpoint()]).await.unwrap());
+    }
+    let opens = (0..2000).map(|i| {
+        let client = clients[i % clients.len()].clone();
+        async move { client.open_session_raw(Duration::from_secs(30)).await }
+    });
+    let results = futures::future::join_all(opens).await;
+    let (opened, refused): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+    assert!(!refused.is_empty(), "the queue of one never filled");
+    for err in refused.iter().map(|r| r.as_ref().unwrap_err()) {
+        assert_eq!(err.kind(), ErrorKind::Overloaded, "{err}");
+        assert!(err.to_string().contains("--max-queued-commands"), "{err}");
+    }
+    eprintln!(
+        "{} opened, {} refused overloaded",
+        opened.len(),
+        refused.len()
+    );
+    // Every session that opened lives, and the server serves as before.
+    let client = &clients[0];
+    for (handle, _) in opened.iter().map(|r| r.as_ref().unwrap()) {
+        client.keep_alive_raw(handle).await.unwrap();
+    }
+    let session = client.open_session(Duration::from_secs(30)).await.unwrap();
+    let guard = session.lock("after-the-flood").await.unwrap();
+    assert!(guard.token() > 0);
+    guard.release().await.unwrap();
+    assert_eq!(http(server.addr, "GET", "/health", None).unwrap().0, 200);
+}
+
+/// A client that sends thousands of calls on one `Calls` stream and reads
+/// no answer for a while: the server holds at most a bounded number of
+/// answers for it (it stops reading the stream meanwhile), and once the
+/// client reads, every call is answered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_stream_read_slowly_answers_every_call_once() {
+    use deadbolt_proto::v1::call_response::Result as Answer;
+    use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
+    use deadbolt_proto::v1::CallRequest;
+
+    const CALLS: u64 = 5000;
+    let (_dir, server) = server_with(&[]);
+    // Calls naming no call: each is refused on its own, without running.
+    let requests = (1..=CALLS).map(|id| CallRequest { id, call: None });
+    let mut answers = DeadboltClient::connect(server.endpoint())
+        .await
+        .unwrap()
+        .calls(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut answered = std::collections::HashSet::new();
+    while let Some(answer) = answers.message().await.unwrap() {
+        let Some(Answer::Error(error)) = answer.result else {
+            panic!("call {} was answered {:?}", answer.id, answer.result);
+        };
+        assert_eq!(error.kind, "invalid_argument");
+        assert!(
+            answered.insert(answer.id),
+            "call {} answered twice",
+            answer.id
+        );
+    }
+    assert_eq!(answered.len() as u64, CALLS);
 }

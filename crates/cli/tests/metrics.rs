@@ -271,6 +271,7 @@ fn a_known_workload_moves_each_metric_by_exactly_what_it_did() {
     assert_eq!(after.get("deadbolt_raft_has_leader"), 1.0);
     assert_eq!(after.get("deadbolt_raft_leader_changes_total"), 1.0);
     assert_eq!(after.get("deadbolt_raft_apply_lag_entries"), 0.0);
+    assert_eq!(after.get("deadbolt_proposer_queued_commands"), 0.0);
     assert_eq!(
         after.get("deadbolt_raft_applied_index"),
         after.get("deadbolt_raft_last_log_index")

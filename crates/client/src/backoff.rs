@@ -3,7 +3,8 @@
 //! Every client of a failed-over or restarting server retries at about the
 //! same moment. Full jitter (a delay drawn uniformly from zero up to the
 //! exponential ceiling) spreads those retries out instead of letting them
-//! arrive in synchronised waves.
+//! arrive in synchronised waves. The same holds for an overloaded leader:
+//! its refused callers come back spread over a growing window, not at once.
 
 use crate::Error;
 use rand::Rng;
@@ -131,5 +132,38 @@ mod tests {
             "the cap is the ceiling, not a bound far above it"
         );
         assert_eq!(backoff.attempt, u32::MAX);
+    }
+
+    /// An overloaded leader is asked again after jittered delays that grow
+    /// to the cap, and the answer comes through once it has room.
+    #[tokio::test(start_paused = true)]
+    async fn overloaded_is_retried_with_growing_jittered_delays() {
+        use crate::ErrorKind;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let refusals = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let answer = retry("testing", 1, None, Error::is_transient, || async {
+            match refusals.fetch_add(1, Ordering::Relaxed) {
+                0..8 => Err(Error::new(
+                    ErrorKind::Overloaded,
+                    "the leader is overloaded",
+                )),
+                refused => Ok(refused),
+            }
+        })
+        .await;
+        assert_eq!(answer.unwrap(), 8);
+        // Ceilings 50, 100, 200, 400, 800 ms, then the 1 s cap three times.
+        assert!(
+            started.elapsed() <= Duration::from_millis(4550),
+            "{:?}",
+            started.elapsed()
+        );
+        // Other refusals are not retried.
+        let refused = retry("testing", 1, None, Error::is_transient, || async {
+            Err::<(), _>(Error::new(ErrorKind::LimitReached, "full"))
+        })
+        .await;
+        assert_eq!(refused.unwrap_err().kind(), ErrorKind::LimitReached);
     }
 }

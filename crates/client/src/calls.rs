@@ -11,17 +11,23 @@
 //! A stream that breaks (the server went away, the connection failed)
 //! fails every call in flight with the transport's status, exactly like the
 //! unary calls on that connection; the next call opens a new stream.
+//!
+//! The channel to the stream is bounded: each call reserves two places in
+//! it, one for the request and one for a cancel, so that dropping a call
+//! never has to wait or lose its cancel. At
+//! [`MAX_CALLS_PER_STREAM`] calls in flight the next one waits for a slot,
+//! as the server would stop reading it anyway.
 
 use crate::client::Link;
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{CallRequest, CallResponse, CancelCall};
-use deadbolt_proto::ErrorKind;
+use deadbolt_proto::{ErrorKind, MAX_CALLS_PER_STREAM};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 /// The largest call sent. Calls carry a lock name (at most 512 bytes) and a
@@ -32,7 +38,7 @@ const MAX_CALL_BYTES: usize = 64 * 1024;
 /// ends when the last clone is dropped.
 #[derive(Debug, Clone)]
 pub(crate) struct Calls {
-    requests: mpsc::UnboundedSender<CallRequest>,
+    requests: mpsc::Sender<CallRequest>,
     state: Arc<Mutex<State>>,
 }
 
@@ -49,7 +55,8 @@ impl Calls {
     /// Opens the stream on `channel` in the background: calls made before
     /// the server has answered are sent as soon as it does.
     pub(crate) fn open(channel: Link) -> Calls {
-        let (requests, outgoing) = mpsc::unbounded_channel();
+        // A request and a cancel for each call in flight.
+        let (requests, outgoing) = mpsc::channel(2 * MAX_CALLS_PER_STREAM);
         let state = Arc::new(Mutex::new(State::default()));
         tokio::spawn(deliver_answers(channel, outgoing, state.clone()));
         Calls { requests, state }
@@ -72,6 +79,13 @@ impl Calls {
                 "the request is {size} bytes, more than the {MAX_CALL_BYTES} a call may take: is the lock name that long?"
             )));
         }
+        // Both places at once, before the id: a call that cannot be sent
+        // has nothing to cancel. Fails only once the stream has ended.
+        let Ok(mut places) = self.requests.reserve_many(2).await else {
+            return Err(self.ended());
+        };
+        let send = places.next().expect("two places reserved");
+        let cancel = places.next().expect("two places reserved");
         let (id, answer) = {
             let mut state = self.state();
             if let Some(ended) = &state.ended {
@@ -86,17 +100,20 @@ impl Calls {
         let mut in_flight = InFlight {
             calls: self,
             id,
-            answered: false,
+            cancel: Some(cancel),
         };
-        // A send fails only once the stream has ended, and then the answer
-        // below is that ending.
-        let _ = self.requests.send(CallRequest {
+        send.send(CallRequest {
             id,
             call: Some(call),
         });
         let answer = answer.await;
-        in_flight.answered = true;
+        in_flight.cancel = None;
         answer.unwrap_or_else(|_| Err(Status::unavailable("the call stream ended")))
+    }
+
+    /// Why the stream ended, for a call that found it so.
+    fn ended(&self) -> Status {
+        (self.state().ended.clone()).unwrap_or_else(|| Status::unavailable("the call stream ended"))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -104,20 +121,22 @@ impl Calls {
     }
 }
 
-/// A call sent and not yet answered; dropped early, it cancels the call.
+/// A call sent and not yet answered; dropped early, it cancels the call
+/// through the place it reserved for that.
 struct InFlight<'a> {
     calls: &'a Calls,
     id: u64,
-    answered: bool,
+    /// `None` once answered.
+    cancel: Option<mpsc::Permit<'a, CallRequest>>,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if self.answered {
+        let Some(cancel) = self.cancel.take() else {
             return;
-        }
+        };
         if self.calls.state().waiting.remove(&self.id).is_some() {
-            let _ = self.calls.requests.send(CallRequest {
+            cancel.send(CallRequest {
                 id: self.id,
                 call: Some(Call::Cancel(CancelCall {})),
             });
@@ -129,7 +148,7 @@ impl Drop for InFlight<'_> {
 /// ends, fails every call still waiting with the reason.
 async fn deliver_answers(
     channel: Link,
-    outgoing: mpsc::UnboundedReceiver<CallRequest>,
+    outgoing: mpsc::Receiver<CallRequest>,
     state: Arc<Mutex<State>>,
 ) {
     // Also if this task is cancelled (its runtime shut down) or panics: no
@@ -138,7 +157,7 @@ async fn deliver_answers(
         state: state.clone(),
         reason: Status::unavailable("the call stream's task stopped"),
     };
-    let requests = UnboundedReceiverStream::new(outgoing);
+    let requests = ReceiverStream::new(outgoing);
     let mut answers = match DeadboltClient::new(channel).calls(requests).await {
         Ok(answers) => answers.into_inner(),
         Err(status) => {

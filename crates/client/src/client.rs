@@ -753,7 +753,7 @@ impl Client {
                 Err(status) => status,
             };
             let error = Error::from_status(&status, &self.shared.targets[index].address);
-            if error.is_transient() {
+            if error.points_elsewhere() {
                 self.move_on(generation, error.leader());
             }
             let elsewhere = self.shared.targets.len() > 1 || error.kind() == ErrorKind::NotLeader;

@@ -96,9 +96,17 @@ impl Error {
         self.kind == ErrorKind::NotLeader || self.unsent
     }
 
-    /// Worth repeating as is: the server could not be reached or was not the
-    /// one to answer, so the request had no effect or an idempotent one.
+    /// Worth repeating as is, after a backoff: the server could not be
+    /// reached, was not the one to answer, or was too busy to take it
+    /// (`overloaded`), so the request had no effect or an idempotent one.
     pub(crate) fn is_transient(&self) -> bool {
+        self.points_elsewhere() || self.kind == ErrorKind::Overloaded
+    }
+
+    /// Another endpoint may do better: this one could not be reached or is
+    /// not the leader. (An overloaded leader is still the leader: the
+    /// others would only send the call back to it.)
+    pub(crate) fn points_elsewhere(&self) -> bool {
         matches!(self.kind, ErrorKind::Unavailable | ErrorKind::NotLeader)
     }
 

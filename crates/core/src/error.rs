@@ -75,6 +75,11 @@ pub enum LockError {
     Acl(#[from] AclError),
     #[error("decided by the leader of term {decided} but committed in term {committed}: ignored")]
     Superseded { decided: u64, committed: u64 },
+    #[error(
+        "the store would hold {bytes} bytes of keys and values, the limit is {limit}: delete \
+         values no longer needed, or keep large data elsewhere and store a reference"
+    )]
+    StoreFull { bytes: usize, limit: usize },
 }
 
 fn busy_text(lock: &str, holder_token: Token, lock_delay: bool) -> String {

@@ -27,6 +27,10 @@ pub struct Limits {
     pub max_keys: usize,
     /// Longest value in the fenced store, in bytes of UTF-8.
     pub max_value_bytes: usize,
+    /// Bytes of keys and values in the whole fenced store (a deleted key's
+    /// name still counts). Without it, `max_keys` values of
+    /// `max_value_bytes` would be 6.4 GB, in memory and in every snapshot.
+    pub max_store_bytes: usize,
     /// Longest lock-delay: a lock whose holder's session expired stays
     /// unavailable at most this long.
     pub max_lock_delay: Duration,
@@ -45,6 +49,7 @@ impl Limits {
         max_locks: 1_000_000,
         max_keys: 100_000,
         max_value_bytes: 64 * 1024,
+        max_store_bytes: 64 * 1024 * 1024,
         max_lock_delay: Duration::from_secs(60),
         audit_records: 10_000,
     };

@@ -383,8 +383,7 @@ impl LockTable {
                 });
             }
         }
-        self.store
-            .apply(key, token, change, Limits::STANDARD.max_keys)
+        self.store.apply(key, token, change, Limits::STANDARD)
     }
 
     /// The audit trail of `lock` still kept, oldest first.
@@ -752,6 +751,14 @@ impl LockTable {
             })
     }
 
+    /// Whether `session` holds `lock` or waits in its queue: an acquire of
+    /// it is then a retry, which keeps that place rather than asking for one.
+    pub fn holds_or_waits(&self, session: SessionId, lock: &str) -> bool {
+        self.sessions
+            .get(&session)
+            .is_some_and(|s| s.held.contains(lock) || s.waiting.contains(lock))
+    }
+
     pub fn has_session(&self, id: SessionId) -> bool {
         self.sessions.contains_key(&id)
     }
@@ -844,6 +851,7 @@ impl LockTable {
                 "fence of key {key:?} is a token never handed out"
             );
         }
+        self.store.check_bytes();
         for (name, lock) in &self.locks {
             if lock.delay_ms.is_some() {
                 // The lost grant's session expired, and ids are never reused.

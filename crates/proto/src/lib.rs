@@ -34,6 +34,13 @@ pub const LEADER_KEY: &str = "deadbolt-leader";
 /// would cut them off.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Calls in flight on one `Calls` stream, of every kind. The server stops
+/// reading a stream at this many (HTTP/2 flow control then holds the
+/// client back); the client waits for a slot before sending past it. Twice
+/// the acquires one stream may have blocked (4096), so keepalives and
+/// releases always find room beside them.
+pub const MAX_CALLS_PER_STREAM: usize = 8192;
+
 /// The stable, machine-readable kinds of API error. Both the gRPC trailer
 /// and the HTTP error body carry one of these strings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,6 +56,10 @@ pub enum ErrorKind {
     SessionExpiring,
     NotLeader,
     Unavailable,
+    /// The leader has more work queued than it takes (its proposal queue is
+    /// full): nothing was done, and the same request may be sent again
+    /// after a backoff. Clients back off with jitter.
+    Overloaded,
     Internal,
     /// A call on a session without that session's secret, or a call the
     /// caller's identity has no permission for.
@@ -60,7 +71,7 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind: what `parse` knows, and the server's error metric's labels.
-    pub const ALL: [ErrorKind; 14] = [
+    pub const ALL: [ErrorKind; 15] = [
         ErrorKind::UnknownSession,
         ErrorKind::Busy,
         ErrorKind::NotHolder,
@@ -72,6 +83,7 @@ impl ErrorKind {
         ErrorKind::SessionExpiring,
         ErrorKind::NotLeader,
         ErrorKind::Unavailable,
+        ErrorKind::Overloaded,
         ErrorKind::Internal,
         ErrorKind::PermissionDenied,
         ErrorKind::Unauthenticated,
@@ -90,6 +102,7 @@ impl ErrorKind {
             ErrorKind::SessionExpiring => "session_expiring",
             ErrorKind::NotLeader => "not_leader",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Overloaded => "overloaded",
             ErrorKind::Internal => "internal",
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Unauthenticated => "unauthenticated",
@@ -112,7 +125,11 @@ impl ErrorKind {
             ErrorKind::InvalidArgument => Code::InvalidArgument,
             ErrorKind::WaitTimeout => Code::DeadlineExceeded,
             ErrorKind::WaitCancelled => Code::Aborted,
-            ErrorKind::NotLeader | ErrorKind::Unavailable => Code::Unavailable,
+            // UNAVAILABLE, not RESOURCE_EXHAUSTED: gRPC's own retry policies
+            // and generic clients retry it with backoff, which is the answer.
+            ErrorKind::NotLeader | ErrorKind::Unavailable | ErrorKind::Overloaded => {
+                Code::Unavailable
+            }
             ErrorKind::Internal => Code::Internal,
             ErrorKind::PermissionDenied => Code::PermissionDenied,
             ErrorKind::Unauthenticated => Code::Unauthenticated,

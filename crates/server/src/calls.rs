@@ -11,6 +11,13 @@
 //! no task per call and no channel hop between a call finishing and its
 //! answer being written. When the server shuts down, the stream turns new
 //! calls away and ends once the calls in flight are answered.
+//!
+//! Everything a stream holds is bounded: acquires in flight (past
+//! [`MAX_ACQUIRES_IN_FLIGHT`], refused), calls in flight of every kind
+//! ([`MAX_CALLS_PER_STREAM`]) and refusals not yet written
+//! ([`MAX_REFUSED_QUEUED`]): at either of the last two the stream stops
+//! reading requests until calls finish or answers are written, and HTTP/2
+//! flow control holds the client back.
 
 use crate::api::Api;
 use crate::auth::Credentials;
@@ -18,7 +25,7 @@ use crate::node::ApiError;
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::{CallError, CallRequest, CallResponse};
-use deadbolt_proto::ErrorKind;
+use deadbolt_proto::{ErrorKind, MAX_CALLS_PER_STREAM};
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -33,6 +40,10 @@ use tonic::{Status, Streaming};
 /// client with many blocked acquires must still be able to keep its
 /// sessions alive and free what it holds.
 const MAX_ACQUIRES_IN_FLIGHT: usize = 4096;
+
+/// Refusals waiting to be written on one stream. A client that sends faster
+/// than it reads its answers is not read further until they are written.
+const MAX_REFUSED_QUEUED: usize = 1024;
 
 /// A call being served.
 type RunningCall = Pin<Box<dyn Future<Output = Finished> + Send>>;
@@ -201,8 +212,14 @@ impl Stream for CallStream {
         }
         loop {
             // Read every request that has arrived: each is started, refused
-            // or a cancel, so reading never waits on the calls in flight.
+            // or a cancel, so reading never waits on a call in flight; only
+            // on the stream's bounds, freed as calls finish and answers go.
             while let Some(requests) = &mut this.requests {
+                if this.running.len() >= MAX_CALLS_PER_STREAM
+                    || this.refused.len() >= MAX_REFUSED_QUEUED
+                {
+                    break;
+                }
                 match requests.poll_next_unpin(cx) {
                     Poll::Ready(Some(Ok(request))) => this.start(request),
                     // A malformed message or a broken connection: the

@@ -17,7 +17,7 @@ pub use crate::raft_types::{NodeId, Raft, TypeConfig};
 pub use crate::runtime::seed_raft_rng;
 pub use crate::secret::SecretSource;
 use crate::store::StorageIo;
-use crate::{open_node, raft_config, spawn_duties, RaftTiming};
+use crate::{open_node, raft_config, spawn_duties, NodeRun, QueueLimits, RaftTiming};
 use anyhow::Context;
 use openraft::network::RaftNetworkFactory;
 use openraft::BasicNode;
@@ -44,7 +44,12 @@ impl EmbeddedNode {
     ) -> anyhow::Result<EmbeddedNode> {
         let data = crate::store::open_simulated_disk(disk, witness, id)?;
         let config = raft_config(snapshot_every, timing)?;
-        let node = open_node(id, config, data, network, clock, StorageIo::Inline, None).await?;
+        let run = NodeRun {
+            clock,
+            io: StorageIo::Inline,
+            queue: QueueLimits::DEFAULT,
+        };
+        let node = open_node(id, config, data, network, run, None).await?;
         let (stop, stopped) = watch::channel(false);
         spawn_duties(&node, stopped);
         Ok(EmbeddedNode { node, stop })

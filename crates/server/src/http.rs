@@ -100,7 +100,9 @@ fn http_status(kind: ErrorKind) -> StatusCode {
         }
         ErrorKind::InvalidArgument => StatusCode::BAD_REQUEST,
         ErrorKind::LimitReached => StatusCode::TOO_MANY_REQUESTS,
-        ErrorKind::NotLeader | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::NotLeader | ErrorKind::Unavailable | ErrorKind::Overloaded => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
@@ -164,7 +166,14 @@ impl IntoResponse for HttpError {
         if let Some(leader) = err.leader {
             body["error"]["leader"] = leader.into();
         }
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if err.kind == ErrorKind::Overloaded {
+            // A hint for generic HTTP clients; ours back off with jitter.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
@@ -469,6 +478,18 @@ impl<S: Send + Sync> FromRequestParts<S> for Credentials {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn overloaded_is_a_503_that_says_when_to_retry() {
+        let overloaded = ApiError::new(ErrorKind::Overloaded, "the queue is full");
+        let response = HttpError::from(overloaded).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let refused = ApiError::new(ErrorKind::LimitReached, "too many");
+        let response = HttpError::from(refused).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(!response.headers().contains_key(header::RETRY_AFTER));
+    }
 
     fn every_body(bytes: &[u8]) {
         let _ = parse_body::<OpenSessionRequest>(bytes);

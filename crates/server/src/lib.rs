@@ -37,6 +37,7 @@ mod waits;
 pub use backup::{Backup, BadBackup, Summary as BackupSummary, MAX_FILE_BYTES as MAX_BACKUP_BYTES};
 pub use cluster::InitialCluster;
 pub use listener::ConnectionLimits;
+pub use proposer::QueueLimits;
 pub use store::{check_data_dir, DataDirError, DataReport};
 pub use tls::TlsFiles;
 
@@ -91,6 +92,8 @@ pub struct ServerConfig {
     pub timing: RaftTiming,
     /// What one client can hold: connections, slow requests, streams.
     pub limits: ConnectionLimits,
+    /// What may wait to be proposed before new work is refused `overloaded`.
+    pub queue: QueueLimits,
     /// TLS for clients and peers; without it, plain HTTP/2.
     pub tls: Option<TlsFiles>,
     /// Serve plain text on a non-loopback address, knowingly.
@@ -159,6 +162,14 @@ fn raft_config(snapshot_every: u64, timing: RaftTiming) -> anyhow::Result<Arc<Co
     Ok(Arc::new(config.validate().context("invalid raft config")?))
 }
 
+/// How a node runs, besides its data and network: what the server and the
+/// simulation choose differently.
+struct NodeRun {
+    clock: Clock,
+    io: StorageIo,
+    queue: QueueLimits,
+}
+
 /// Opens a node's Raft log and state machine in `db` and starts Raft, with
 /// `network` to reach its peers. Shared by the server and the simulation.
 async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
@@ -166,8 +177,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     raft_config: Arc<Config>,
     data: store::OpenedData,
     network: N,
-    clock: Clock,
-    io: StorageIo,
+    NodeRun { clock, io, queue }: NodeRun,
     tls: Option<Arc<tls::NodeTls>>,
 ) -> anyhow::Result<Node> {
     match &data.report {
@@ -200,7 +210,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         .context("cannot start raft")?;
     Ok(Node {
         id,
-        proposer: Proposer::start(raft.clone(), clock, metrics.clone()),
+        proposer: Proposer::start(raft.clone(), clock, metrics.clone(), queue),
         raft,
         table,
         waits,
@@ -312,8 +322,11 @@ impl Server {
             raft_config,
             data,
             network::PeerNetwork::new(tls.clone()),
-            Clock::host(),
-            StorageIo::Threads,
+            NodeRun {
+                clock: Clock::host(),
+                io: StorageIo::Threads,
+                queue: config.queue,
+            },
             tls,
         )
         .await?;

@@ -29,9 +29,10 @@
 //!   leader (keepalives never reach the log); calls and errors on the node
 //!   that answered them (a follower's `not_leader` refusals included); log
 //!   appends and snapshots on each node's own disk.
-//! - **At scrape time**: the gauges, read from the applied table and from
-//!   openraft's metrics, so they cost the hot path nothing. Counting the
-//!   queued waiters holds the table's read lock for O(sessions).
+//! - **At scrape time**: the gauges, read from the applied table, the
+//!   proposal queue's count and openraft's metrics, so they cost the hot
+//!   path nothing. Counting the queued waiters holds the table's read lock
+//!   for O(sessions).
 //!
 //! Durations are measured on `std::time::Instant`: they decide nothing, so
 //! they need not come from the node's [`crate::clock::Clock`].
@@ -176,6 +177,7 @@ pub struct Metrics {
     last_log_index: Gauge,
     applied_index: Gauge,
     apply_lag: Gauge,
+    queued_commands: Gauge,
     replication_lag: Family<PeerLabel, Gauge>,
 }
 
@@ -414,6 +416,14 @@ impl Metrics {
                 None,
                 Gauge::default(),
             ),
+            queued_commands: register(
+                r,
+                "deadbolt_proposer_queued_commands",
+                "Commands waiting to be proposed, past the batch being written; at \
+                 --max-queued-commands new work is refused overloaded",
+                None,
+                Gauge::default(),
+            ),
             replication_lag: register(
                 r,
                 "deadbolt_raft_replication_lag_entries",
@@ -501,7 +511,9 @@ impl Metrics {
 
     /// The scrape: reads the gauges from their sources, then encodes
     /// everything in the Prometheus text format.
-    pub fn render(&self, raft: &Raft, table: &SharedTable) -> String {
+    pub fn render(&self, raft: &Raft, table: &SharedTable, queued_commands: usize) -> String {
+        self.queued_commands
+            .set(gauge_value(queued_commands as u64));
         {
             let applied = table.read().expect("state lock poisoned");
             let table = &applied.table;

@@ -7,7 +7,7 @@
 use crate::auth::Caller;
 use crate::leases::{KeepAliveError, Leases};
 use crate::metrics::Metrics;
-use crate::proposer::{ProposeError, Proposer};
+use crate::proposer::{Admission, ProposeError, Proposer};
 use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::{EventSink, SharedTable};
 use crate::waits::{Subscription, WaitEnd, Waits};
@@ -64,7 +64,8 @@ impl From<LockError> for ApiError {
             LockError::TooManyWaiters { .. }
             | LockError::TooManySessions { .. }
             | LockError::TooManyLocks { .. }
-            | LockError::TooManyKeys { .. } => ErrorKind::LimitReached,
+            | LockError::TooManyKeys { .. }
+            | LockError::StoreFull { .. } => ErrorKind::LimitReached,
         };
         ApiError::new(kind, err.to_string())
     }
@@ -75,6 +76,7 @@ impl From<ProposeError> for ApiError {
         let kind = match err {
             ProposeError::NotLeader { .. } => ErrorKind::NotLeader,
             ProposeError::ShuttingDown | ProposeError::NoQuorum(_) => ErrorKind::Unavailable,
+            ProposeError::Overloaded { .. } => ErrorKind::Overloaded,
             ProposeError::Fatal(_) => ErrorKind::Internal,
         };
         let leader = match &err {
@@ -569,7 +571,7 @@ impl Node {
 
     /// The Prometheus scrape (see `metrics.rs`).
     pub fn metrics_text(&self) -> String {
-        self.metrics.render(&self.raft, &self.table)
+        (self.metrics).render(&self.raft, &self.table, self.proposer.queued_commands())
     }
 
     pub fn health(&self) -> Health {
@@ -610,7 +612,17 @@ impl AcquireCall {
             attempt: self.attempt,
             lock_delay_ms: self.lock_delay_ms,
         };
-        match self.node.propose(command).await? {
+        // A retry of an acquire that already has its queue place (or grant)
+        // is never refused as overloaded: refused for longer than the
+        // abandonment grace, it would lose that place.
+        let retry = (self.node.table.read().expect("state lock poisoned").table)
+            .holds_or_waits(self.session, &self.lock);
+        let admission = match retry {
+            true => Admission::Always,
+            false => Admission::Refusable,
+        };
+        let proposed = self.node.proposer.propose_with(command, admission).await;
+        match proposed?? {
             Outcome::Acquire(AcquireOutcome::Granted { token }) => Ok(token),
             Outcome::Acquire(AcquireOutcome::Queued { .. }) => {
                 self.subscription = Some(self.node.waits.subscribe(self.session, &self.lock));

@@ -4,15 +4,23 @@
 //! while a write is in flight wait here and go out together as one
 //! [`Batch`], so a burst of N acquires costs one fsync rather than N (group
 //! commit). Nothing is acknowledged before its batch is committed and applied.
+//!
+//! The queue is bounded ([`QueueLimits`]): past the limit, new work is
+//! refused at once with `overloaded` (nothing done, safe to send again)
+//! instead of waiting behind a queue that only grows. Which commands may be
+//! refused is decided in [`Admission::of`]: never the leader's own timers,
+//! nor anything that ends, renews or gives back what already exists.
 
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::raft_types::{Batch, Raft};
 use deadbolt_core::{Command, LockError, Outcome};
 use openraft::error::{ClientWriteError, RaftError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 /// Commands per log entry. Bounds the apply pause.
 const MAX_BATCH: usize = 1024;
@@ -20,10 +28,84 @@ const MAX_BATCH: usize = 1024;
 /// entries (and a few of them in one append to a follower) stay far below
 /// the gRPC message limit even with fenced-store values of 64 KiB.
 const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
-/// How long a batch may take to commit before its callers hear `unavailable`.
-/// Long enough for an election and a slow disk; a leader cut off from its
-/// quorum never commits, and its callers should try another node.
+/// How long a command may take, from when it was queued to when its batch
+/// is committed, before its caller hears `unavailable`; and how long one
+/// batch's write may take before the next is sent. Long enough for an
+/// election and a slow disk; a leader cut off from its quorum never
+/// commits, and its callers should try another node.
 const COMMIT_WAIT: Duration = Duration::from_secs(5);
+
+/// How much may wait in the proposal queue (not counting the batch being
+/// written). Every node's own choice, not replicated: it only decides what
+/// this node accepts, never what a command does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// Commands queued (`--max-queued-commands`). At 1024 commands a batch
+    /// and a few ms a batch, the default is some tens of ms of work: enough
+    /// to absorb a burst, short enough that a refused client retrying soon
+    /// gets in.
+    pub max_commands: usize,
+    /// Bytes queued, by [`Command::approximate_size`]: fenced-store values
+    /// of up to 64 KiB would otherwise let the command limit alone hold a
+    /// gigabyte.
+    pub max_bytes: usize,
+}
+
+impl QueueLimits {
+    pub const DEFAULT: QueueLimits = QueueLimits {
+        max_commands: 16_384,
+        max_bytes: 64 * 1024 * 1024,
+    };
+}
+
+impl Default for QueueLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Whether a command may be refused when the queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// New work a client asked for: refused with `overloaded` when the
+    /// queue is full. Refusing it does nothing, and the client retries.
+    Refusable,
+    /// Always queued (and counted). These end, renew or give back something
+    /// that already exists: a session, a grant, a wait, a lock-delay. Each
+    /// such thing has at most a few of them in flight, so the table's own
+    /// limits (sessions, locks, waiters) and the in-flight limits per stream
+    /// and identity bound them. Refusing them would be worse than queueing
+    /// them: a refused expiry, checkpoint or lock-delay end is only retried
+    /// later, so a dead holder's lock would be kept past its lease (a lock
+    /// that "never ends" under load); a refused `LeaseRenewed` would let a
+    /// live client's lease run out (end early) because the server was busy;
+    /// a refused release, close or cancel keeps locks and queue places
+    /// held that their owner gave up.
+    Always,
+}
+
+impl Admission {
+    /// The admission of `command` when nothing more is known about it. No
+    /// catch-all arm: a new command must be placed here deliberately.
+    pub fn of(command: &Command) -> Admission {
+        match command {
+            Command::OpenSession { .. }
+            | Command::Acquire { .. }
+            | Command::StorePut { .. }
+            | Command::StoreRead { .. }
+            | Command::StoreDelete { .. }
+            | Command::Acl(_) => Admission::Refusable,
+            Command::ExpireSession { .. }
+            | Command::CheckpointLease { .. }
+            | Command::EndLockDelay { .. }
+            | Command::LeaseRenewed { .. }
+            | Command::CloseSession { .. }
+            | Command::Release { .. }
+            | Command::CancelWait { .. }
+            | Command::Abandon { .. } => Admission::Always,
+        }
+    }
+}
 
 /// Why a command's outcome is unknown to the caller. The command may still
 /// have taken effect (a reply lost to a shutdown, or a write that commits
@@ -37,40 +119,132 @@ pub enum ProposeError {
     #[error("the lock service is shutting down")]
     ShuttingDown,
     /// The write did not commit in time: no quorum answers (this node may be
-    /// on the minority side of a partition). It may still commit later.
-    #[error("the write was not committed within {0:?}: no quorum of the cluster answers")]
+    /// on the minority side of a partition), or the queue ahead of it was
+    /// that long. It may still commit later.
+    #[error(
+        "the write was not committed within {0:?} of being queued: no quorum of the cluster \
+         answers, or this node is overloaded"
+    )]
     NoQuorum(Duration),
+    /// The queue was full: the command was not queued, so it certainly had
+    /// no effect.
+    #[error(
+        "the leader is overloaded: {queued} commands ({bytes} bytes) are queued for the log, the \
+         limit is {} commands and {} bytes (--max-queued-commands); nothing was done, retry after \
+         a backoff", limits.max_commands, limits.max_bytes
+    )]
+    Overloaded {
+        queued: usize,
+        bytes: usize,
+        limits: QueueLimits,
+    },
     #[error("raft failure: {0}")]
     Fatal(String),
 }
 
 struct Pending {
     command: Command,
+    /// `command.approximate_size()`, counted in [`Load`] until taken.
+    bytes: usize,
     reply: oneshot::Sender<Result<Result<Outcome, LockError>, ProposeError>>,
 }
 
 #[derive(Clone)]
 pub struct Proposer {
+    // Unbounded as a channel; bounded by `load`, which it is never ahead of.
     queue: mpsc::UnboundedSender<Pending>,
+    load: Arc<Load>,
+}
+
+/// What waits in the queue, against its limits.
+#[derive(Debug)]
+struct Load {
+    limits: QueueLimits,
+    commands: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl Load {
+    /// Counts a command in, unless it is refusable and the queue is full.
+    fn enter(&self, bytes: usize, admission: Admission) -> Result<(), ProposeError> {
+        let commands_before = self.commands.fetch_add(1, Ordering::Relaxed);
+        let bytes_before = self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let full = commands_before >= self.limits.max_commands
+            || bytes_before + bytes > self.limits.max_bytes;
+        if full && admission == Admission::Refusable {
+            self.leave(bytes);
+            return Err(ProposeError::Overloaded {
+                queued: commands_before,
+                bytes: bytes_before,
+                limits: self.limits,
+            });
+        }
+        Ok(())
+    }
+
+    fn leave(&self, bytes: usize) {
+        self.commands.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
 }
 
 impl Proposer {
-    pub fn start(raft: Raft, clock: Clock, metrics: Arc<Metrics>) -> Self {
+    pub fn start(raft: Raft, clock: Clock, metrics: Arc<Metrics>, limits: QueueLimits) -> Self {
         let (queue, pending) = mpsc::unbounded_channel();
-        tokio::spawn(batch_loop(raft, clock, metrics, pending));
-        Proposer { queue }
+        let load = Arc::new(Load {
+            limits,
+            commands: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+        });
+        tokio::spawn(batch_loop(raft, clock, metrics, load.clone(), pending));
+        Proposer { queue, load }
     }
 
-    /// Commits `command` and returns what applying it produced.
+    /// Commands waiting to be proposed (for the metrics).
+    pub fn queued_commands(&self) -> usize {
+        self.load.commands.load(Ordering::Relaxed)
+    }
+
+    /// Commits `command` and returns what applying it produced; refuses it
+    /// with [`ProposeError::Overloaded`] if the queue is full and
+    /// [`Admission::of`] the command allows.
     pub async fn propose(
         &self,
         command: Command,
     ) -> Result<Result<Outcome, LockError>, ProposeError> {
+        let admission = Admission::of(&command);
+        self.propose_with(command, admission).await
+    }
+
+    /// [`propose`](Self::propose), with the caller deciding whether the
+    /// command may be refused (it knows more about it than its kind).
+    pub async fn propose_with(
+        &self,
+        command: Command,
+        admission: Admission,
+    ) -> Result<Result<Outcome, LockError>, ProposeError> {
+        let bytes = command.approximate_size();
+        self.load.enter(bytes, admission)?;
+        let deadline = Instant::now() + COMMIT_WAIT;
         let (reply, outcome) = oneshot::channel();
-        self.queue
-            .send(Pending { command, reply })
-            .map_err(|_| ProposeError::ShuttingDown)?;
-        outcome.await.map_err(|_| ProposeError::ShuttingDown)?
+        if self
+            .queue
+            .send(Pending {
+                command,
+                bytes,
+                reply,
+            })
+            .is_err()
+        {
+            self.load.leave(bytes);
+            return Err(ProposeError::ShuttingDown);
+        }
+        match tokio::time::timeout_at(deadline, outcome).await {
+            Ok(answer) => answer.map_err(|_| ProposeError::ShuttingDown)?,
+            // Still queued (then it is dropped unsent, see `batch_loop`) or
+            // in a batch being written, which may yet commit.
+            Err(_) => Err(ProposeError::NoQuorum(COMMIT_WAIT)),
+        }
     }
 }
 
@@ -85,19 +259,27 @@ async fn batch_loop(
     raft: Raft,
     clock: Clock,
     metrics: Arc<Metrics>,
+    load: Arc<Load>,
     mut pending: mpsc::UnboundedReceiver<Pending>,
 ) {
     while let Some(first) = pending.recv().await {
-        let mut bytes = first.command.approximate_size();
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
-            match pending.try_recv() {
-                Ok(next) => {
-                    bytes += next.command.approximate_size();
-                    batch.push(next);
-                }
-                Err(_) => break,
+        let mut bytes = 0;
+        let mut batch = Vec::new();
+        let mut next = Some(first);
+        while let Some(command) = next.take() {
+            load.leave(command.bytes);
+            // A caller that is gone (its deadline passed while queued, or it
+            // was dropped) hears nothing: its command is not proposed.
+            if !command.reply.is_closed() {
+                bytes += command.bytes;
+                batch.push(command);
             }
+            if batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
+                next = pending.try_recv().ok();
+            }
+        }
+        if batch.is_empty() {
+            continue;
         }
         metrics.batch_proposed(batch.len());
         let started = Instant::now();
@@ -143,5 +325,103 @@ async fn commit(raft: &Raft, clock: Clock, batch: Vec<Pending>) -> bool {
             }
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deadbolt_core::{SessionId, Token};
+
+    fn load(max_commands: usize, max_bytes: usize) -> Load {
+        Load {
+            limits: QueueLimits {
+                max_commands,
+                max_bytes,
+            },
+            commands: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+        }
+    }
+
+    #[test]
+    fn a_full_queue_refuses_new_work_and_takes_what_ends_or_renews() {
+        let load = load(2, 1 << 20);
+        load.enter(10, Admission::Refusable).unwrap();
+        load.enter(10, Admission::Refusable).unwrap();
+        let refused = load.enter(10, Admission::Refusable).unwrap_err();
+        assert!(matches!(
+            refused,
+            ProposeError::Overloaded { queued: 2, .. }
+        ));
+        assert!(
+            refused.to_string().contains("--max-queued-commands"),
+            "{refused}"
+        );
+        // Expiries, releases and the like are queued past the limit.
+        load.enter(10, Admission::Always).unwrap();
+        assert_eq!(load.commands.load(Ordering::Relaxed), 3);
+        // Once the batch loop takes two, there is room again.
+        load.leave(10);
+        load.leave(10);
+        load.enter(10, Admission::Refusable).unwrap();
+        assert_eq!(load.commands.load(Ordering::Relaxed), 2);
+        assert_eq!(load.bytes.load(Ordering::Relaxed), 20);
+    }
+
+    #[test]
+    fn the_byte_limit_refuses_a_command_that_would_pass_it() {
+        let load = load(100, 1000);
+        load.enter(600, Admission::Refusable).unwrap();
+        assert!(load.enter(500, Admission::Refusable).is_err());
+        load.enter(400, Admission::Refusable).unwrap();
+        assert_eq!(load.bytes.load(Ordering::Relaxed), 1000);
+    }
+
+    #[test]
+    fn the_leaders_timers_and_what_gives_back_are_never_refused() {
+        let session = SessionId(1);
+        let lock = || "l".to_owned();
+        let always = [
+            Command::ExpireSession { session, term: 1 },
+            Command::CheckpointLease {
+                session,
+                remaining_ms: 1,
+                renewals: 0,
+                term: 1,
+            },
+            Command::EndLockDelay {
+                lock: lock(),
+                token: Token(1),
+                term: 1,
+            },
+            Command::LeaseRenewed { session },
+            Command::Release {
+                session,
+                lock: lock(),
+                token: Token(1),
+            },
+            Command::CloseSession { session },
+            Command::CancelWait {
+                session,
+                lock: lock(),
+            },
+            Command::Abandon {
+                session,
+                lock: lock(),
+                attempt: 1,
+            },
+        ];
+        for command in always {
+            assert_eq!(Admission::of(&command), Admission::Always, "{command:?}");
+        }
+        let acquire = Command::Acquire {
+            session,
+            lock: lock(),
+            wait: true,
+            attempt: 1,
+            lock_delay_ms: 0,
+        };
+        assert_eq!(Admission::of(&acquire), Admission::Refusable);
     }
 }
