@@ -114,6 +114,7 @@ mod handle;
 mod lock;
 mod session;
 
+pub use backoff::Backoff;
 pub use client::{Client, Stored, TlsOptions};
 pub use deadbolt_proto::v1::{
     AuditEntry, ClusterStatusResponse, HealthResponse, LockState, Member,
