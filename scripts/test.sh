@@ -2,14 +2,23 @@
 # The whole test suite, as CI runs it: formatting, lints, every test (unit,
 # property, and the end-to-end tests that start real `deadbolt` processes on
 # 127.0.0.1), then a short fault-injection run against a 3-node cluster. Needs a Rust toolchain with rustfmt and clippy;
-# scripts/postgres.sh provides the PostgreSQL server the crates/fence tests
-# use, and scripts/promtool.sh the promtool the metrics tests check with
-# (each installing Debian's package first when run as root without it).
+# scripts/postgres.sh provides the PostgreSQL server the crates/fence and
+# crates/backends tests use, scripts/promtool.sh the promtool the metrics tests
+# check with, and scripts/backends.sh redis-server and etcd for the
+# crates/backends tests and protoc for the etcd-client build (each installing
+# Debian's package first when run as root without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+
+echo "== redis-server, etcd and protoc (scripts/backends.sh)"
+# Before clippy: building the etcd-client crate runs protoc.
+backends_env=$(scripts/backends.sh)
+eval "$backends_env"
+# With them installed, a crates/backends test that cannot start one fails instead of skipping.
+export DEADBOLT_REQUIRE_BACKENDS=1
 
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings

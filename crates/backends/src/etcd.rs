@@ -101,12 +101,15 @@ impl KeepAlive {
 
     async fn exchange(&mut self) -> Result<i64, Error> {
         if self.stream.is_none() {
-            self.stream = Some(
-                self.client
-                    .lease_keep_alive(self.id)
-                    .await
-                    .map_err(unreachable)?,
-            );
+            match self.client.lease_keep_alive(self.id).await {
+                Ok(opened) => self.stream = Some(opened),
+                // Opening sends a first keepalive, and the library turns
+                // etcd's TTL 0 (no such lease) into this error.
+                Err(etcd_client::Error::LeaseKeepAliveError(why)) if why == "lease not found" => {
+                    return Ok(0)
+                }
+                Err(err) => return Err(unreachable(err)),
+            }
         }
         let (keeper, stream) = self.stream.as_mut().expect("opened above");
         keeper.keep_alive().await.map_err(unreachable)?;

@@ -1,0 +1,81 @@
+//! etcd against a real single-member `etcd` process, started and killed by
+//! each test.
+
+mod common;
+
+use common::{contract, lost_within, unique, Expect};
+use deadbolt_backends::{ErrorKind, Locker, Lost, Token};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// etcd counts leases in whole seconds and refuses very short ones.
+const TTL: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn etcd_keeps_the_contract_with_create_revisions_as_tokens() {
+    let Some(server) = common::etcd() else { return };
+    contract(
+        &format!("etcd://{}", server.address()),
+        TTL,
+        Expect::Fencing,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_lease_outlives_its_ttl_while_renewed_and_lost_fires_when_etcd_dies() {
+    let Some(mut server) = common::etcd() else {
+        return;
+    };
+    let url = format!("etcd://{}", server.address());
+    let renewed = common::held_past_its_ttl(&url, TTL, "etcd-lease").await;
+    let guard = renewed.guard;
+    server.kill();
+    let reason = lost_within(guard.lost(Duration::ZERO), TTL + Duration::from_secs(1)).await;
+    assert_eq!(reason, Lost::Expired);
+}
+
+/// When the holder's lease is revoked (as when it expires), lost() fires and
+/// a waiter gets the lock at once, with a larger token.
+#[tokio::test]
+async fn a_waiter_gets_the_lock_when_the_holders_lease_ends() {
+    let Some(server) = common::etcd() else { return };
+    let locker = Locker::connect(&format!("etcd://{}", server.address()))
+        .await
+        .unwrap();
+    let name = unique("etcd-handover");
+    let a = locker.open_session(TTL).await.unwrap();
+    let b = Arc::new(locker.open_session(TTL).await.unwrap());
+    let first = a.try_lock(&name).await.unwrap().unwrap();
+    let Token::Fencing(first_token) = first.token() else {
+        panic!("{}", first.token())
+    };
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.lock_timeout(&name, TTL * 3).await }
+    });
+
+    // The lock key is NAME/LEASE-ID-IN-HEX, etcd's lock layout.
+    let mut admin = etcd_client::Client::connect([server.address()], None)
+        .await
+        .unwrap();
+    let keys = admin
+        .get(
+            format!("{name}/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let holder = keys.kvs().first().unwrap().key_str().unwrap().to_owned();
+    let lease = i64::from_str_radix(holder.rsplit('/').next().unwrap(), 16).unwrap();
+    admin.lease_revoke(lease).await.unwrap();
+
+    let reason = lost_within(first.lost(Duration::ZERO), TTL).await;
+    assert!(matches!(reason, Lost::Rejected(_)), "{reason:?}");
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second.token().fencing().unwrap() > first_token);
+    assert_eq!(
+        first.release().await.unwrap_err().kind(),
+        ErrorKind::LockLost
+    );
+}
