@@ -298,7 +298,8 @@ fn busy(name: &str) -> Error {
 }
 
 /// Tries `attempt` until it grants, with backoff and full jitter while the
-/// lock is busy or the server unreachable, until `give_up` (if any).
+/// lock is busy or the server unreachable, until `give_up` (if any), when
+/// it makes one last attempt.
 async fn poll<T, Fut>(
     name: &str,
     give_up: Option<Instant>,
@@ -316,16 +317,21 @@ where
             Err(error) if error.is_transient() => Some(error),
             Err(error) => return Err(error),
         };
-        let delay = backoff.next_delay(&mut rand::thread_rng());
-        if give_up.is_some_and(|give_up| Instant::now() + delay >= give_up) {
-            let timed_out = Error::timed_out(name, started.elapsed());
-            return Err(match failure {
-                Some(error) => Error::new(
-                    ErrorKind::WaitTimeout,
-                    format!("{timed_out} (last error: {error})"),
-                ),
-                None => timed_out,
-            });
+        let mut delay = backoff.next_delay(&mut rand::thread_rng());
+        if let Some(give_up) = give_up {
+            let left = give_up.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let timed_out = Error::timed_out(name, started.elapsed());
+                return Err(match failure {
+                    Some(error) => Error::new(
+                        ErrorKind::WaitTimeout,
+                        format!("{timed_out} (last error: {error})"),
+                    ),
+                    None => timed_out,
+                });
+            }
+            // One last attempt at the deadline itself.
+            delay = delay.min(left);
         }
         tokio::time::sleep(delay).await;
     }

@@ -5,6 +5,7 @@ mod common;
 
 use common::{contract, lost_within, unique, Expect};
 use deadbolt_backends::{ErrorKind, Locker, Lost, Token};
+use deadbolt_testkit::peers;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ const TTL: Duration = Duration::from_secs(2);
 
 #[tokio::test]
 async fn etcd_keeps_the_contract_with_create_revisions_as_tokens() {
-    let Some(server) = common::etcd() else { return };
+    let Some(server) = peers::etcd() else { return };
     contract(
         &format!("etcd://{}", server.address()),
         TTL,
@@ -24,7 +25,7 @@ async fn etcd_keeps_the_contract_with_create_revisions_as_tokens() {
 
 #[tokio::test]
 async fn the_lease_outlives_its_ttl_while_renewed_and_lost_fires_when_etcd_dies() {
-    let Some(mut server) = common::etcd() else {
+    let Some(mut server) = peers::etcd() else {
         return;
     };
     let url = format!("etcd://{}", server.address());
@@ -39,7 +40,7 @@ async fn the_lease_outlives_its_ttl_while_renewed_and_lost_fires_when_etcd_dies(
 /// a waiter gets the lock at once, with a larger token.
 #[tokio::test]
 async fn a_waiter_gets_the_lock_when_the_holders_lease_ends() {
-    let Some(server) = common::etcd() else { return };
+    let Some(server) = peers::etcd() else { return };
     let locker = Locker::connect(&format!("etcd://{}", server.address()))
         .await
         .unwrap();

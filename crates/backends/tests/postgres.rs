@@ -5,6 +5,7 @@ mod common;
 
 use common::{contract, lost_within, Expect};
 use deadbolt_backends::{ErrorKind, Lost};
+use deadbolt_testkit::peers;
 use std::time::Duration;
 use tokio_postgres::NoTls;
 
@@ -12,7 +13,7 @@ const TTL: Duration = Duration::from_secs(2);
 
 #[tokio::test]
 async fn postgres_keeps_the_contract_with_sequence_tokens() {
-    let Some(url) = common::postgres_url() else {
+    let Some(url) = peers::postgres_url() else {
         return;
     };
     contract(&url, TTL, Expect::Fencing).await;
@@ -23,7 +24,7 @@ async fn postgres_keeps_the_contract_with_sequence_tokens() {
 /// fires and someone else can take the lock.
 #[tokio::test]
 async fn a_terminated_connection_loses_the_lock() {
-    let Some(url) = common::postgres_url() else {
+    let Some(url) = peers::postgres_url() else {
         return;
     };
     let common::Renewed {

@@ -5,13 +5,14 @@ mod common;
 
 use common::{contract, lost_within, unique, Expect};
 use deadbolt_backends::{ErrorKind, Locker, Lost, Token};
+use deadbolt_testkit::peers;
 use std::time::Duration;
 
 const TTL: Duration = Duration::from_secs(2);
 
 #[tokio::test]
 async fn one_server_keeps_the_contract_without_a_token() {
-    let Some(server) = common::redis() else {
+    let Some(server) = peers::redis() else {
         return;
     };
     contract(&format!("redis://{}", server.address()), TTL, Expect::None).await;
@@ -19,7 +20,7 @@ async fn one_server_keeps_the_contract_without_a_token() {
 
 #[tokio::test]
 async fn one_server_with_the_counter_numbers_every_grant() {
-    let Some(server) = common::redis() else {
+    let Some(server) = peers::redis() else {
         return;
     };
     let url = format!("redis://{}?fence=counter", server.address());
@@ -28,7 +29,7 @@ async fn one_server_with_the_counter_numbers_every_grant() {
 
 #[tokio::test]
 async fn the_watchdog_keeps_a_lock_past_its_ttl_and_lost_fires_when_the_key_goes() {
-    let Some(server) = common::redis() else {
+    let Some(server) = peers::redis() else {
         return;
     };
     let url = format!("redis://{}", server.address());
@@ -52,7 +53,7 @@ async fn the_watchdog_keeps_a_lock_past_its_ttl_and_lost_fires_when_the_key_goes
 
 #[tokio::test]
 async fn a_killed_server_makes_lost_fire_within_the_ttl() {
-    let Some(mut server) = common::redis() else {
+    let Some(mut server) = peers::redis() else {
         return;
     };
     let locker = Locker::connect(&format!("redis://{}", server.address()))
@@ -71,7 +72,7 @@ async fn a_killed_server_makes_lost_fire_within_the_ttl() {
 /// `Token::Counter` and not a fencing token.
 #[tokio::test]
 async fn a_restart_without_persistence_grants_the_lock_twice() {
-    let Some(mut server) = common::redis() else {
+    let Some(mut server) = peers::redis() else {
         return;
     };
     let url = format!("redis://{}?fence=counter", server.address());
@@ -94,13 +95,13 @@ async fn a_restart_without_persistence_grants_the_lock_twice() {
     );
 }
 
-fn redlock_url(servers: &[common::Server]) -> String {
-    let nodes: Vec<String> = servers.iter().map(common::Server::address).collect();
+fn redlock_url(servers: &[peers::Server]) -> String {
+    let nodes: Vec<String> = servers.iter().map(peers::Server::address).collect();
     format!("redlock://{}", nodes.join(","))
 }
 
-fn three_servers() -> Option<Vec<common::Server>> {
-    (0..3).map(|_| common::redis()).collect()
+fn three_servers() -> Option<Vec<peers::Server>> {
+    (0..3).map(|_| peers::redis()).collect()
 }
 
 #[tokio::test]

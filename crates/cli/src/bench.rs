@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum Workload {
+pub(crate) enum Workload {
     Uncontended,
     Contended,
     Expiry,
@@ -33,10 +33,10 @@ enum Workload {
 #[derive(clap::Args)]
 pub struct BenchArgs {
     #[arg(value_enum)]
-    workload: Workload,
+    pub(crate) workload: Workload,
     /// Concurrent clients, each with its own session.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
-    clients: u32,
+    pub(crate) clients: u32,
     /// Connections the clients' sessions are spread over, round robin
     /// (default: one per client). Sessions on one connection share its
     /// `Calls` stream, as the workers of one program sharing a `Client` do.
@@ -49,7 +49,12 @@ pub struct BenchArgs {
     warmup: Duration,
     /// Session TTL (for `expiry`, the TTL of the holder that dies).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    ttl: Duration,
+    pub(crate) ttl: Duration,
+    /// Measure another lock system instead of the Deadbolt server, named
+    /// by URL: redis://, redlock://, etcd://, postgres:// (`uncontended`
+    /// and `contended` only; one session per client).
+    #[arg(long, value_name = "URL", conflicts_with = "connections")]
+    pub(crate) backend: Option<String>,
     /// Rounds of the `expiry` and `failover` workloads.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -64,6 +69,9 @@ pub struct BenchArgs {
 }
 
 pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
+    if let Some(url) = &args.backend {
+        return crate::bench_backend::main(url, &args).await;
+    }
     let result = match args.workload {
         Workload::Uncontended => loops(endpoints, &args, false).await,
         Workload::Contended => loops(endpoints, &args, true).await,
@@ -88,7 +96,16 @@ pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
 struct ClientStats {
     grants: u64,
     acquire_us: Histogram<u64>,
-    tokens_ok: bool,
+    /// `None` when the backend issues no tokens.
+    tokens_ok: Option<bool>,
+}
+
+/// One acquire→release round of a loop workload.
+pub(crate) struct Round {
+    /// How long the acquire took.
+    pub(crate) waited: Duration,
+    /// The grant's token, if the lock system issues one.
+    pub(crate) token: Option<u64>,
 }
 
 async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Result<(), Error> {
@@ -101,11 +118,48 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     for client in clients.iter().cycle().take(args.clients as usize) {
         sessions.push(client.open_session(args.ttl).await?);
     }
+    let rounds = sessions.iter().cloned().map(|session| {
+        move |name: String| {
+            let session = session.clone();
+            async move {
+                let started = Instant::now();
+                let guard = session.lock(&name).await?;
+                let waited = started.elapsed();
+                let token = Some(guard.token());
+                guard.release().await?;
+                Ok::<_, Error>(Round { waited, token })
+            }
+        }
+    });
+    let over = format!(
+        "{connections} connection{}",
+        if connections == 1 { "" } else { "s" }
+    );
+    measure(args, contended, rounds.collect(), &over).await?;
+    for session in sessions {
+        session.close().await?;
+    }
+    Ok(())
+}
+
+/// Runs one `round` per client in a loop (on its own lock, or all on one
+/// when `contended`), measures after the warm-up, and prints the figures.
+pub(crate) async fn measure<F, Fut, E>(
+    args: &BenchArgs,
+    contended: bool,
+    rounds: Vec<F>,
+    over: &str,
+) -> Result<(), E>
+where
+    F: FnMut(String) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Round, E>> + Send,
+    E: Send + 'static,
+{
     let measuring = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));
     let counter = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for (i, session) in sessions.iter().cloned().enumerate() {
+    for (i, mut round) in rounds.into_iter().enumerate() {
         let name = if contended {
             "bench:contended".to_owned()
         } else {
@@ -116,16 +170,15 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
             let mut stats = ClientStats {
                 grants: 0,
                 acquire_us: Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("histogram"),
-                tokens_ok: true,
+                tokens_ok: None,
             };
             let mut last_token = 0;
             while !done.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                let guard = session.lock(&name).await?;
-                let waited = started.elapsed();
-                stats.tokens_ok &= guard.token() > last_token;
-                last_token = guard.token();
-                guard.release().await?;
+                let Round { waited, token } = round(name.clone()).await?;
+                if let Some(token) = token {
+                    stats.tokens_ok = Some(stats.tokens_ok.unwrap_or(true) && token > last_token);
+                    last_token = token;
+                }
                 if measuring.load(Ordering::Relaxed) && !done.load(Ordering::Relaxed) {
                     stats.grants += 1;
                     stats
@@ -134,7 +187,7 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
                     counter.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Ok::<_, Error>(stats)
+            Ok::<_, E>(stats)
         }));
     }
     tokio::time::sleep(args.warmup).await;
@@ -156,15 +209,14 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     let elapsed = started.elapsed();
     let mut all = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("histogram");
     let mut per_client = Vec::new();
-    let mut tokens_ok = true;
+    let mut tokens_ok = None;
     for task in tasks {
         let stats = task.await.expect("bench client panicked")?;
         all.add(&stats.acquire_us).expect("histogram add");
         per_client.push(stats.grants);
-        tokens_ok &= stats.tokens_ok;
-    }
-    for session in sessions {
-        session.close().await?;
+        if let Some(ok) = stats.tokens_ok {
+            tokens_ok = Some(tokens_ok.unwrap_or(true) && ok);
+        }
     }
     let total: u64 = per_client.iter().sum();
     let rate = total as f64 / elapsed.as_secs_f64();
@@ -174,14 +226,13 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
         "acquire+release pairs/s"
     };
     println!(
-        "{}: {} clients over {connections} connection{}, {:.1}s: {rate:.0} {what}",
+        "{}: {} clients over {over}, {:.1}s: {rate:.0} {what}",
         if contended {
             "contended"
         } else {
             "uncontended"
         },
-        args.clients,
-        if connections == 1 { "" } else { "s" },
+        per_client.len(),
         elapsed.as_secs_f64()
     );
     println!(
@@ -199,7 +250,11 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     println!("  per-client grants: min {min}  max {max}  fairness (Jain) {fairness:.3}");
     println!(
         "  tokens strictly increasing per client: {}",
-        if tokens_ok { "yes" } else { "NO" }
+        match tokens_ok {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "no tokens (this lock system issues none)",
+        }
     );
     Ok(())
 }

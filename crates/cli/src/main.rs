@@ -3,7 +3,9 @@
 //! Exit codes are part of the interface (scripts and cron wrappers branch on
 //! them); see [`exit`].
 
+mod backends;
 mod bench;
+mod bench_backend;
 mod certs;
 mod cluster;
 mod config;
@@ -13,6 +15,7 @@ mod exit;
 mod guard;
 mod locks;
 mod run;
+mod run_backend;
 mod server;
 mod store;
 
@@ -139,6 +142,9 @@ enum Command {
     Store(store::StoreCommand),
     /// Measure throughput and latency against a running server.
     Bench(bench::BenchArgs),
+    /// What each lock system `run --backend` and `bench --backend` can use
+    /// guarantees: server crash, failover, client pause, token.
+    Backends(backends::BackendsArgs),
     /// Create a CA and node or client certificates for TLS.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -195,6 +201,7 @@ fn main() {
         // Offline: no server, no network.
         Command::Data(command) => std::process::exit(data::main(command)),
         Command::Certs(command) => std::process::exit(certs::main(command)),
+        Command::Backends(args) => std::process::exit(backends::main(args)),
         _ => {}
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -225,7 +232,7 @@ fn main() {
             Command::Cluster(command) => cluster::main(endpoint, command).await,
             Command::Demo(command) => demo::main(command).await,
             Command::Bench(args) => bench::main(endpoint, args).await,
-            Command::Guard(_) | Command::Data(_) | Command::Certs(_) => {
+            Command::Guard(_) | Command::Data(_) | Command::Certs(_) | Command::Backends(_) => {
                 unreachable!("handled before the runtime starts")
             }
         }

@@ -1,0 +1,168 @@
+//! `deadbolt run --backend`, `bench --backend` and `backends`: the CLI over
+//! the Deadbolt server through `deadbolt-backends`' adapter and over a real
+//! `redis-server` (started per test by `deadbolt_testkit::peers`), with the
+//! exit codes of `deadbolt run`.
+
+mod common;
+
+use common::{deadbolt, TestServer, BIN};
+use deadbolt_testkit::peers;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `deadbolt run --backend URL --lock LOCK EXTRA... -- COMMAND...`
+fn run_command(url: &str, lock: &str, extra: &[&str], command: &[&str]) -> Command {
+    let mut run = Command::new(BIN);
+    run.args(["run", "--backend", url, "--lock", lock])
+        .args(extra)
+        .arg("--")
+        .args(command);
+    run
+}
+
+fn run(url: &str, lock: &str, extra: &[&str], command: &[&str]) -> std::process::Output {
+    run_command(url, lock, extra, command).output().unwrap()
+}
+
+fn stderr(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn run_over_the_deadbolt_server_gives_the_fencing_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let output = run(
+        &server.endpoint(),
+        "job",
+        &[],
+        &["sh", "-c", "echo \"$DEADBOLT_TOKEN\"; exit 7"],
+    );
+    assert_eq!(output.status.code(), Some(7), "{}", stderr(&output));
+    let token: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(token > 0);
+}
+
+#[test]
+fn run_over_redis_keeps_the_exit_codes() {
+    let Some(mut redis) = peers::redis() else {
+        return;
+    };
+    let url = format!("redis://{}", redis.address());
+
+    // The command's own code; the counter under its own name, never as
+    // $DEADBOLT_TOKEN.
+    let counted = format!("{url}?fence=counter");
+    let output = run(
+        &counted,
+        "job",
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo \"token=$DEADBOLT_TOKEN counter=$DEADBOLT_UNSAFE_COUNTER\"; exit 3",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).trim(),
+        "token= counter=1"
+    );
+
+    // Busy: --no-wait and --wait both exit 75.
+    let mut holder = run_command(&url, "busy", &[], &["sleep", "5"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    for wait in [&["--no-wait"][..], &["--wait", "300ms"]] {
+        let output = run(&url, "busy", wait, &["true"]);
+        assert_eq!(
+            output.status.code(),
+            Some(75),
+            "{wait:?}: {}",
+            stderr(&output)
+        );
+    }
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+
+    // A bad URL is a usage error that says what is wrong; a dead server 69.
+    let output = run("redlock://a:1,b:2", "x", &[], &["true"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains("at least 3 independent Redis masters"));
+    let output = run("redis://127.0.0.1:1", "x", &["--no-wait"], &["true"]);
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+
+    // The server dies mid-command: the command is stopped before the TTL
+    // (3s) could end, and run exits 76.
+    let started = Instant::now();
+    let running = run_command(&url, "lost", &["--ttl", "3s"], &["sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    redis.kill();
+    let output = running.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn bench_measures_a_backend_with_the_same_report() {
+    let Some(redis) = peers::redis() else {
+        return;
+    };
+    let url = format!("redis://{}", redis.address());
+    let output = deadbolt(
+        "http://127.0.0.1:1",
+        &[
+            "bench",
+            "contended",
+            "--backend",
+            &url,
+            "--clients",
+            "2",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+        ],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        report.contains("contended: 2 clients over 2 sessions (redis)"),
+        "{report}"
+    );
+    assert!(
+        report.contains("no tokens (this lock system issues none)"),
+        "{report}"
+    );
+}
+
+#[test]
+fn backends_lists_every_backend_with_its_guarantees() {
+    let output = deadbolt("http://127.0.0.1:1", &["backends", "--json"]);
+    assert!(output.status.success());
+    let labels: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let names: Vec<&str> = labels
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|label| label["backend"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["deadbolt", "redis", "redlock", "etcd", "postgres"]);
+    for label in labels.as_array().unwrap() {
+        for field in ["server_crash", "failover", "client_pause", "token", "seeds"] {
+            assert!(!label[field].as_str().unwrap().is_empty(), "{label}");
+        }
+    }
+}
