@@ -5,20 +5,13 @@
 # scripts/postgres.sh provides the PostgreSQL server the crates/fence and
 # crates/backends tests use, scripts/promtool.sh the promtool the metrics tests
 # check with, and scripts/backends.sh redis-server and etcd for the
-# crates/backends tests and protoc for the etcd-client build (each installing
-# Debian's package first when run as root without it).
+# crates/backends tests (each installing Debian's package first when run as
+# root without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-
-echo "== redis-server, etcd and protoc (scripts/backends.sh)"
-# Before clippy: building the etcd-client crate runs protoc.
-backends_env=$(scripts/backends.sh)
-eval "$backends_env"
-# With them installed, a crates/backends test that cannot start one fails instead of skipping.
-export DEADBOLT_REQUIRE_BACKENDS=1
 
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -30,6 +23,12 @@ postgres_env=$(scripts/postgres.sh)
 eval "$postgres_env"
 # With a server set up, a PostgreSQL test that cannot find it fails instead of skipping.
 export DEADBOLT_REQUIRE_POSTGRES=1
+
+echo "== redis-server and etcd for the crates/backends tests (scripts/backends.sh)"
+backends_env=$(scripts/backends.sh)
+eval "$backends_env"
+# With them installed, a backends test that cannot start one fails instead of skipping.
+export DEADBOLT_REQUIRE_BACKENDS=1
 
 echo "== promtool for the metrics tests (scripts/promtool.sh)"
 # Exported: with DEADBOLT_PROMTOOL set, a metrics test that cannot run it fails instead of skipping.
