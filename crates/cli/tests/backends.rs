@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{deadbolt, TestServer, BIN};
+use common::{deadbolt, signal, TestServer, BIN};
 use deadbolt_testkit::peers;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -165,4 +165,104 @@ fn backends_lists_every_backend_with_its_guarantees() {
             assert!(!label[field].as_str().unwrap().is_empty(), "{label}");
         }
     }
+}
+
+/// The seeds' first fault, for one backend: the `deadbolt run` holding the
+/// lock is frozen (SIGSTOP), so nothing renews its lease. Another run gets
+/// the lock once the lease runs out, while the frozen run's command is still
+/// running: without fencing, two holders at once, on every backend. Resumed,
+/// the frozen run finds its lease gone, kills its command and exits 76.
+/// Returns how long the hand-over took after the freeze.
+fn a_frozen_holder_loses_the_lock_after_its_ttl(url: &str) -> Duration {
+    const TTL: Duration = Duration::from_secs(2);
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+    // Unique: the PostgreSQL server is shared.
+    let lock = format!("frozen-{}", std::process::id());
+    let mut holder = run_command(url, &lock, &["--ttl", "2s"], &["sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let command = wait_for_pid(&pid_file);
+    signal(holder.id() as i32, libc::SIGSTOP);
+    let frozen = Instant::now();
+
+    let taker = run(url, &lock, &["--ttl", "2s", "--wait", "20s"], &["true"]);
+    let handover = frozen.elapsed();
+    assert_eq!(taker.status.code(), Some(0), "{}", stderr(&taker));
+    assert!(
+        handover > TTL / 2 && handover < TTL + Duration::from_secs(3),
+        "the lock passed on {handover:?} after the freeze (TTL {TTL:?})"
+    );
+    assert!(
+        std::path::Path::new(&format!("/proc/{command}")).exists(),
+        "the frozen holder's command should still run: two holders at once"
+    );
+
+    signal(holder.id() as i32, libc::SIGCONT);
+    let started = Instant::now();
+    while holder.try_wait().unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the resumed run did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = holder.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+    // The scheme only: a PostgreSQL URL carries a password.
+    let backend = url.split("://").next().unwrap_or_default();
+    eprintln!("{backend}: lock passed on {handover:?} after the holder froze (TTL {TTL:?})");
+    handover
+}
+
+fn wait_for_pid(path: &std::path::Path) -> i32 {
+    let started = Instant::now();
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the command never started"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_frozen_holder_over_deadbolt() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    a_frozen_holder_loses_the_lock_after_its_ttl(&server.endpoint());
+}
+
+#[test]
+fn a_frozen_holder_over_redis() {
+    let Some(redis) = peers::redis() else {
+        return;
+    };
+    a_frozen_holder_loses_the_lock_after_its_ttl(&format!("redis://{}", redis.address()));
+}
+
+#[test]
+fn a_frozen_holder_over_etcd() {
+    let Some(etcd) = peers::etcd() else {
+        return;
+    };
+    a_frozen_holder_loses_the_lock_after_its_ttl(&format!("etcd://{}", etcd.address()));
+}
+
+/// The "holder hung with its socket open" case: the connection stays up,
+/// and only `idle_session_timeout` frees the lock.
+#[test]
+fn a_frozen_holder_over_postgres() {
+    let Some(url) = peers::postgres_url() else {
+        return;
+    };
+    a_frozen_holder_loses_the_lock_after_its_ttl(&url);
 }
