@@ -2,7 +2,7 @@
 //! Redlock over several independent masters (the rules in `redlock.rs`).
 //! Both are the same three scripts run on every node:
 //!
-//! - acquire: `SET lock owner NX PX ttl`, with a random 128-bit owner per
+//! - acquire: `SET lock owner NX PX ttl` (as a script), with a random 128-bit owner per
 //!   grant, so that nobody ever deletes or extends a lock that became
 //!   someone else's after its own expired; on one server, optionally
 //!   `INCR` of a companion counter in the same script, so every grant gets
@@ -34,9 +34,15 @@ use tokio::sync::Mutex;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+/// `SET NX PX` as a script, so that it can also count, and so that a repeat
+/// by the same owner (an attempt resent after its connection broke) is a
+/// grant again rather than a refusal that would leave our own key behind.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+        r"local owner = redis.call('GET', KEYS[1])
+if owner == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2])
+elseif owner then return false
+else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
 if ARGV[3] == '1' then return redis.call('INCR', KEYS[2]) end
 return 0",
     )
@@ -71,10 +77,12 @@ struct Node {
 }
 
 impl Node {
-    async fn connection(&self) -> Result<MultiplexedConnection, Error> {
+    /// The connection, and whether it was opened before this call (it may
+    /// have broken since, say by a server restart).
+    async fn connection(&self) -> Result<(MultiplexedConnection, bool), Error> {
         let mut slot = self.connection.lock().await;
         if let Some(connection) = &*slot {
-            return Ok(connection.clone());
+            return Ok((connection.clone(), true));
         }
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(CONNECT_TIMEOUT.min(self.timeout * 10))
@@ -85,18 +93,38 @@ impl Node {
             .await
             .map_err(|err| Error::unavailable(&self.url, err))?;
         *slot = Some(connection.clone());
-        Ok(connection)
+        Ok((connection, false))
     }
 
-    /// Runs one script; a broken connection is dropped so the next call
-    /// reconnects.
+    /// Runs one script. A broken connection is dropped so the next call
+    /// reconnects; if it was an old one and the script is safe to repeat
+    /// (`Repeat::Once`), it is sent once more on a new connection.
     async fn run(
         &self,
         script: &Script,
         keys: &[&str],
         args: &[&str],
+        repeat: Repeat,
     ) -> Result<Option<i64>, Error> {
-        let mut connection = self.connection().await?;
+        let (mut connection, reused) = self.connection().await?;
+        match self.invoke(&mut connection, script, keys, args).await {
+            Err(Broken(_)) if reused && repeat == Repeat::Once => {
+                let (mut connection, _) = self.connection().await?;
+                self.invoke(&mut connection, script, keys, args)
+                    .await
+                    .map_err(|Broken(error)| error)
+            }
+            answer => answer.map_err(|Broken(error)| error),
+        }
+    }
+
+    async fn invoke(
+        &self,
+        connection: &mut MultiplexedConnection,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<Option<i64>, Broken> {
         let mut invocation = script.prepare_invoke();
         for key in keys {
             invocation.key(*key);
@@ -104,22 +132,34 @@ impl Node {
         for arg in args {
             invocation.arg(*arg);
         }
-        let answer =
-            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await;
+        let answer = tokio::time::timeout(self.timeout, invocation.invoke_async(connection)).await;
         match answer {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => {
                 if err.is_unrecoverable_error() || err.is_io_error() || err.is_timeout() {
                     *self.connection.lock().await = None;
                 }
-                Err(Error::unavailable(&self.url, err))
+                Err(Broken(Error::unavailable(&self.url, err)))
             }
-            Err(_) => Err(Error::unavailable(
+            Err(_) => Err(Broken(Error::unavailable(
                 &self.url,
                 format!("no answer within {:?}", self.timeout),
-            )),
+            ))),
         }
     }
+}
+
+/// A script that failed on its connection.
+struct Broken(Error);
+
+/// Whether a script may be sent again after its connection broke: acquire
+/// and renew may (repeating them by the same owner changes nothing more);
+/// release may not (a repeat would find the key gone and report the lock
+/// lost).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repeat {
+    Once,
+    Never,
 }
 
 /// Where the lock lives and how grants are decided. Connects nothing.
@@ -211,12 +251,13 @@ impl Grant {
         script: &Script,
         keys: &[&str],
         args: &[&str],
+        repeat: Repeat,
     ) -> Vec<Result<Option<i64>, Error>> {
         join_all(
             self.shared
                 .nodes
                 .iter()
-                .map(|node| node.run(script, keys, args)),
+                .map(|node| node.run(script, keys, args, repeat)),
         )
         .await
     }
@@ -224,7 +265,7 @@ impl Grant {
     /// Compare-and-`DEL` on every server; how many still held it.
     async fn release_everywhere(&self) -> (usize, Option<Error>) {
         let answers = self
-            .everywhere(&RELEASE, &[&self.key], &[&self.owner])
+            .everywhere(&RELEASE, &[&self.key], &[&self.owner], Repeat::Never)
             .await;
         let deleted = answers
             .iter()
@@ -238,7 +279,7 @@ impl Grant {
         let sent = Instant::now();
         let ttl_ms = millis(shared.ttl);
         let answers = self
-            .everywhere(&RENEW, &[&self.key], &[&self.owner, &ttl_ms])
+            .everywhere(&RENEW, &[&self.key], &[&self.owner, &ttl_ms], Repeat::Once)
             .await;
         let renewed = answers
             .iter()
@@ -286,6 +327,7 @@ impl Session {
                 &ACQUIRE,
                 &[&grant.key, &fence_key],
                 &[&grant.owner, &ttl_ms, fence],
+                Repeat::Once,
             )
             .await;
         let granted: Vec<i64> = answers

@@ -49,5 +49,7 @@ async fn a_terminated_connection_loses_the_lock() {
     assert!(matches!(reason, Lost::Rejected(_)), "{reason:?}");
     let release = guard.release().await.unwrap_err();
     assert_eq!(release.kind(), ErrorKind::LockLost, "{release}");
-    assert!(rival.try_lock(&name).await.unwrap().is_some());
+    // The server frees the lock as the terminated backend exits, which may
+    // be a moment after the client saw its socket close.
+    rival.lock_timeout(&name, TTL).await.unwrap();
 }

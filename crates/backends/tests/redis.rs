@@ -141,3 +141,110 @@ async fn redlock_survives_a_minority_down_and_loses_the_lock_with_the_majority()
         .await;
     assert_eq!(refused.unwrap_err().kind(), ErrorKind::WaitTimeout);
 }
+
+/// The seeds' failover fault, scripted: the replica falls behind (its link
+/// to the primary cut, as replication is asynchronous and may lag), the
+/// primary grants and dies, the replica is promoted, and a client that
+/// follows the failover gets the lock again.
+#[tokio::test]
+async fn a_failover_to_a_replica_that_missed_the_grant_grants_twice() {
+    let Some(mut primary) = peers::redis() else {
+        return;
+    };
+    let Some(replica) = peers::redis() else {
+        return;
+    };
+    let replica_url = format!("redis://{}", replica.address());
+    let admin = redis::Client::open(replica_url.as_str()).unwrap();
+    let mut admin = admin.get_multiplexed_async_connection().await.unwrap();
+    let replicate = |port: u16| {
+        let mut command = redis::cmd("REPLICAOF");
+        command.arg("127.0.0.1").arg(port);
+        command
+    };
+    let ok: String = replicate(primary.port)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(ok, "OK");
+    wait_until_replicating(&mut admin).await;
+    // The link goes (a port nobody listens on): the replica lags from here.
+    let dead_port = deadbolt_testkit::free_port();
+    let ok: String = replicate(dead_port).query_async(&mut admin).await.unwrap();
+    assert_eq!(ok, "OK");
+
+    let ttl = Duration::from_secs(30);
+    let name = unique("failover");
+    let a = Locker::connect(&format!("redis://{}", primary.address()))
+        .await
+        .unwrap();
+    let a = a.open_session(ttl).await.unwrap();
+    let first = a.try_lock(&name).await.unwrap().unwrap();
+    primary.kill();
+    let promoted: String = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(promoted, "OK");
+
+    let b = Locker::connect(&replica_url).await.unwrap();
+    let b = b.open_session(ttl).await.unwrap();
+    let second = b.try_lock(&name).await.unwrap();
+    assert!(second.is_some(), "the promoted replica refused the lock");
+    assert!(
+        first.lease_deadline() > std::time::Instant::now(),
+        "two holders"
+    );
+}
+
+async fn wait_until_replicating(admin: &mut redis::aio::MultiplexedConnection) {
+    for _ in 0..200 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(admin)
+            .await
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the replica never caught up with its primary");
+}
+
+/// The restart the Redis docs warn about: a master that restarts without
+/// persistence forgets the keys it held, and with one master down at the
+/// first grant, a second client can count a majority again.
+#[tokio::test]
+async fn redlock_a_master_restarted_without_persistence_grants_twice() {
+    let Some(mut servers) = three_servers() else {
+        return;
+    };
+    let locker = Locker::connect(&redlock_url(&servers)).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let (a, b) = (
+        locker.open_session(ttl).await.unwrap(),
+        locker.open_session(ttl).await.unwrap(),
+    );
+    let name = unique("redlock-restart");
+    servers[2].kill();
+    let first = a
+        .try_lock(&name)
+        .await
+        .unwrap()
+        .expect("two of three grant");
+    servers[2].restart();
+    assert!(
+        b.try_lock(&name).await.unwrap().is_none(),
+        "one holder so far"
+    );
+    servers[0].restart();
+    let second = b.try_lock(&name).await.unwrap();
+    assert!(second.is_some(), "the restarted masters did not grant");
+    assert!(
+        first.lease_deadline() > std::time::Instant::now(),
+        "two holders"
+    );
+}
