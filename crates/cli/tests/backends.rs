@@ -167,41 +167,78 @@ fn backends_lists_every_backend_with_its_guarantees() {
     }
 }
 
-/// The seeds' first fault, for one backend: the `deadbolt run` holding the
-/// lock is frozen (SIGSTOP), so nothing renews its lease. Another run gets
-/// the lock once the lease runs out, while the frozen run's command is still
-/// running: without fencing, two holders at once, on every backend. Resumed,
-/// the frozen run finds its lease gone, kills its command and exits 76.
-/// Returns how long the hand-over took after the freeze.
-fn a_frozen_holder_loses_the_lock_after_its_ttl(url: &str) -> Duration {
+/// A protected resource in two files, written by the commands under the
+/// lock: `unfenced` takes every write; `fenced` keeps the highest token it
+/// accepted (`fence.max`, under flock) and refuses lower ones, as
+/// `deadbolt-fence` does. The token is `$DEADBOLT_TOKEN`, or Redis's counter.
+const WRITE: &str = r#"
+write() {
+    token=${DEADBOLT_TOKEN:-${DEADBOLT_UNSAFE_COUNTER:-}}
+    echo "$1" >> unfenced
+    exec 9>> fence.lock
+    flock 9
+    max=$(cat fence.max 2>/dev/null || echo 0)
+    if [ -n "$token" ] && [ "$token" -ge "$max" ]; then
+        echo "$token" > fence.max
+        echo "$1 accepted" >> fenced
+    else
+        echo "$1 refused" >> fenced
+    fi
+    exec 9>&-
+}
+"#;
+
+/// The seeds' first fault, for one backend: a client frozen past its lease
+/// (SIGSTOP of `deadbolt run` and of its command, as a GC pause or a stalled
+/// VM freezes a whole process). Another run gets the lock once the lease
+/// runs out and writes; then the frozen command wakes and finishes its
+/// write, before its `run` wakes to stop it. The unfenced resource accepts
+/// that late write, on every backend; the fenced one refuses it wherever
+/// there is a token. Resumed, the frozen run finds its lease gone and exits
+/// 76. Returns what the fenced resource answered, in order.
+fn a_frozen_holder_loses_the_lock_after_its_ttl(url: &str) -> Vec<String> {
     const TTL: Duration = Duration::from_secs(2);
     let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    let script = format!("echo $$ > {}; exec sleep 30", pid_file.display());
+    let in_dir = |script: &str| format!("cd {}; {WRITE}{script}", dir.path().display());
     // Unique: the PostgreSQL server is shared.
     let lock = format!("frozen-{}", std::process::id());
-    let mut holder = run_command(url, &lock, &["--ttl", "2s"], &["sh", "-c", &script])
+    let holder_script = in_dir(
+        // Still running after its write, so that its run, resumed, must stop it.
+        "echo $$ > pid; until [ -e go ]; do sleep 0.02; done; write holder; exec sleep 30",
+    );
+    let mut holder = run_command(url, &lock, &["--ttl", "2s"], &["sh", "-c", &holder_script])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let command = wait_for_pid(&pid_file);
+    let command = wait_for_pid(&dir.path().join("pid"));
     signal(holder.id() as i32, libc::SIGSTOP);
+    signal(command, libc::SIGSTOP);
     let frozen = Instant::now();
 
-    let taker = run(url, &lock, &["--ttl", "2s", "--wait", "20s"], &["true"]);
+    let taker = run(
+        url,
+        &lock,
+        &["--ttl", "2s", "--wait", "20s"],
+        &["sh", "-c", &in_dir("write taker")],
+    );
     let handover = frozen.elapsed();
     assert_eq!(taker.status.code(), Some(0), "{}", stderr(&taker));
     assert!(
         handover > TTL / 2 && handover < TTL + Duration::from_secs(3),
         "the lock passed on {handover:?} after the freeze (TTL {TTL:?})"
     );
-    assert!(
-        std::path::Path::new(&format!("/proc/{command}")).exists(),
-        "the frozen holder's command should still run: two holders at once"
-    );
 
-    signal(holder.id() as i32, libc::SIGCONT);
+    // The command wakes first and completes its write; then its run.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    signal(command, libc::SIGCONT);
+    // The fenced file is written last.
+    let fenced = dir.path().join("fenced");
     let started = Instant::now();
+    while !std::fs::read_to_string(&fenced).unwrap().contains("holder") {
+        assert!(started.elapsed() < Duration::from_secs(10), "no late write");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal(holder.id() as i32, libc::SIGCONT);
     while holder.try_wait().unwrap().is_none() {
         assert!(
             started.elapsed() < Duration::from_secs(10),
@@ -211,11 +248,27 @@ fn a_frozen_holder_loses_the_lock_after_its_ttl(url: &str) -> Duration {
     }
     let output = holder.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
+
+    let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    assert_eq!(
+        read("unfenced"),
+        "taker\nholder\n",
+        "the late write reached the unfenced resource"
+    );
+    let fenced = read("fenced");
     // The scheme only: a PostgreSQL URL carries a password.
     let backend = url.split("://").next().unwrap_or_default();
-    eprintln!("{backend}: lock passed on {handover:?} after the holder froze (TTL {TTL:?})");
-    handover
+    eprintln!(
+        "{backend}: lock passed on {handover:?} after the holder froze (TTL {TTL:?}); \
+         unfenced resource accepted the late write; fenced: {:?}",
+        fenced.lines().collect::<Vec<_>>()
+    );
+    fenced.lines().map(str::to_owned).collect()
 }
+
+/// The fenced resource took the new holder's write and refused the frozen
+/// one's.
+const FENCED: [&str; 2] = ["taker accepted", "holder refused"];
 
 fn wait_for_pid(path: &std::path::Path) -> i32 {
     let started = Instant::now();
@@ -238,15 +291,36 @@ fn wait_for_pid(path: &std::path::Path) -> i32 {
 fn a_frozen_holder_over_deadbolt() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(&dir.path().join("data"));
-    a_frozen_holder_loses_the_lock_after_its_ttl(&server.endpoint());
+    assert_eq!(
+        a_frozen_holder_loses_the_lock_after_its_ttl(&server.endpoint()),
+        FENCED
+    );
 }
 
+/// With the counter: it fences this fault, as the server kept its memory.
 #[test]
 fn a_frozen_holder_over_redis() {
     let Some(redis) = peers::redis() else {
         return;
     };
-    a_frozen_holder_loses_the_lock_after_its_ttl(&format!("redis://{}", redis.address()));
+    let url = format!("redis://{}?fence=counter", redis.address());
+    assert_eq!(a_frozen_holder_loses_the_lock_after_its_ttl(&url), FENCED);
+}
+
+/// No token at all: the fenced resource has nothing to go by and refuses
+/// both, so Redlock's users are left with the unfenced one.
+#[test]
+fn a_frozen_holder_over_redlock() {
+    let servers: Option<Vec<_>> = (0..3).map(|_| peers::redis()).collect();
+    let Some(servers) = servers else {
+        return;
+    };
+    let nodes: Vec<String> = servers.iter().map(peers::Server::address).collect();
+    let url = format!("redlock://{}", nodes.join(","));
+    assert_eq!(
+        a_frozen_holder_loses_the_lock_after_its_ttl(&url),
+        ["taker refused", "holder refused"]
+    );
 }
 
 #[test]
@@ -254,7 +328,8 @@ fn a_frozen_holder_over_etcd() {
     let Some(etcd) = peers::etcd() else {
         return;
     };
-    a_frozen_holder_loses_the_lock_after_its_ttl(&format!("etcd://{}", etcd.address()));
+    let url = format!("etcd://{}", etcd.address());
+    assert_eq!(a_frozen_holder_loses_the_lock_after_its_ttl(&url), FENCED);
 }
 
 /// The "holder hung with its socket open" case: the connection stays up,
@@ -264,5 +339,5 @@ fn a_frozen_holder_over_postgres() {
     let Some(url) = peers::postgres_url() else {
         return;
     };
-    a_frozen_holder_loses_the_lock_after_its_ttl(&url);
+    assert_eq!(a_frozen_holder_loses_the_lock_after_its_ttl(&url), FENCED);
 }
