@@ -52,6 +52,8 @@ struct Inner {
     lease: Lease,
     watchdog: AbortHandle,
     endpoints: String,
+    /// Set by [`Session::close`], so dropping does not revoke again.
+    revoked: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -67,6 +69,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.watchdog.abort();
         self.lease.end(Lost::Closed);
+        if self.revoked.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         // Revoking frees every key of the session now rather than at expiry.
         let (mut client, id) = (self.client.clone(), self.lease_id);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -167,6 +172,7 @@ impl Locker {
                 lease,
                 watchdog,
                 endpoints,
+                revoked: Default::default(),
             }),
         })
     }
@@ -288,6 +294,28 @@ impl Session {
 
     pub(crate) fn lease(&self) -> &Lease {
         &self.inner.lease
+    }
+
+    /// Revokes the lease, which deletes every key of the session at once.
+    pub(crate) async fn close(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        inner.watchdog.abort();
+        inner.lease.end(Lost::Closed);
+        let mut client = self.client();
+        let revoked = within(client.lease_revoke(inner.lease_id)).await?;
+        inner
+            .revoked
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        match revoked {
+            Ok(_) => Ok(()),
+            // Already gone (expired): closed all the same.
+            Err(etcd_client::Error::GRpcStatus(status))
+                if status.code() == tonic::Code::NotFound =>
+            {
+                Ok(())
+            }
+            Err(err) => Err(self.failed(err)),
+        }
     }
 }
 

@@ -210,9 +210,10 @@ impl Session {
     pub async fn close(self) -> Result<(), Error> {
         match self.kind {
             SessionKind::Deadbolt(session) => Ok(session.close().await?),
-            // Dropping closes the connection (PostgreSQL) or revokes the
-            // lease (etcd); Redis locks end with their guards.
-            SessionKind::Redis(_) | SessionKind::Etcd(_) | SessionKind::Postgres(_) => Ok(()),
+            SessionKind::Etcd(session) => session.close().await,
+            // Dropping closes the connection (PostgreSQL); Redis locks end
+            // with their guards.
+            SessionKind::Redis(_) | SessionKind::Postgres(_) => Ok(()),
         }
     }
 

@@ -80,3 +80,25 @@ async fn a_waiter_gets_the_lock_when_the_holders_lease_ends() {
         ErrorKind::LockLost
     );
 }
+
+/// Closing a session revokes its lease, which frees its locks at once.
+#[tokio::test]
+async fn closing_the_session_frees_its_locks_at_once() {
+    let Some(server) = peers::etcd() else {
+        return;
+    };
+    let locker = Locker::connect(&format!("etcd://{}", server.address()))
+        .await
+        .unwrap();
+    let name = unique("etcd-close");
+    let (a, b) = (
+        locker.open_session(TTL).await.unwrap(),
+        locker.open_session(TTL).await.unwrap(),
+    );
+    let guard = a.try_lock(&name).await.unwrap().unwrap();
+    let lost = guard.lost(Duration::ZERO);
+    std::mem::forget(guard); // not released: only the close frees it
+    a.close().await.unwrap();
+    assert_eq!(lost_within(lost, TTL).await, Lost::Closed);
+    assert!(b.try_lock(&name).await.unwrap().is_some());
+}
