@@ -17,6 +17,11 @@
 //!   partition) loses it within the lease TTL, which etcd counts on the
 //!   leader and restarts in full after a leader change.
 //!
+//! Each member gets a client of its own, and requests go to one member until
+//! it cannot be reached, then to the next ([`Members`]): etcd-client's own
+//! balancing over several endpoints kept sending to a killed leader in our
+//! tests, and the lease expired behind it.
+//!
 //! A caveat of the layout: a lock `a` sees the keys of a lock `a/b`
 //! (`a/b/LEASE` starts with `a/`), so slash-separated names nest into false
 //! contention; use names without `/` or without a common prefix.
@@ -27,6 +32,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
     LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -35,6 +41,84 @@ use tokio::time::Instant;
 
 /// How long connecting and each non-blocking request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One client per member, and which one requests go to.
+struct Members {
+    clients: Vec<Client>,
+    current: AtomicUsize,
+    endpoints: String,
+}
+
+impl Members {
+    /// Clients connect lazily: a member that is down now is skipped later.
+    async fn connect(endpoints: &[String]) -> Result<Members, Error> {
+        let all = endpoints.join(",");
+        let mut clients = Vec::new();
+        for endpoint in endpoints {
+            let options = ConnectOptions::new().with_connect_timeout(REQUEST_TIMEOUT);
+            let client = within(Client::connect([endpoint], Some(options)))
+                .await?
+                .map_err(|err| Error::unavailable(endpoint, err))?;
+            clients.push(client);
+        }
+        Ok(Members {
+            clients,
+            current: AtomicUsize::new(0),
+            endpoints: all,
+        })
+    }
+
+    /// The member requests go to now, and its client.
+    fn current(&self) -> (usize, Client) {
+        let at = self.current.load(Ordering::Relaxed) % self.clients.len();
+        (at, self.clients[at].clone())
+    }
+
+    /// `at` could not be reached: move on to the next member, unless
+    /// another request already did.
+    fn failed(&self, at: usize) {
+        let next = (at + 1) % self.clients.len();
+        let _ = self
+            .current
+            .compare_exchange(at, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Runs a non-blocking request on the current member, and on the next
+    /// ones while members cannot be reached (each member once).
+    async fn call<T, Fut>(&self, request: impl Fn(Client) -> Fut) -> Result<T, Error>
+    where
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut last = None;
+        for _ in 0..self.clients.len() {
+            let (at, client) = self.current();
+            match within(request(client)).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(err)) if !unreachable_member(&err) => return Err(self.refused(err)),
+                Ok(Err(err)) => last = Some(self.refused(err)),
+                Err(timeout) => last = Some(timeout),
+            }
+            self.failed(at);
+        }
+        Err(last.expect("at least one member"))
+    }
+
+    fn refused(&self, err: etcd_client::Error) -> Error {
+        Error::unavailable(&self.endpoints, err)
+    }
+}
+
+/// Whether an error says the member is out of reach (not a refusal).
+fn unreachable_member(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct Locker {
@@ -47,11 +131,10 @@ pub(crate) struct Session {
 }
 
 struct Inner {
-    client: Client,
+    members: Arc<Members>,
     lease_id: i64,
     lease: Lease,
     watchdog: AbortHandle,
-    endpoints: String,
     /// Set by [`Session::close`], so dropping does not revoke again.
     revoked: std::sync::atomic::AtomicBool,
 }
@@ -59,7 +142,7 @@ struct Inner {
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("etcd::Session")
-            .field("endpoints", &self.endpoints)
+            .field("endpoints", &self.members.endpoints)
             .field("lease_id", &self.lease_id)
             .finish_non_exhaustive()
     }
@@ -69,11 +152,11 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.watchdog.abort();
         self.lease.end(Lost::Closed);
-        if self.revoked.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.revoked.load(Ordering::Relaxed) {
             return;
         }
         // Revoking frees every key of the session now rather than at expiry.
-        let (mut client, id) = (self.client.clone(), self.lease_id);
+        let (mut client, id) = (self.members.current().1, self.lease_id);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.lease_revoke(id)).await;
@@ -84,19 +167,19 @@ impl Drop for Inner {
 
 /// The keep-alive stream of a lease, opened again after it broke.
 struct KeepAlive {
-    client: Client,
+    members: Arc<Members>,
     id: i64,
-    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The open stream and the member it goes to.
+    stream: Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The member of an exchange under way; still set when the next one
+    /// starts if that exchange was cut off, which counts against the member.
+    pending: Option<usize>,
 }
 
 impl KeepAlive {
     async fn renew(&mut self) -> Result<Renewal, Error> {
         let sent = Instant::now();
-        let answer = self.exchange().await;
-        if answer.is_err() {
-            self.stream = None;
-        }
-        match answer? {
+        match self.exchange().await? {
             0 => Ok(Renewal::Gone(format!("etcd lease {:x} expired", self.id))),
             ttl => Ok(Renewal::Until(
                 sent + Duration::from_secs(ttl.unsigned_abs()),
@@ -104,23 +187,57 @@ impl KeepAlive {
         }
     }
 
+    /// One keepalive and its answer. The stream is taken out for the
+    /// exchange and put back only after an answer: an exchange cut off
+    /// half-way (the watchdog gives each attempt a third of the TTL, and a
+    /// stream to a member that died may never answer) leaves no stale
+    /// stream behind, and its member is passed over by the next attempt.
     async fn exchange(&mut self) -> Result<i64, Error> {
-        if self.stream.is_none() {
-            match self.client.lease_keep_alive(self.id).await {
-                Ok(opened) => self.stream = Some(opened),
-                // Opening sends a first keepalive, and the library turns
-                // etcd's TTL 0 (no such lease) into this error.
-                Err(etcd_client::Error::LeaseKeepAliveError(why)) if why == "lease not found" => {
-                    return Ok(0)
-                }
-                Err(err) => return Err(unreachable(err)),
-            }
+        if let Some(cut_off) = self.pending.take() {
+            self.members.failed(cut_off);
         }
-        let (keeper, stream) = self.stream.as_mut().expect("opened above");
-        keeper.keep_alive().await.map_err(unreachable)?;
-        match stream.message().await.map_err(unreachable)? {
-            Some(answer) => Ok(answer.ttl()),
-            None => Err(unreachable("the keep-alive stream ended")),
+        let (at, mut keeper, mut stream) = match self.stream.take() {
+            Some(open) => open,
+            None => {
+                let (at, mut client) = self.members.current();
+                self.pending = Some(at);
+                match client.lease_keep_alive(self.id).await {
+                    Ok((keeper, stream)) => (at, keeper, stream),
+                    // Opening sends a first keepalive, and the library turns
+                    // etcd's TTL 0 (no such lease) into this error.
+                    Err(etcd_client::Error::LeaseKeepAliveError(why))
+                        if why == "lease not found" =>
+                    {
+                        self.pending = None;
+                        return Ok(0);
+                    }
+                    Err(err) => {
+                        self.pending = None;
+                        self.members.failed(at);
+                        return Err(unreachable(err));
+                    }
+                }
+            }
+        };
+        self.pending = Some(at);
+        let answer = match keeper.keep_alive().await {
+            Ok(()) => stream.message().await,
+            Err(err) => Err(err),
+        };
+        self.pending = None;
+        match answer {
+            Ok(Some(answer)) => {
+                self.stream = Some((at, keeper, stream));
+                Ok(answer.ttl())
+            }
+            Ok(None) => {
+                self.members.failed(at);
+                Err(unreachable("the keep-alive stream ended"))
+            }
+            Err(err) => {
+                self.members.failed(at);
+                Err(unreachable(err))
+            }
         }
     }
 }
@@ -137,28 +254,20 @@ impl Locker {
     /// Connects and grants the session's lease: `ttl` rounded up to whole
     /// seconds (etcd's unit), or the server's minimum if that is longer.
     pub(crate) async fn open_session(&self, ttl: Duration) -> Result<Session, Error> {
-        let endpoints = self.endpoints.join(",");
-        let options = ConnectOptions::new().with_connect_timeout(REQUEST_TIMEOUT);
-        let mut client = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            Client::connect(&self.endpoints, Some(options)),
-        )
-        .await
-        .map_err(|_| Error::unavailable(&endpoints, "no connection within 5s"))?
-        .map_err(|err| Error::unavailable(&endpoints, err))?;
+        let members = Arc::new(Members::connect(&self.endpoints).await?);
         let seconds = i64::try_from(ttl.as_millis().div_ceil(1000).max(1))
             .map_err(|_| Error::invalid(format!("TTL {ttl:?} is too long for etcd")))?;
         let sent = Instant::now();
-        let granted = tokio::time::timeout(REQUEST_TIMEOUT, client.lease_grant(seconds, None))
-            .await
-            .map_err(|_| Error::unavailable(&endpoints, "no lease granted within 5s"))?
-            .map_err(|err| Error::unavailable(&endpoints, err))?;
+        let granted = members
+            .call(|mut client| async move { client.lease_grant(seconds, None).await })
+            .await?;
         let ttl = Duration::from_secs(granted.ttl().unsigned_abs());
         let lease = Lease::new(sent + ttl);
         let keep_alive = Arc::new(Mutex::new(KeepAlive {
-            client: client.clone(),
+            members: members.clone(),
             id: granted.id(),
             stream: None,
+            pending: None,
         }));
         let watchdog = tokio::spawn(watchdog(lease.clone(), ttl / 3, move || {
             let keep_alive = keep_alive.clone();
@@ -167,11 +276,10 @@ impl Locker {
         .abort_handle();
         Ok(Session {
             inner: Arc::new(Inner {
-                client,
+                members,
                 lease_id: granted.id(),
                 lease,
                 watchdog,
-                endpoints,
                 revoked: Default::default(),
             }),
         })
@@ -191,12 +299,8 @@ impl Session {
         format!("{name}/{:x}", self.inner.lease_id)
     }
 
-    fn client(&self) -> Client {
-        self.inner.client.clone()
-    }
-
-    fn failed(&self, err: etcd_client::Error) -> Error {
-        Error::unavailable(&self.inner.endpoints, err)
+    fn members(&self) -> &Members {
+        &self.inner.members
     }
 
     fn held(&self, key: String, revision: i64) -> (Held, Token) {
@@ -215,7 +319,6 @@ impl Session {
     /// The recipe's try-lock: our key, then whether it is the oldest.
     pub(crate) async fn try_acquire(&self, name: &str) -> Result<Option<(Held, Token)>, Error> {
         let key = self.key(name);
-        let mut client = self.client();
         let create = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
@@ -224,9 +327,13 @@ impl Session {
                 Some(PutOptions::new().with_lease(self.inner.lease_id)),
             )])
             .or_else([TxnOp::get(key.as_str(), None)]);
-        let created = within(client.txn(create))
-            .await?
-            .map_err(|err| self.failed(err))?;
+        let created = self
+            .members()
+            .call(|mut client| {
+                let create = create.clone();
+                async move { client.txn(create).await }
+            })
+            .await?;
         let revision = if created.succeeded() {
             created.header().map_or(0, |header| header.revision())
         } else {
@@ -241,9 +348,14 @@ impl Session {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let oldest = within(client.get(format!("{name}/"), Some(first)))
-            .await?
-            .map_err(|err| self.failed(err))?;
+        let prefix = format!("{name}/");
+        let oldest = self
+            .members()
+            .call(|mut client| {
+                let (prefix, first) = (prefix.clone(), first.clone());
+                async move { client.get(prefix, Some(first)).await }
+            })
+            .await?;
         if oldest
             .kvs()
             .first()
@@ -252,37 +364,57 @@ impl Session {
         {
             return Ok(Some(self.held(key, revision)));
         }
-        within(client.delete(key.as_str(), None))
-            .await?
-            .map_err(|err| self.failed(err))?;
+        self.delete(&key).await?;
         Ok(None)
     }
 
-    /// The `Lock` RPC, waiting on the server until `give_up`.
+    async fn delete(&self, key: &str) -> Result<(), Error> {
+        self.members()
+            .call(|mut client| async move { client.delete(key, None).await })
+            .await
+            .map(drop)
+    }
+
+    /// The `Lock` RPC, waiting on the server until `give_up`; on another
+    /// member if this one cannot be reached (each member once).
     pub(crate) async fn acquire(
         &self,
         name: &str,
         give_up: Option<Instant>,
     ) -> Result<(Held, Token), Error> {
-        let mut client = self.client();
         let options = LockOptions::new().with_lease(self.inner.lease_id);
         let waited = Instant::now();
-        let locking = client.lock(name, Some(options));
-        let answer = tokio::select! {
-            answer = locking => answer.map_err(|err| self.failed(err))?,
-            reason = self.inner.lease.lost(Duration::ZERO) => {
-                return Err(Error::lost(name, reason));
-            }
-            () = sleep_until_set(give_up) => {
-                // The grant may have raced the timeout: our key goes either way.
-                let _ = within(client.delete(self.key(name), None)).await;
-                return Err(Error::timed_out(name, waited.elapsed()));
+        let mut tries = self.members().clients.len();
+        let answer = loop {
+            let (at, mut client) = self.members().current();
+            let locking = client.lock(name, Some(options.clone()));
+            tokio::select! {
+                answer = locking => match answer {
+                    Ok(answer) => break answer,
+                    Err(err) if unreachable_member(&err) && tries > 1 => {
+                        tries -= 1;
+                        self.members().failed(at);
+                    }
+                    Err(err) => return Err(self.members().refused(err)),
+                },
+                reason = self.inner.lease.lost(Duration::ZERO) => {
+                    return Err(Error::lost(name, reason));
+                }
+                () = sleep_until_set(give_up) => {
+                    // The grant may have raced the timeout: our key goes either way.
+                    let _ = self.delete(&self.key(name)).await;
+                    return Err(Error::timed_out(name, waited.elapsed()));
+                }
             }
         };
         let key = String::from_utf8_lossy(answer.key()).into_owned();
-        let read = within(client.get(key.as_str(), None))
-            .await?
-            .map_err(|err| self.failed(err))?;
+        let read = self
+            .members()
+            .call(|mut client| {
+                let key = key.clone();
+                async move { client.get(key, None).await }
+            })
+            .await?;
         match read.kvs().first() {
             Some(kv) => Ok(self.held(key, kv.create_revision())),
             None => Err(Error::lost(
@@ -301,21 +433,23 @@ impl Session {
         let inner = &self.inner;
         inner.watchdog.abort();
         inner.lease.end(Lost::Closed);
-        let mut client = self.client();
-        let revoked = within(client.lease_revoke(inner.lease_id)).await?;
-        inner
-            .revoked
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        match revoked {
-            Ok(_) => Ok(()),
-            // Already gone (expired): closed all the same.
-            Err(etcd_client::Error::GRpcStatus(status))
-                if status.code() == tonic::Code::NotFound =>
-            {
-                Ok(())
-            }
-            Err(err) => Err(self.failed(err)),
-        }
+        let id = inner.lease_id;
+        let revoked = self
+            .members()
+            .call(|mut client| async move {
+                match client.lease_revoke(id).await {
+                    // Already gone (expired): closed all the same.
+                    Err(etcd_client::Error::GRpcStatus(status))
+                        if status.code() == tonic::Code::NotFound =>
+                    {
+                        Ok(())
+                    }
+                    revoked => revoked.map(drop),
+                }
+            })
+            .await;
+        inner.revoked.store(true, Ordering::Relaxed);
+        revoked
     }
 }
 
@@ -333,10 +467,14 @@ impl Held {
                 self.revision,
             )])
             .and_then([TxnOp::delete(self.key.as_str(), None)]);
-        let mut client = self.session.client();
-        let answer = within(client.txn(delete))
-            .await?
-            .map_err(|err| self.session.failed(err))?;
+        let answer = self
+            .session
+            .members()
+            .call(|mut client| {
+                let delete = delete.clone();
+                async move { client.txn(delete).await }
+            })
+            .await?;
         if answer.succeeded() {
             Ok(())
         } else {

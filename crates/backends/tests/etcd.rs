@@ -102,3 +102,57 @@ async fn closing_the_session_frees_its_locks_at_once() {
     assert_eq!(lost_within(lost, TTL).await, Lost::Closed);
     assert!(b.try_lock(&name).await.unwrap().is_some());
 }
+
+/// The seeds' etcd fault: the leader of a 3-member cluster is killed while
+/// a client holds a lock. The lease survives the election (the new leader
+/// restarts it in full), the lock stays held and refused to others, and the
+/// next grant's token is larger.
+#[tokio::test]
+async fn a_held_lock_survives_a_leader_kill() {
+    let Some(mut members) = peers::etcd_cluster(3) else {
+        return;
+    };
+    let endpoints: Vec<String> = members.iter().map(peers::Server::address).collect();
+    let url = format!("etcd://{}", endpoints.join(","));
+    let locker = Locker::connect(&url).await.unwrap();
+    // Long enough for a renewal stuck on the dead leader (a third of the
+    // TTL) and an election (about a second here) before the client's own,
+    // conservative deadline: with 3 s, the client gave up on a lease that
+    // etcd had kept.
+    let ttl = Duration::from_secs(6);
+    let name = unique("etcd-leader");
+    let (a, b) = (
+        locker.open_session(ttl).await.unwrap(),
+        locker.open_session(ttl).await.unwrap(),
+    );
+    let first = a.lock_timeout(&name, ttl).await.unwrap();
+    let first_token = first.token().fencing().unwrap();
+
+    let mut admin = etcd_client::Client::connect(&endpoints, None)
+        .await
+        .unwrap();
+    let leader = admin.status().await.unwrap().leader();
+    let mut killed = None;
+    for (i, endpoint) in endpoints.iter().enumerate() {
+        let mut member = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        let status = member.status().await.unwrap();
+        if status.header().map(|header| header.member_id()) == Some(leader) {
+            members[i].kill();
+            killed = Some(i);
+        }
+    }
+    assert!(killed.is_some(), "no member is the leader");
+
+    // Longer than a TTL after the kill, the lock is still held and ours.
+    let lost = first.lost(Duration::ZERO);
+    tokio::time::sleep(ttl + Duration::from_secs(2)).await;
+    if let Ok(reason) = tokio::time::timeout(Duration::ZERO, lost).await {
+        panic!("the lease was lost in the election: {reason}");
+    }
+    assert!(b.try_lock(&name).await.unwrap().is_none(), "two holders");
+    first.release().await.unwrap();
+    let second = b.lock_timeout(&name, ttl).await.unwrap();
+    assert!(second.token().fencing().unwrap() > first_token);
+}

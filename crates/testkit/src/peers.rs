@@ -55,18 +55,27 @@ pub struct Server {
 
 impl Server {
     fn start(program: PathBuf, args: Vec<String>, port: u16, dir: tempfile::TempDir) -> Server {
-        let mut server = Server {
+        let mut server = Server::new(program, args, port, dir);
+        server.spawn();
+        server
+    }
+
+    fn new(program: PathBuf, args: Vec<String>, port: u16, dir: tempfile::TempDir) -> Server {
+        Server {
             program,
             args,
             port,
             child: None,
             _dir: dir,
-        };
-        server.spawn();
-        server
+        }
     }
 
     fn spawn(&mut self) {
+        self.spawn_only();
+        self.wait_listening();
+    }
+
+    fn spawn_only(&mut self) {
         let child = Command::new(&self.program)
             .args(&self.args)
             .stdout(Stdio::null())
@@ -74,6 +83,9 @@ impl Server {
             .spawn()
             .unwrap_or_else(|err| panic!("cannot start {:?}: {err}", self.program));
         self.child = Some(child);
+    }
+
+    fn wait_listening(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
             assert!(
@@ -135,32 +147,55 @@ pub fn redis() -> Option<Server> {
 
 /// A single-member etcd cluster.
 pub fn etcd() -> Option<Server> {
+    etcd_cluster(1).map(|mut members| members.remove(0))
+}
+
+/// An etcd cluster of `size` members, all started before any is waited for
+/// (a member serves only once a quorum has formed).
+pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
     let program = binary("DEADBOLT_ETCD", "etcd", "etcd-server")?;
-    let dir = tempfile::tempdir().unwrap();
-    let (port, peer) = (crate::free_port(), crate::free_port());
-    let client = format!("http://127.0.0.1:{port}");
-    let peer = format!("http://127.0.0.1:{peer}");
-    let args = [
-        "--name",
-        "test",
-        "--data-dir",
-        &dir.path().join("data").to_string_lossy(),
-        "--listen-client-urls",
-        &client,
-        "--advertise-client-urls",
-        &client,
-        "--listen-peer-urls",
-        &peer,
-        "--initial-advertise-peer-urls",
-        &peer,
-        "--initial-cluster",
-        &format!("test={peer}"),
-        "--log-level",
-        "error",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    Some(Server::start(program, args, port, dir))
+    let ports: Vec<(u16, u16)> = (0..size)
+        .map(|_| (crate::free_port(), crate::free_port()))
+        .collect();
+    let cluster = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members: Vec<Server> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, &(port, peer))| {
+            let dir = tempfile::tempdir().unwrap();
+            let client = format!("http://127.0.0.1:{port}");
+            let peer = format!("http://127.0.0.1:{peer}");
+            let args = [
+                "--name",
+                &format!("m{i}"),
+                "--data-dir",
+                &dir.path().join("data").to_string_lossy(),
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+                "--initial-cluster",
+                &cluster,
+                "--log-level",
+                "error",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            Server::new(program.clone(), args, port, dir)
+        })
+        .collect();
+    members.iter_mut().for_each(Server::spawn_only);
+    members.iter().for_each(Server::wait_listening);
+    Some(members)
 }
 
 /// The shared PostgreSQL server's URL.
