@@ -27,7 +27,7 @@
 //! contention; use names without `/` or without a common prefix.
 
 use crate::lease::{watchdog, Lease, Renewal};
-use crate::{Error, Lost, Token};
+use crate::{Error, ErrorKind, Lost, Token};
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
     LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
@@ -94,8 +94,8 @@ impl Members {
             let (at, client) = self.current();
             match within(request(client)).await {
                 Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(err)) if !unreachable_member(&err) => return Err(self.refused(err)),
-                Ok(Err(err)) => last = Some(self.refused(err)),
+                Ok(Err(err)) if !unreachable_member(&err) => return Err(self.error(err)),
+                Ok(Err(err)) => last = Some(self.error(err)),
                 Err(timeout) => last = Some(timeout),
             }
             self.failed(at);
@@ -103,8 +103,17 @@ impl Members {
         Err(last.expect("at least one member"))
     }
 
-    fn refused(&self, err: etcd_client::Error) -> Error {
-        Error::unavailable(&self.endpoints, err)
+    /// The caller's error: `Unavailable` (worth another try) when no member
+    /// could be reached, `Refused` for what a member said no to.
+    fn error(&self, err: etcd_client::Error) -> Error {
+        if unreachable_member(&err) {
+            Error::unavailable(&self.endpoints, err)
+        } else {
+            Error::new(
+                ErrorKind::Refused,
+                format!("etcd at {} refused: {err}", self.endpoints),
+            )
+        }
     }
 }
 
@@ -395,7 +404,7 @@ impl Session {
                         tries -= 1;
                         self.members().failed(at);
                     }
-                    Err(err) => return Err(self.members().refused(err)),
+                    Err(err) => return Err(self.members().error(err)),
                 },
                 reason = self.inner.lease.lost(Duration::ZERO) => {
                     return Err(Error::lost(name, reason));

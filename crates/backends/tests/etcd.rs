@@ -156,3 +156,17 @@ async fn a_held_lock_survives_a_leader_kill() {
     let second = b.lock_timeout(&name, ttl).await.unwrap();
     assert!(second.token().fencing().unwrap() > first_token);
 }
+
+/// A member that is down when the session opens is passed over.
+#[tokio::test]
+async fn a_member_down_at_open_is_passed_over() {
+    let Some(server) = peers::etcd() else {
+        return;
+    };
+    let dead = deadbolt_testkit::free_port();
+    let url = format!("etcd://127.0.0.1:{dead},{}", server.address());
+    let locker = Locker::connect(&url).await.unwrap();
+    let session = locker.open_session(TTL).await.unwrap();
+    let guard = session.try_lock(&unique("etcd-dead-member")).await.unwrap();
+    guard.unwrap().release().await.unwrap();
+}
