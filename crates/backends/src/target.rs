@@ -49,7 +49,7 @@ impl Target {
         let refuse = |why: String| Error::invalid(format!("lock URL {url:?}: {why}"));
         match scheme.to_ascii_lowercase().as_str() {
             "http" | "https" => {
-                let endpoints = hosts(rest, 1).map_err(refuse)?;
+                let endpoints = hosts(rest).map_err(refuse)?;
                 Ok(Target::Deadbolt {
                     endpoints: endpoints
                         .into_iter()
@@ -71,7 +71,7 @@ impl Target {
                 if !db.is_empty() && db.parse::<u8>().is_err() {
                     return Err(refuse(format!("database {db:?} is not a number")));
                 }
-                let hosts = hosts(host, 1).map_err(refuse)?;
+                let hosts = hosts(host).map_err(refuse)?;
                 if hosts.len() > 1 {
                     return Err(refuse(
                         "redis:// takes one server; for several independent masters use \
@@ -85,7 +85,14 @@ impl Target {
                 })
             }
             "redlock" => {
-                let nodes = hosts(rest, MIN_REDLOCK_NODES).map_err(refuse)?;
+                let nodes = hosts(rest).map_err(refuse)?;
+                if nodes.len() < MIN_REDLOCK_NODES {
+                    return Err(refuse(format!(
+                        "Redlock needs at least {MIN_REDLOCK_NODES} independent Redis masters \
+                         (got {}); for one server use redis://HOST:PORT",
+                        nodes.len()
+                    )));
+                }
                 Ok(Target::Redlock {
                     nodes: nodes
                         .into_iter()
@@ -94,7 +101,7 @@ impl Target {
                 })
             }
             "etcd" => {
-                let endpoints = hosts(rest, 1).map_err(refuse)?;
+                let endpoints = hosts(rest).map_err(refuse)?;
                 Ok(Target::Etcd {
                     endpoints: endpoints
                         .into_iter()
@@ -116,9 +123,9 @@ impl Target {
     }
 }
 
-/// A comma-separated list of `HOST:PORT`, at least `min` and at most
-/// [`MAX_NODES`] of them, none repeated.
-fn hosts(list: &str, min: usize) -> Result<Vec<String>, String> {
+/// A comma-separated list of `HOST:PORT`, at most [`MAX_NODES`] of them,
+/// none repeated.
+fn hosts(list: &str) -> Result<Vec<String>, String> {
     let list = list.trim_end_matches('/');
     let hosts: Vec<String> = list.split(',').map(str::to_owned).collect();
     for host in &hosts {
@@ -133,13 +140,6 @@ fn hosts(list: &str, min: usize) -> Result<Vec<String>, String> {
                 "{host:?}: port {port:?} is not a number in 1..65535"
             ));
         }
-    }
-    if hosts.len() < min {
-        return Err(format!(
-            "Redlock needs at least {min} independent Redis masters (got {}); for one server \
-             use redis://HOST:PORT",
-            hosts.len()
-        ));
     }
     if hosts.len() > MAX_NODES {
         return Err(format!(
