@@ -2,11 +2,12 @@
 # The whole test suite, as CI runs it: formatting, lints, every test (unit,
 # property, and the end-to-end tests that start real `deadbolt` processes on
 # 127.0.0.1), then a short fault-injection run against a 3-node cluster. Needs a Rust toolchain with rustfmt and clippy;
-# scripts/postgres.sh provides the PostgreSQL server the crates/fence tests
-# use, scripts/promtool.sh the promtool the metrics tests check with, and
-# scripts/chromium.sh the headless Chromium and chromedriver the dashboard
-# tests drive (each installing Debian's package first when run as root
-# without it).
+# scripts/postgres.sh provides the PostgreSQL server the crates/fence and
+# crates/backends tests use, scripts/promtool.sh the promtool the metrics tests
+# check with, scripts/backends.sh redis-server and etcd for the
+# crates/backends tests, and scripts/chromium.sh the headless Chromium and
+# chromedriver the dashboard tests drive (each installing Debian's package
+# first when run as root without it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +24,12 @@ postgres_env=$(scripts/postgres.sh)
 eval "$postgres_env"
 # With a server set up, a PostgreSQL test that cannot find it fails instead of skipping.
 export DEADBOLT_REQUIRE_POSTGRES=1
+
+echo "== redis-server and etcd for the crates/backends tests (scripts/backends.sh)"
+backends_env=$(scripts/backends.sh)
+eval "$backends_env"
+# With them installed, a backends test that cannot start one fails instead of skipping.
+export DEADBOLT_REQUIRE_BACKENDS=1
 
 echo "== promtool for the metrics tests (scripts/promtool.sh)"
 # Exported: with DEADBOLT_PROMTOOL set, a metrics test that cannot run it fails instead of skipping.

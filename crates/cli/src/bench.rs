@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 mod overload;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum Workload {
+pub(crate) enum Workload {
     Uncontended,
     Contended,
     Expiry,
@@ -42,11 +42,11 @@ enum Workload {
 #[derive(clap::Args)]
 pub struct BenchArgs {
     #[arg(value_enum)]
-    workload: Workload,
+    pub(crate) workload: Workload,
     /// Concurrent clients, each with its own session (`overload`: the
     /// blocking waiters).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
-    clients: u32,
+    pub(crate) clients: u32,
     /// Connections the clients' sessions are spread over, round robin
     /// (default: one per client). Sessions on one connection share its
     /// `Calls` stream, as the workers of one program sharing a `Client` do.
@@ -59,7 +59,12 @@ pub struct BenchArgs {
     warmup: Duration,
     /// Session TTL (for `expiry`, the TTL of the holder that dies).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    ttl: Duration,
+    pub(crate) ttl: Duration,
+    /// Measure another lock system instead of the Deadbolt server, named
+    /// by URL: redis://, redlock://, etcd://, postgres:// (`uncontended`
+    /// and `contended` only; one session per client).
+    #[arg(long, value_name = "URL", conflicts_with = "connections")]
+    pub(crate) backend: Option<String>,
     /// Rounds of the `expiry` and `failover` workloads.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -76,7 +81,7 @@ pub struct BenchArgs {
     /// measuring. The server's limits allow 1,000,000 locks and 100,000
     /// sessions in all, so 990000 fills the table.
     #[arg(long, default_value_t = 0)]
-    fill: u64,
+    pub(crate) fill: u64,
     /// `overload`: locks the waiters queue on (waiter i on lock i mod N).
     #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     locks: usize,
@@ -153,6 +158,9 @@ impl Fill {
 }
 
 pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
+    if let Some(url) = &args.backend {
+        return crate::bench_backend::main(url, &args).await;
+    }
     let result = match args.workload {
         Workload::Uncontended => loops(endpoints, &args, false).await,
         Workload::Contended => loops(endpoints, &args, true).await,
@@ -186,7 +194,16 @@ fn histogram() -> Histogram<u64> {
 struct ClientStats {
     grants: u64,
     acquire_us: Histogram<u64>,
-    tokens_ok: bool,
+    /// `None` when the backend issues no tokens.
+    tokens_ok: Option<bool>,
+}
+
+/// One acquire→release round of a loop workload.
+pub(crate) struct Round {
+    /// How long the acquire took.
+    pub(crate) waited: Duration,
+    /// The grant's token, if the lock system issues one.
+    pub(crate) token: Option<u64>,
 }
 
 async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Result<(), Error> {
@@ -200,11 +217,48 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     for client in clients.iter().cycle().take(args.clients as usize) {
         sessions.push(client.open_session(args.ttl).await?);
     }
+    let rounds = sessions.iter().cloned().map(|session| {
+        move |name: String| {
+            let session = session.clone();
+            async move {
+                let started = Instant::now();
+                let guard = session.lock(&name).await?;
+                let waited = started.elapsed();
+                let token = Some(guard.token());
+                guard.release().await?;
+                Ok::<_, Error>(Round { waited, token })
+            }
+        }
+    });
+    let over = format!(
+        "{connections} connection{}",
+        if connections == 1 { "" } else { "s" }
+    );
+    measure(args, contended, rounds.collect(), &over).await?;
+    for session in sessions {
+        session.close().await?;
+    }
+    filled.release().await
+}
+
+/// Runs one `round` per client in a loop (on its own lock, or all on one
+/// when `contended`), measures after the warm-up, and prints the figures.
+pub(crate) async fn measure<F, Fut, E>(
+    args: &BenchArgs,
+    contended: bool,
+    rounds: Vec<F>,
+    over: &str,
+) -> Result<(), E>
+where
+    F: FnMut(String) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Round, E>> + Send,
+    E: Send + 'static,
+{
     let measuring = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));
     let counter = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for (i, session) in sessions.iter().cloned().enumerate() {
+    for (i, mut round) in rounds.into_iter().enumerate() {
         let name = if contended {
             "bench:contended".to_owned()
         } else {
@@ -215,16 +269,15 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
             let mut stats = ClientStats {
                 grants: 0,
                 acquire_us: histogram(),
-                tokens_ok: true,
+                tokens_ok: None,
             };
             let mut last_token = 0;
             while !done.load(Ordering::Relaxed) {
-                let started = Instant::now();
-                let guard = session.lock(&name).await?;
-                let waited = started.elapsed();
-                stats.tokens_ok &= guard.token() > last_token;
-                last_token = guard.token();
-                guard.release().await?;
+                let Round { waited, token } = round(name.clone()).await?;
+                if let Some(token) = token {
+                    stats.tokens_ok = Some(stats.tokens_ok.unwrap_or(true) && token > last_token);
+                    last_token = token;
+                }
                 if measuring.load(Ordering::Relaxed) && !done.load(Ordering::Relaxed) {
                     stats.grants += 1;
                     stats
@@ -233,7 +286,7 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
                     counter.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Ok::<_, Error>(stats)
+            Ok::<_, E>(stats)
         }));
     }
     tokio::time::sleep(args.warmup).await;
@@ -255,17 +308,15 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     let elapsed = started.elapsed();
     let mut all = histogram();
     let mut per_client = Vec::new();
-    let mut tokens_ok = true;
+    let mut tokens_ok = None;
     for task in tasks {
         let stats = task.await.expect("bench client panicked")?;
         all.add(&stats.acquire_us).expect("histogram add");
         per_client.push(stats.grants);
-        tokens_ok &= stats.tokens_ok;
+        if let Some(ok) = stats.tokens_ok {
+            tokens_ok = Some(tokens_ok.unwrap_or(true) && ok);
+        }
     }
-    for session in sessions {
-        session.close().await?;
-    }
-    filled.release().await?;
     let total: u64 = per_client.iter().sum();
     let rate = total as f64 / elapsed.as_secs_f64();
     let what = if contended {
@@ -274,14 +325,13 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
         "acquire+release pairs/s"
     };
     println!(
-        "{}: {} clients over {connections} connection{}, {:.1}s: {rate:.0} {what}",
+        "{}: {} clients over {over}, {:.1}s: {rate:.0} {what}",
         if contended {
             "contended"
         } else {
             "uncontended"
         },
-        args.clients,
-        if connections == 1 { "" } else { "s" },
+        per_client.len(),
         elapsed.as_secs_f64()
     );
     println!(
@@ -299,7 +349,11 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     println!("  per-client grants: min {min}  max {max}  fairness (Jain) {fairness:.3}");
     println!(
         "  tokens strictly increasing per client: {}",
-        if tokens_ok { "yes" } else { "NO" }
+        match tokens_ok {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "no tokens (this lock system issues none)",
+        }
     );
     Ok(())
 }

@@ -4,7 +4,9 @@
 //! them); see [`exit`].
 
 mod acl;
+mod backends;
 mod bench;
+mod bench_backend;
 mod certs;
 mod cluster;
 mod config;
@@ -14,6 +16,7 @@ mod exit;
 mod guard;
 mod locks;
 mod run;
+mod run_backend;
 mod server;
 mod snapshot;
 mod store;
@@ -163,6 +166,9 @@ enum Command {
     Store(store::StoreCommand),
     /// Measure throughput and latency against a running server.
     Bench(bench::BenchArgs),
+    /// What each lock system `run --backend` and `bench --backend` can use
+    /// guarantees: server crash, failover, client pause, token.
+    Backends(backends::BackendsArgs),
     /// Create a CA and node or client certificates for TLS.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -222,6 +228,7 @@ fn main() {
         // Offline: no server, no network.
         Command::Data(command) => std::process::exit(data::main(command)),
         Command::Certs(command) => std::process::exit(certs::main(command)),
+        Command::Backends(args) => std::process::exit(backends::main(args)),
         _ => {}
     }
     if let Command::Snapshot(command) = &cli.command {
@@ -260,7 +267,7 @@ fn main() {
             Command::Demo(command) => demo::main(command).await,
             Command::Bench(args) => bench::main(endpoint, args).await,
             Command::Snapshot(command) => snapshot::save(endpoint, command).await,
-            Command::Guard(_) | Command::Data(_) | Command::Certs(_) => {
+            Command::Guard(_) | Command::Data(_) | Command::Certs(_) | Command::Backends(_) => {
                 unreachable!("handled before the runtime starts")
             }
         }

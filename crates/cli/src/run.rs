@@ -15,6 +15,7 @@ use crate::locks::LockArgs;
 use crate::Endpoints;
 use crate::{exit, parse_duration};
 use deadbolt_client::{Client, ErrorKind, LeaseLost, LockGuard, Session};
+use std::future::Future;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
@@ -23,7 +24,7 @@ use tokio::signal::unix::{signal, SignalKind};
 #[derive(clap::Args)]
 pub struct RunArgs {
     #[command(flatten)]
-    target: LockArgs,
+    pub(crate) target: LockArgs,
     /// Time between SIGTERM and SIGKILL when the lease is at risk, and
     /// between a SIGTERM, SIGINT or SIGHUP to `deadbolt run` (passed on to
     /// the command) and the SIGKILL of a command still running by then
@@ -36,9 +37,14 @@ pub struct RunArgs {
     /// at a time.
     #[arg(long, value_name = "KEY")]
     once: Option<String>,
+    /// Take the lock in another lock system instead of the Deadbolt server,
+    /// named by URL: redis://, redlock://, etcd://, postgres:// (what each
+    /// guarantees: `deadbolt backends`).
+    #[arg(long, value_name = "URL", conflicts_with = "once")]
+    backend: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
-    command: Vec<String>,
+    pub(crate) command: Vec<String>,
 }
 
 /// Margin for clock-rate drift between this host and the server: the server
@@ -64,6 +70,9 @@ pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
         );
         return exit::FAILURE;
     }
+    if let Some(url) = &args.backend {
+        return crate::run_backend::main(url, &args, grace, margin).await;
+    }
     let client = match crate::locks::connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,
@@ -77,7 +86,7 @@ pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
         Ok(guard) => {
             let code = match &args.once {
                 Some(key) => run_once(&client, &session, &guard, key, &args, grace, margin).await,
-                None => run_holding(&session, &guard, &args, grace, margin).await,
+                None => run_holding(&(&session, &guard), &args, grace, margin).await,
             };
             // The lock may already be lost; releasing by token is safe either
             // way (a stale token is refused).
@@ -144,7 +153,7 @@ async fn run_once(
         }
         Err(err) => return exit::report(&err),
     }
-    let code = run_holding(session, guard, args, grace, margin).await;
+    let code = run_holding(&(session, guard), args, grace, margin).await;
     if code != exit::OK {
         return code;
     }
@@ -167,14 +176,53 @@ async fn run_once(
     }
 }
 
-async fn run_holding(
-    session: &Session,
-    guard: &LockGuard,
+/// What `run` needs from a held lock, whichever system holds it.
+pub(crate) trait Holding {
+    /// Completes once the lease is within `margin` of its end, or lost:
+    /// why, and whether the lock is still ours until
+    /// [`lease_deadline`](Self::lease_deadline) (time for a clean stop) or
+    /// may be someone else's already.
+    fn at_risk(&self, margin: Duration) -> impl Future<Output = (String, bool)> + Send + 'static;
+    /// The latest instant the lease is certain to last until.
+    fn lease_deadline(&self) -> Instant;
+    /// What the command is told about its lock.
+    fn env(&self) -> Vec<(&'static str, String)>;
+}
+
+impl Holding for (&Session, &LockGuard) {
+    fn at_risk(&self, margin: Duration) -> impl Future<Output = (String, bool)> + Send + 'static {
+        let lost = self.0.lost(margin);
+        async move {
+            let reason = lost.await;
+            // Rejected or closed: the server already let go.
+            let ours = matches!(reason, LeaseLost::Expired);
+            (reason.to_string(), ours)
+        }
+    }
+
+    fn lease_deadline(&self) -> Instant {
+        self.0.lease_deadline()
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let guard = self.1;
+        vec![
+            ("DEADBOLT_LOCK", guard.name().to_owned()),
+            ("DEADBOLT_TOKEN", guard.token().to_string()),
+            // The handle (id and secret): the command may act on its own
+            // session, e.g. `deadbolt keepalive --session "$DEADBOLT_SESSION"`.
+            ("DEADBOLT_SESSION", guard.session().handle().to_string()),
+        ]
+    }
+}
+
+pub(crate) async fn run_holding(
+    held: &impl Holding,
     args: &RunArgs,
     grace: Duration,
     margin: Duration,
 ) -> i32 {
-    let mut child = match spawn(&args.command, guard) {
+    let mut child = match spawn(&args.command, &held.env()) {
         Ok(child) => child,
         Err(err) => {
             eprintln!("deadbolt run: cannot start the command: {err}");
@@ -185,7 +233,7 @@ async fn run_holding(
     let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
     let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
-    let at_risk = session.lost(margin + grace);
+    let at_risk = held.at_risk(margin + grace);
     tokio::pin!(at_risk);
     // Armed by the first stop signal passed on: a command that ignores it
     // must not keep the lock (and everyone waiting for it) indefinitely.
@@ -199,17 +247,18 @@ async fn run_holding(
     loop {
         tokio::select! {
             status = child.wait() => break exit_code(status.expect("waiting for the command failed")),
-            reason = &mut at_risk => {
+            (reason, ours) = &mut at_risk => {
                 eprintln!(
                     "deadbolt run: {reason}; stopping {:?} before the lock can pass on",
                     args.command[0]
                 );
-                match reason {
+                if ours {
                     // Still ours until the deadline: time for a clean stop.
-                    LeaseLost::Expired => stop_gracefully(&mut child, keeper, session, margin).await,
+                    stop_gracefully(&mut child, keeper, held.lease_deadline(), margin).await;
+                } else {
                     // The server already let go: the lock may be someone
                     // else's right now.
-                    LeaseLost::Rejected(_) | LeaseLost::Closed => signal_guard(keeper, KILL_ALL),
+                    signal_guard(keeper, KILL_ALL);
                 }
                 let _ = child.wait().await;
                 eprintln!("deadbolt run: lock {:?} lost while running", args.target.lock);
@@ -245,12 +294,9 @@ const KILL_ALL: i32 = libc::SIGUSR2;
 
 /// SIGTERM, then SIGKILL when the grace period is over, which is still
 /// `margin` before the conservative lease deadline.
-async fn stop_gracefully(child: &mut Child, keeper: i32, session: &Session, margin: Duration) {
+async fn stop_gracefully(child: &mut Child, keeper: i32, deadline: Instant, margin: Duration) {
     signal_guard(keeper, libc::SIGTERM);
-    let kill_at = session
-        .lease_deadline()
-        .checked_sub(margin)
-        .unwrap_or_else(Instant::now);
+    let kill_at = deadline.checked_sub(margin).unwrap_or_else(Instant::now);
     if tokio::time::timeout_at(kill_at.into(), child.wait())
         .await
         .is_err()
@@ -261,17 +307,13 @@ async fn stop_gracefully(child: &mut Child, keeper: i32, session: &Session, marg
 
 /// Starts CMD under `deadbolt guard` (see guard.rs), in a process group of
 /// its own so that terminal signals reach only us, and we decide.
-fn spawn(command: &[String], guard: &LockGuard) -> std::io::Result<Child> {
+fn spawn(command: &[String], env: &[(&str, String)]) -> std::io::Result<Child> {
     let parent = std::process::id() as i32;
     // This very binary, even if its file was replaced or removed since.
     let mut cmd = Command::new("/proc/self/exe");
     cmd.args(["guard", "--parent", &parent.to_string(), "--"])
         .args(command)
-        .env("DEADBOLT_LOCK", guard.name())
-        .env("DEADBOLT_TOKEN", guard.token().to_string())
-        // The handle (id and secret): the command may act on its own
-        // session, e.g. `deadbolt keepalive --session "$DEADBOLT_SESSION"`.
-        .env("DEADBOLT_SESSION", guard.session().handle().to_string())
+        .envs(env.iter().map(|(name, value)| (name, value)))
         .process_group(0);
     // SAFETY: prctl and getppid are async-signal-safe, as pre_exec requires.
     unsafe {

@@ -16,16 +16,17 @@ pub(crate) const BASE: Duration = Duration::from_millis(50);
 /// Longest delay between retries, so recovery is noticed within a second.
 pub(crate) const CAP: Duration = Duration::from_secs(1);
 
-/// Delays for successive retries of one operation.
+/// Delays for successive retries of one operation. Public so that other
+/// lock clients built on this crate (`deadbolt-backends`) retry the same way.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     base: Duration,
     cap: Duration,
     attempt: u32,
 }
 
 impl Backoff {
-    pub(crate) fn new(base: Duration, cap: Duration) -> Self {
+    pub fn new(base: Duration, cap: Duration) -> Self {
         Self {
             base,
             cap,
@@ -35,7 +36,7 @@ impl Backoff {
 
     /// The delay before the next retry: uniform in
     /// `[0, min(cap, base * 2^attempt)]`.
-    pub(crate) fn next_delay(&mut self, rng: &mut impl Rng) -> Duration {
+    pub fn next_delay(&mut self, rng: &mut impl Rng) -> Duration {
         let ceiling = 2u32
             .checked_pow(self.attempt)
             .and_then(|factor| self.base.checked_mul(factor))

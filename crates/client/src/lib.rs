@@ -115,6 +115,7 @@ mod http_get;
 mod lock;
 mod session;
 
+pub use backoff::Backoff;
 pub use client::{Client, Stored, TlsOptions};
 pub use deadbolt_proto::v1::{
     AclGrant, AclIdentity, AclRole, AclShowResponse, AclTokenInfo, AclTokenResponse, AuditEntry,

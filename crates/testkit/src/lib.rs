@@ -6,6 +6,7 @@
 //! node is the real binary, started as a process, killed with real signals.
 
 pub mod cluster;
+pub mod peers;
 pub mod pki;
 
 pub use cluster::{ClusterNode, TestCluster};

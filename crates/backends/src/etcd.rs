@@ -1,0 +1,511 @@
+//! etcd locks: a lease kept alive every TTL/3, and etcd's own lock layout
+//! (the `concurrency.Mutex` recipe the v3lock service runs): a key
+//! `NAME/LEASE` attached to the session's lease, the holder being the key
+//! with the lowest create revision under `NAME/`. Interoperates with
+//! `etcdctl lock NAME` and every other client of that recipe.
+//!
+//! - blocking acquire: the `Lock` RPC (the server creates the key and waits
+//!   for the older ones to go; FIFO by create revision); a wait given up
+//!   deletes the key, in case the grant raced the timeout;
+//! - try: the recipe by hand: create the key if absent, read the first
+//!   key by create revision, and delete ours again if it is not first;
+//! - the token is the key's create revision. A later holder's key was
+//!   created after every older holder's key existed, so tokens strictly
+//!   increase; the revision is replicated by etcd's Raft log and survives
+//!   crashes and leader changes: a real fencing token;
+//! - the lease ends the lock: a holder that stops renewing (crash, pause,
+//!   partition) loses it within the lease TTL, which etcd counts on the
+//!   leader and restarts in full after a leader change.
+//!
+//! Each member gets a client of its own, and requests go to one member until
+//! it cannot be reached, then to the next ([`Members`]): etcd-client's own
+//! balancing over several endpoints kept sending to a killed leader in our
+//! tests, and the lease expired behind it.
+//!
+//! A caveat of the layout: a lock `a` sees the keys of a lock `a/b`
+//! (`a/b/LEASE` starts with `a/`), so slash-separated names nest into false
+//! contention; use names without `/` or without a common prefix.
+
+use crate::lease::{watchdog, Lease, Renewal};
+use crate::{Error, ErrorKind, Lost, Token};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
+    LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+/// How long connecting and each non-blocking request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One client per member, and which one requests go to.
+struct Members {
+    clients: Vec<Client>,
+    current: AtomicUsize,
+    endpoints: String,
+}
+
+impl Members {
+    /// Clients connect lazily: a member that is down now is skipped later.
+    async fn connect(endpoints: &[String]) -> Result<Members, Error> {
+        let all = endpoints.join(",");
+        let mut clients = Vec::new();
+        for endpoint in endpoints {
+            let options = ConnectOptions::new().with_connect_timeout(REQUEST_TIMEOUT);
+            let client = within(Client::connect([endpoint], Some(options)))
+                .await?
+                .map_err(|err| Error::unavailable(endpoint, err))?;
+            clients.push(client);
+        }
+        Ok(Members {
+            clients,
+            current: AtomicUsize::new(0),
+            endpoints: all,
+        })
+    }
+
+    /// The member requests go to now, and its client.
+    fn current(&self) -> (usize, Client) {
+        let at = self.current.load(Ordering::Relaxed) % self.clients.len();
+        (at, self.clients[at].clone())
+    }
+
+    /// `at` could not be reached: move on to the next member, unless
+    /// another request already did.
+    fn failed(&self, at: usize) {
+        let next = (at + 1) % self.clients.len();
+        let _ = self
+            .current
+            .compare_exchange(at, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Runs a non-blocking request on the current member, and on the next
+    /// ones while members cannot be reached (each member once).
+    async fn call<T, Fut>(&self, request: impl Fn(Client) -> Fut) -> Result<T, Error>
+    where
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut last = None;
+        for _ in 0..self.clients.len() {
+            let (at, client) = self.current();
+            match within(request(client)).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(err)) if !unreachable_member(&err) => return Err(self.error(err)),
+                Ok(Err(err)) => last = Some(self.error(err)),
+                Err(timeout) => last = Some(timeout),
+            }
+            self.failed(at);
+        }
+        Err(last.expect("at least one member"))
+    }
+
+    /// The caller's error: `Unavailable` (worth another try) when no member
+    /// could be reached, `Refused` for what a member said no to.
+    fn error(&self, err: etcd_client::Error) -> Error {
+        if unreachable_member(&err) {
+            Error::unavailable(&self.endpoints, err)
+        } else {
+            Error::new(
+                ErrorKind::Refused,
+                format!("etcd at {} refused: {err}", self.endpoints),
+            )
+        }
+    }
+}
+
+/// Whether an error says the member is out of reach (not a refusal).
+fn unreachable_member(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Locker {
+    endpoints: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    members: Arc<Members>,
+    lease_id: i64,
+    lease: Lease,
+    watchdog: AbortHandle,
+    /// Set by [`Session::close`], so dropping does not revoke again.
+    revoked: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("etcd::Session")
+            .field("endpoints", &self.members.endpoints)
+            .field("lease_id", &self.lease_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watchdog.abort();
+        self.lease.end(Lost::Closed);
+        if self.revoked.load(Ordering::Relaxed) {
+            return;
+        }
+        // Revoking frees every key of the session now rather than at expiry.
+        let (mut client, id) = (self.members.current().1, self.lease_id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(REQUEST_TIMEOUT, client.lease_revoke(id)).await;
+            });
+        }
+    }
+}
+
+/// The keep-alive stream of a lease, opened again after it broke.
+struct KeepAlive {
+    members: Arc<Members>,
+    id: i64,
+    /// The open stream and the member it goes to.
+    stream: Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>,
+    /// The member of an exchange under way; still set when the next one
+    /// starts if that exchange was cut off, which counts against the member.
+    pending: Option<usize>,
+}
+
+impl KeepAlive {
+    async fn renew(&mut self) -> Result<Renewal, Error> {
+        let sent = Instant::now();
+        match self.exchange().await? {
+            0 => Ok(Renewal::Gone(format!("etcd lease {:x} expired", self.id))),
+            ttl => Ok(Renewal::Until(
+                sent + Duration::from_secs(ttl.unsigned_abs()),
+            )),
+        }
+    }
+
+    /// One keepalive and its answer. The stream is taken out for the
+    /// exchange and put back only after an answer: an exchange cut off
+    /// half-way (the watchdog gives each attempt a third of the TTL, and a
+    /// stream to a member that died may never answer) leaves no stale
+    /// stream behind, and its member is passed over by the next attempt.
+    async fn exchange(&mut self) -> Result<i64, Error> {
+        if let Some(cut_off) = self.pending.take() {
+            self.members.failed(cut_off);
+        }
+        let (at, mut keeper, mut stream) = match self.stream.take() {
+            Some(open) => open,
+            None => {
+                let (at, mut client) = self.members.current();
+                self.pending = Some(at);
+                match client.lease_keep_alive(self.id).await {
+                    Ok((keeper, stream)) => (at, keeper, stream),
+                    // Opening sends a first keepalive, and the library turns
+                    // etcd's TTL 0 (no such lease) into this error.
+                    Err(etcd_client::Error::LeaseKeepAliveError(why))
+                        if why == "lease not found" =>
+                    {
+                        self.pending = None;
+                        return Ok(0);
+                    }
+                    Err(err) => {
+                        self.pending = None;
+                        self.members.failed(at);
+                        return Err(unreachable(err));
+                    }
+                }
+            }
+        };
+        self.pending = Some(at);
+        let answer = match keeper.keep_alive().await {
+            Ok(()) => stream.message().await,
+            Err(err) => Err(err),
+        };
+        self.pending = None;
+        match answer {
+            Ok(Some(answer)) => {
+                self.stream = Some((at, keeper, stream));
+                Ok(answer.ttl())
+            }
+            Ok(None) => {
+                self.members.failed(at);
+                Err(unreachable("the keep-alive stream ended"))
+            }
+            Err(err) => {
+                self.members.failed(at);
+                Err(unreachable(err))
+            }
+        }
+    }
+}
+
+fn unreachable(cause: impl std::fmt::Display) -> Error {
+    Error::unavailable("etcd", cause)
+}
+
+impl Locker {
+    pub(crate) fn new(endpoints: Vec<String>) -> Locker {
+        Locker { endpoints }
+    }
+
+    /// Connects and grants the session's lease: `ttl` rounded up to whole
+    /// seconds (etcd's unit), or the server's minimum if that is longer.
+    pub(crate) async fn open_session(&self, ttl: Duration) -> Result<Session, Error> {
+        let members = Arc::new(Members::connect(&self.endpoints).await?);
+        let seconds = i64::try_from(ttl.as_millis().div_ceil(1000).max(1))
+            .map_err(|_| Error::invalid(format!("TTL {ttl:?} is too long for etcd")))?;
+        let sent = Instant::now();
+        let granted = members
+            .call(|mut client| async move { client.lease_grant(seconds, None).await })
+            .await?;
+        let ttl = Duration::from_secs(granted.ttl().unsigned_abs());
+        let lease = Lease::new(sent + ttl);
+        let keep_alive = Arc::new(Mutex::new(KeepAlive {
+            members: members.clone(),
+            id: granted.id(),
+            stream: None,
+            pending: None,
+        }));
+        let watchdog = tokio::spawn(watchdog(lease.clone(), ttl / 3, move || {
+            let keep_alive = keep_alive.clone();
+            async move { keep_alive.lock().await.renew().await }
+        }))
+        .abort_handle();
+        Ok(Session {
+            inner: Arc::new(Inner {
+                members,
+                lease_id: granted.id(),
+                lease,
+                watchdog,
+                revoked: Default::default(),
+            }),
+        })
+    }
+}
+
+/// A held etcd lock: its key and that key's create revision.
+#[derive(Debug)]
+pub(crate) struct Held {
+    session: Session,
+    key: String,
+    revision: i64,
+}
+
+impl Session {
+    fn key(&self, name: &str) -> String {
+        format!("{name}/{:x}", self.inner.lease_id)
+    }
+
+    fn members(&self) -> &Members {
+        &self.inner.members
+    }
+
+    fn held(&self, key: String, revision: i64) -> (Held, Token) {
+        let token = Token::Fencing(revision.unsigned_abs());
+        let session = self.clone();
+        (
+            Held {
+                session,
+                key,
+                revision,
+            },
+            token,
+        )
+    }
+
+    /// The recipe's try-lock: our key, then whether it is the oldest.
+    pub(crate) async fn try_acquire(&self, name: &str) -> Result<Option<(Held, Token)>, Error> {
+        let key = self.key(name);
+        let create = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                "",
+                Some(PutOptions::new().with_lease(self.inner.lease_id)),
+            )])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let created = self
+            .members()
+            .call(|mut client| {
+                let create = create.clone();
+                async move { client.txn(create).await }
+            })
+            .await?;
+        let revision = if created.succeeded() {
+            created.header().map_or(0, |header| header.revision())
+        } else {
+            match created.op_responses().first() {
+                Some(TxnOpResponse::Get(get)) => {
+                    get.kvs().first().map_or(0, |kv| kv.create_revision())
+                }
+                _ => 0,
+            }
+        };
+        let first = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let prefix = format!("{name}/");
+        let oldest = self
+            .members()
+            .call(|mut client| {
+                let (prefix, first) = (prefix.clone(), first.clone());
+                async move { client.get(prefix, Some(first)).await }
+            })
+            .await?;
+        if oldest
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.key() == key.as_bytes())
+            && revision > 0
+        {
+            return Ok(Some(self.held(key, revision)));
+        }
+        self.delete(&key).await?;
+        Ok(None)
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), Error> {
+        self.members()
+            .call(|mut client| async move { client.delete(key, None).await })
+            .await
+            .map(drop)
+    }
+
+    /// The `Lock` RPC, waiting on the server until `give_up`; on another
+    /// member if this one cannot be reached (each member once).
+    pub(crate) async fn acquire(
+        &self,
+        name: &str,
+        give_up: Option<Instant>,
+    ) -> Result<(Held, Token), Error> {
+        let options = LockOptions::new().with_lease(self.inner.lease_id);
+        let waited = Instant::now();
+        let mut tries = self.members().clients.len();
+        let answer = loop {
+            let (at, mut client) = self.members().current();
+            let locking = client.lock(name, Some(options.clone()));
+            tokio::select! {
+                answer = locking => match answer {
+                    Ok(answer) => break answer,
+                    Err(err) if unreachable_member(&err) && tries > 1 => {
+                        tries -= 1;
+                        self.members().failed(at);
+                    }
+                    Err(err) => return Err(self.members().error(err)),
+                },
+                reason = self.inner.lease.lost(Duration::ZERO) => {
+                    return Err(Error::lost(name, reason));
+                }
+                () = sleep_until_set(give_up) => {
+                    // The grant may have raced the timeout: our key goes either way.
+                    let _ = self.delete(&self.key(name)).await;
+                    return Err(Error::timed_out(name, waited.elapsed()));
+                }
+            }
+        };
+        let key = String::from_utf8_lossy(answer.key()).into_owned();
+        let read = self
+            .members()
+            .call(|mut client| {
+                let key = key.clone();
+                async move { client.get(key, None).await }
+            })
+            .await?;
+        match read.kvs().first() {
+            Some(kv) => Ok(self.held(key, kv.create_revision())),
+            None => Err(Error::lost(
+                name,
+                "its key was gone as soon as it was granted (the lease expired)",
+            )),
+        }
+    }
+
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.inner.lease
+    }
+
+    /// Revokes the lease, which deletes every key of the session at once.
+    pub(crate) async fn close(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        inner.watchdog.abort();
+        inner.lease.end(Lost::Closed);
+        let id = inner.lease_id;
+        let revoked = self
+            .members()
+            .call(|mut client| async move {
+                match client.lease_revoke(id).await {
+                    // Already gone (expired): closed all the same.
+                    Err(etcd_client::Error::GRpcStatus(status))
+                        if status.code() == tonic::Code::NotFound =>
+                    {
+                        Ok(())
+                    }
+                    revoked => revoked.map(drop),
+                }
+            })
+            .await;
+        inner.revoked.store(true, Ordering::Relaxed);
+        revoked
+    }
+}
+
+impl Held {
+    pub(crate) fn lease(&self) -> &Lease {
+        self.session.lease()
+    }
+
+    /// Deletes the key only if it is still the one granted.
+    pub(crate) async fn release(self, name: &str) -> Result<(), Error> {
+        let delete = Txn::new()
+            .when([Compare::create_revision(
+                self.key.as_str(),
+                CompareOp::Equal,
+                self.revision,
+            )])
+            .and_then([TxnOp::delete(self.key.as_str(), None)]);
+        let answer = self
+            .session
+            .members()
+            .call(|mut client| {
+                let delete = delete.clone();
+                async move { client.txn(delete).await }
+            })
+            .await?;
+        if answer.succeeded() {
+            Ok(())
+        } else {
+            Err(Error::lost(
+                name,
+                "its key is gone (the lease expired or was revoked)",
+            ))
+        }
+    }
+}
+
+/// A non-blocking etcd request, cut off after [`REQUEST_TIMEOUT`].
+async fn within<T>(request: impl std::future::Future<Output = T>) -> Result<T, Error> {
+    tokio::time::timeout(REQUEST_TIMEOUT, request)
+        .await
+        .map_err(|_| unreachable(format!("no answer within {REQUEST_TIMEOUT:?}")))
+}
+
+/// Sleeps until `at`; never wakes when it is `None`.
+async fn sleep_until_set(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,470 @@
+//! One lock API over the lock systems teams already run: the Deadbolt
+//! server, Redis (one server), Redlock, etcd and PostgreSQL, each done the
+//! way its own documentation says is right and each labelled with what it
+//! really guarantees ([`Backend::label`]), so that a team can lock with what
+//! it has today, see the cost, and move to Deadbolt when correctness
+//! matters.
+//!
+//! The shape mirrors `deadbolt-client`: a [`Locker`] (from a URL, its scheme
+//! choosing the backend, see [`Target`]), a [`Session`] per holder, a
+//! [`Guard`] per held lock with [`Guard::token`] and [`Guard::lost`]. A
+//! backend without fencing tokens says so in the type ([`Token::None`]), and
+//! one whose counter is not safe says that ([`Token::Counter`]): never a
+//! made-up number.
+//!
+//! ```no_run
+//! use deadbolt_backends::{Locker, Token};
+//! use std::time::Duration;
+//!
+//! # async fn run() -> Result<(), deadbolt_backends::Error> {
+//! let locker = Locker::connect("etcd://127.0.0.1:2379").await?;
+//! let session = locker.open_session(Duration::from_secs(10)).await?;
+//! let guard = session.lock_timeout("nightly-report", Duration::from_secs(30)).await?;
+//! if let Token::Fencing(token) = guard.token() {
+//!     println!("write with fencing token {token}");
+//! }
+//! tokio::select! {
+//!     () = async { /* the work */ } => guard.release().await?,
+//!     reason = guard.lost(Duration::from_secs(2)) => eprintln!("stopped: {reason}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+mod deadbolt;
+mod error;
+mod etcd;
+mod labels;
+mod lease;
+mod postgres;
+mod redis;
+mod redlock;
+mod target;
+
+pub use error::{Error, ErrorKind};
+pub use labels::{Backend, Label, LABELS};
+pub use lease::Lost;
+pub use target::{Target, MAX_NODES, MIN_REDLOCK_NODES};
+
+use deadbolt_client::Backoff;
+use futures::future::Either;
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What a grant comes with, by what the backend can honestly give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Token {
+    /// A fencing token: larger than every earlier grant's, through crashes
+    /// and failovers of the lock service (Deadbolt, etcd, PostgreSQL on one
+    /// primary). Pass it with every write the lock protects.
+    Fencing(u64),
+    /// A counter that grows with grants only while the Redis server keeps
+    /// its memory: a restart without persistence or a failover can repeat
+    /// it. Catches a paused holder on a healthy server; not a fencing token.
+    Counter(u64),
+    /// The backend issues no token (Redlock; Redis without `?fence=counter`).
+    None,
+}
+
+impl Token {
+    /// The fencing token, if this is one.
+    pub fn fencing(self) -> Option<u64> {
+        match self {
+            Token::Fencing(token) => Some(token),
+            Token::Counter(_) | Token::None => None,
+        }
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Token::Fencing(token) => write!(f, "{token}"),
+            Token::Counter(counter) => write!(f, "counter {counter} (not a fencing token)"),
+            Token::None => f.write_str("none (this backend issues no fencing token)"),
+        }
+    }
+}
+
+/// A lock service, named by URL. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Locker {
+    kind: LockerKind,
+    backend: Backend,
+}
+
+#[derive(Debug, Clone)]
+enum LockerKind {
+    Deadbolt(deadbolt::Locker),
+    Redis(redis::Locker),
+    Etcd(etcd::Locker),
+    // Boxed: a parsed libpq config is large.
+    Postgres(Box<postgres::Locker>),
+}
+
+impl Locker {
+    /// Parses `url` (see [`Target`]). Only the Deadbolt client connects
+    /// here; the others connect per session.
+    pub async fn connect(url: &str) -> Result<Locker, Error> {
+        let (kind, backend) = match Target::parse(url)? {
+            Target::Deadbolt { endpoints } => (
+                LockerKind::Deadbolt(deadbolt::Locker::connect(endpoints).await?),
+                Backend::Deadbolt,
+            ),
+            Target::Redis { node, fence } => (
+                LockerKind::Redis(redis::Locker::single(node, fence)),
+                Backend::Redis,
+            ),
+            Target::Redlock { nodes } => (
+                LockerKind::Redis(redis::Locker::redlock(nodes)),
+                Backend::Redlock,
+            ),
+            Target::Etcd { endpoints } => (
+                LockerKind::Etcd(etcd::Locker::new(endpoints)),
+                Backend::Etcd,
+            ),
+            Target::Postgres { url } => (
+                LockerKind::Postgres(Box::new(postgres::Locker::new(&url)?)),
+                Backend::Postgres,
+            ),
+        };
+        Ok(Locker { kind, backend })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// A session for one holder, with leases of `ttl` (etcd rounds it up to
+    /// whole seconds).
+    pub async fn open_session(&self, ttl: Duration) -> Result<Session, Error> {
+        deadbolt_core::validate_ttl(ttl).map_err(|err| Error::invalid(err.to_string()))?;
+        let kind = match &self.kind {
+            LockerKind::Deadbolt(locker) => SessionKind::Deadbolt(locker.open_session(ttl).await?),
+            LockerKind::Redis(locker) => SessionKind::Redis(locker.open_session(ttl)?),
+            LockerKind::Etcd(locker) => SessionKind::Etcd(locker.open_session(ttl).await?),
+            LockerKind::Postgres(locker) => SessionKind::Postgres(locker.open_session(ttl).await?),
+        };
+        Ok(Session {
+            kind,
+            claims: Default::default(),
+        })
+    }
+}
+
+/// One holder's connection (and, for etcd, PostgreSQL and Deadbolt, its
+/// lease). Take each lock name through one session at a time.
+#[derive(Debug)]
+pub struct Session {
+    kind: SessionKind,
+    claims: Arc<Mutex<HashSet<String>>>,
+}
+
+#[derive(Debug)]
+enum SessionKind {
+    Deadbolt(deadbolt_client::Session),
+    Redis(redis::Session),
+    Etcd(etcd::Session),
+    Postgres(postgres::Session),
+}
+
+/// How long an acquire may wait.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    No,
+    Until(Option<Instant>),
+}
+
+/// Retry delays of a polling acquire (Redis, Redlock, PostgreSQL) while
+/// the lock is busy: exponential with full jitter, so waiters spread out
+/// instead of hammering the server together; capped so a freed lock is
+/// noticed within a quarter second.
+const POLL_BASE: Duration = Duration::from_millis(5);
+const POLL_CAP: Duration = Duration::from_millis(250);
+
+impl Session {
+    /// Takes `lock`, waiting as long as it takes.
+    pub async fn lock(&self, lock: &str) -> Result<Guard, Error> {
+        self.acquire(lock, Wait::Until(None)).await
+    }
+
+    /// Takes `lock`, waiting at most `timeout` ([`ErrorKind::WaitTimeout`]).
+    pub async fn lock_timeout(&self, lock: &str, timeout: Duration) -> Result<Guard, Error> {
+        self.acquire(lock, Wait::Until(Instant::now().checked_add(timeout)))
+            .await
+    }
+
+    /// Takes `lock` if it is free; `None` if someone else holds it.
+    pub async fn try_lock(&self, lock: &str) -> Result<Option<Guard>, Error> {
+        match self.acquire(lock, Wait::No).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(error) if error.kind() == ErrorKind::Busy => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Ends the session: its leases and whatever locks it still holds.
+    pub async fn close(self) -> Result<(), Error> {
+        match self.kind {
+            SessionKind::Deadbolt(session) => Ok(session.close().await?),
+            SessionKind::Etcd(session) => session.close().await,
+            // Dropping closes the connection (PostgreSQL); Redis locks end
+            // with their guards.
+            SessionKind::Redis(_) | SessionKind::Postgres(_) => Ok(()),
+        }
+    }
+
+    async fn acquire(&self, name: &str, wait: Wait) -> Result<Guard, Error> {
+        deadbolt_core::validate_lock_name(name).map_err(|err| Error::invalid(err.to_string()))?;
+        match &self.kind {
+            SessionKind::Deadbolt(session) => {
+                let (guard, token) = match wait {
+                    Wait::No => deadbolt::try_acquire(session, name)
+                        .await?
+                        .ok_or_else(|| busy(name))?,
+                    Wait::Until(give_up) => {
+                        let timeout =
+                            give_up.map(|at| at.saturating_duration_since(Instant::now()));
+                        deadbolt::acquire(session, name, timeout).await?
+                    }
+                };
+                // deadbolt-client keeps its own one-caller-per-name rule.
+                Ok(Guard::new(name, token, Held::Deadbolt(guard), None))
+            }
+            SessionKind::Redis(session) => {
+                self.polled(name, wait, || session.try_acquire(name), Held::Redis)
+                    .await
+            }
+            SessionKind::Postgres(session) => {
+                self.polled(name, wait, || session.try_acquire(name), Held::Postgres)
+                    .await
+            }
+            SessionKind::Etcd(session) => {
+                let claim = self.claim(name)?;
+                let (held, token) = match wait {
+                    Wait::No => session.try_acquire(name).await?.ok_or_else(|| busy(name))?,
+                    // etcd waits on the server, in its FIFO queue.
+                    Wait::Until(give_up) => session.acquire(name, give_up.map(Into::into)).await?,
+                };
+                Ok(Guard::new(name, token, Held::Etcd(held), Some(claim)))
+            }
+        }
+    }
+
+    /// An acquire by polling `attempt` (see [`poll`]).
+    async fn polled<H, Fut>(
+        &self,
+        name: &str,
+        wait: Wait,
+        mut attempt: impl FnMut() -> Fut,
+        held: fn(H) -> Held,
+    ) -> Result<Guard, Error>
+    where
+        Fut: Future<Output = Result<Option<(H, Token)>, Error>>,
+    {
+        let claim = self.claim(name)?;
+        let (granted, token) = match wait {
+            Wait::No => attempt().await?.ok_or_else(|| busy(name))?,
+            Wait::Until(give_up) => poll(name, give_up, attempt).await?,
+        };
+        Ok(Guard::new(name, token, held(granted), Some(claim)))
+    }
+
+    /// One caller per lock name per session: the servers know only the
+    /// session (or, for PostgreSQL, count re-entries), so two callers taking
+    /// one name through one session would both be told they hold it.
+    fn claim(&self, name: &str) -> Result<Claim, Error> {
+        let mut claims = self.claims.lock().expect("claims lock poisoned");
+        if !claims.insert(name.to_owned()) {
+            return Err(Error::invalid(format!(
+                "lock {name:?} is already held or being acquired through this session; use one \
+                 session per holder"
+            )));
+        }
+        Ok(Claim {
+            claims: self.claims.clone(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+fn busy(name: &str) -> Error {
+    Error::new(
+        ErrorKind::Busy,
+        format!("lock {name:?} is held by someone else"),
+    )
+}
+
+/// Tries `attempt` until it grants, with backoff and full jitter while the
+/// lock is busy or the server unreachable, until `give_up` (if any), when
+/// it makes one last attempt.
+async fn poll<T, Fut>(
+    name: &str,
+    give_up: Option<Instant>,
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<T, Error>
+where
+    Fut: Future<Output = Result<Option<T>, Error>>,
+{
+    let started = Instant::now();
+    let mut backoff = Backoff::new(POLL_BASE, POLL_CAP);
+    loop {
+        let failure = match attempt().await {
+            Ok(Some(granted)) => return Ok(granted),
+            Ok(None) => None,
+            Err(error) if error.is_transient() => Some(error),
+            Err(error) => return Err(error),
+        };
+        let mut delay = backoff.next_delay(&mut rand::thread_rng());
+        if let Some(give_up) = give_up {
+            let left = give_up.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                let timed_out = Error::timed_out(name, started.elapsed());
+                return Err(match failure {
+                    Some(error) => Error::new(
+                        ErrorKind::WaitTimeout,
+                        format!("{timed_out} (last error: {error})"),
+                    ),
+                    None => timed_out,
+                });
+            }
+            // One last attempt at the deadline itself.
+            delay = delay.min(left);
+        }
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// A lock name in use by one caller of a session, until its guard is done.
+#[derive(Debug)]
+struct Claim {
+    claims: Arc<Mutex<HashSet<String>>>,
+    name: String,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.claims
+            .lock()
+            .expect("claims lock poisoned")
+            .remove(&self.name);
+    }
+}
+
+#[derive(Debug)]
+enum Held {
+    Deadbolt(deadbolt_client::LockGuard),
+    Redis(redis::Held),
+    Etcd(etcd::Held),
+    Postgres(postgres::Held),
+}
+
+impl Held {
+    /// The lease this lock depends on; Deadbolt's client keeps its own.
+    fn lease(&self) -> Result<&lease::Lease, &deadbolt_client::LockGuard> {
+        match self {
+            Held::Deadbolt(guard) => Err(guard),
+            Held::Redis(held) => Ok(held.lease()),
+            Held::Etcd(held) => Ok(held.lease()),
+            Held::Postgres(held) => Ok(held.lease()),
+        }
+    }
+
+    async fn release(self, name: &str) -> Result<(), Error> {
+        match self {
+            Held::Deadbolt(guard) => Ok(guard.release().await?),
+            Held::Redis(held) => held.release(name).await,
+            Held::Etcd(held) => held.release(name).await,
+            Held::Postgres(held) => held.release(name).await,
+        }
+    }
+}
+
+/// A held lock. Release it with [`release`](Self::release) to learn whether
+/// it was still held; dropping it releases in the background.
+#[derive(Debug)]
+pub struct Guard {
+    name: String,
+    token: Token,
+    held: Option<Held>,
+    /// Kept until the release is done, so no acquire of the same name
+    /// through the session can overtake it.
+    claim: Option<Claim>,
+}
+
+impl Guard {
+    fn new(name: &str, token: Token, held: Held, claim: Option<Claim>) -> Guard {
+        Guard {
+            name: name.to_owned(),
+            token,
+            held: Some(held),
+            claim,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The grant's token, or what the backend has instead.
+    pub fn token(&self) -> Token {
+        self.token
+    }
+
+    fn held(&self) -> &Held {
+        self.held.as_ref().expect("held until released")
+    }
+
+    /// Completes once the lock's lease is lost, or is within `margin` of
+    /// its deadline with no renewal having moved it. Does not borrow the
+    /// guard.
+    pub fn lost(&self, margin: Duration) -> impl Future<Output = Lost> + Send + 'static {
+        match self.held().lease() {
+            Ok(lease) => Either::Left(lease.lost(margin)),
+            Err(guard) => Either::Right(deadbolt::lost(guard, margin)),
+        }
+    }
+
+    /// The latest instant the lease is certain to last until.
+    pub fn lease_deadline(&self) -> Instant {
+        match self.held().lease() {
+            Ok(lease) => lease.deadline().into_std(),
+            Err(guard) => deadbolt::lease_deadline(guard),
+        }
+    }
+
+    /// Releases the lock. [`ErrorKind::LockLost`] means it had already been
+    /// lost, so what was done under it may have overlapped another holder.
+    pub async fn release(mut self) -> Result<(), Error> {
+        let held = self.held.take().expect("held until released");
+        let result = held.release(&self.name).await;
+        self.claim.take();
+        result
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        let (name, claim) = (std::mem::take(&mut self.name), self.claim.take());
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(error) = held.release(&name).await {
+                        tracing::warn!(lock = name, %error, "could not release a dropped guard");
+                    }
+                    drop(claim);
+                });
+            }
+            Err(_) => tracing::debug!(
+                lock = name,
+                "guard dropped outside a runtime; the lock is freed when its lease ends"
+            ),
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! PostgreSQL locks: session-level advisory locks on a connection of the
+//! session's own, a fencing token from a sequence in the same database, and
+//! a lease made of the connection.
+//!
+//! - Lock names become advisory-lock keys as `hashtextextended(name, 0)`, a
+//!   64-bit hash PostgreSQL keeps stable across versions (hash partitioning
+//!   depends on it). Two names with one hash are one lock: by the birthday
+//!   bound, a collision among a million names has odds of about 3·10⁻⁸. The
+//!   keys also share the database's single-bigint advisory-lock space with
+//!   any other user of `pg_advisory_lock(bigint)` there.
+//! - Acquire is `pg_try_advisory_lock` and, in the same statement and only if
+//!   it succeeded, `nextval('deadbolt_fence')`: grants are serialised by the
+//!   lock, so tokens grow with every grant of a name (and across names), and
+//!   a sequence never goes back, even across a crash. A blocking acquire
+//!   polls with backoff and full jitter rather than waiting in
+//!   `pg_advisory_lock`: a waiting statement could not be taken back if the
+//!   caller gave up (the lock would be granted later to a connection nobody
+//!   listens on), and it would stall the lease's pings queued behind it.
+//! - The lease is the connection: PostgreSQL releases a session's advisory
+//!   locks when the connection ends, and never otherwise. A holder that
+//!   hangs with its socket open (SIGSTOP, a stuck thread) would hold the
+//!   lock forever, so every session sets `idle_session_timeout` to the TTL
+//!   (PostgreSQL ≥ 14): the server closes a session idle that long, and the
+//!   watchdog sends `SELECT 1` every TTL/3 so a live holder never is. TCP
+//!   keepalives (idle 10 s) find a holder whose host vanished. The
+//!   deadline is counted from the send time of the last statement answered:
+//!   the server's idle clock starts later than that.
+//! - Limits: a connection per session, so `max_connections` bounds holders.
+
+use crate::lease::{watchdog, Lease, Renewal};
+use crate::{Error, Lost, Token};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_postgres::{Client, Config, NoTls};
+
+/// How long connecting may take, and how often TCP keepalives probe.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+
+/// The sequence tokens come from; created on first use.
+const FENCE_SEQUENCE: &str = "deadbolt_fence";
+
+/// `idle_session_timeout` is PostgreSQL 14's; its SQLSTATE when missing.
+const UNDEFINED_PARAMETER: &str = "42704";
+/// Two sessions creating the sequence at once: one of them is told so.
+const ALREADY_EXISTS: [&str; 2] = ["42P07", "23505"];
+
+#[derive(Debug, Clone)]
+pub(crate) struct Locker {
+    config: Config,
+    server: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    client: Arc<Client>,
+    lease: Lease,
+    ttl: Duration,
+    watchdog: AbortHandle,
+    connection: AbortHandle,
+    server: String,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watchdog.abort();
+        self.lease.end(Lost::Closed);
+        // Closing the connection releases every advisory lock of the session.
+        self.connection.abort();
+    }
+}
+
+impl Locker {
+    pub(crate) fn new(url: &str) -> Result<Locker, Error> {
+        let mut config: Config = url
+            .parse()
+            .map_err(|err| Error::invalid(format!("lock URL {url:?}: {err}")))?;
+        config
+            .connect_timeout(CONNECT_TIMEOUT)
+            .keepalives(true)
+            .keepalives_idle(KEEPALIVE_IDLE)
+            .application_name("deadbolt-backends");
+        let hosts = config.get_hosts().len();
+        Ok(Locker {
+            server: format!(
+                "PostgreSQL ({hosts} host{})",
+                if hosts == 1 { "" } else { "s" }
+            ),
+            config,
+        })
+    }
+
+    pub(crate) async fn open_session(&self, ttl: Duration) -> Result<Session, Error> {
+        let server = &self.server;
+        let (client, connection) = self
+            .config
+            .connect(NoTls)
+            .await
+            .map_err(|err| Error::unavailable(server, err))?;
+        let client = Arc::new(client);
+        let sent = Instant::now();
+        let lease = Lease::new(sent + ttl);
+        let connection = tokio::spawn({
+            let lease = lease.clone();
+            async move {
+                let why = match connection.await {
+                    Ok(()) => "the connection closed".to_owned(),
+                    Err(err) => format!("the connection failed: {err}"),
+                };
+                lease.end(Lost::Rejected(format!(
+                    "{why}; PostgreSQL released the session's advisory locks"
+                )));
+            }
+        })
+        .abort_handle();
+        let ms = ttl.as_millis().max(1);
+        if let Err(err) = client
+            .batch_execute(&format!("SET idle_session_timeout = {ms}"))
+            .await
+        {
+            connection.abort();
+            return Err(
+                if err.code().map(|c| c.code()) == Some(UNDEFINED_PARAMETER) {
+                    Error::invalid(format!(
+                        "{server} has no idle_session_timeout (it is PostgreSQL 13 or older): a \
+                     holder hung with its socket open would hold its locks forever; use \
+                     PostgreSQL 14 or later"
+                    ))
+                } else {
+                    Error::unavailable(server, err)
+                },
+            );
+        }
+        if let Err(err) = client
+            .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {FENCE_SEQUENCE}"))
+            .await
+        {
+            if !err
+                .code()
+                .is_some_and(|c| ALREADY_EXISTS.contains(&c.code()))
+            {
+                connection.abort();
+                return Err(Error::new(
+                    crate::ErrorKind::Refused,
+                    format!("{server}: cannot create sequence {FENCE_SEQUENCE}: {err}"),
+                ));
+            }
+        }
+        lease.renewed(sent + ttl);
+        let watchdog = tokio::spawn(watchdog(lease.clone(), ttl / 3, {
+            let (client, server) = (client.clone(), server.clone());
+            move || {
+                let (client, server) = (client.clone(), server.clone());
+                async move {
+                    let sent = Instant::now();
+                    match client.simple_query("SELECT 1").await {
+                        Ok(_) => Ok(Renewal::Until(sent + ttl)),
+                        Err(err) if client.is_closed() => Ok(Renewal::Gone(format!(
+                            "the connection closed ({err}); PostgreSQL released the session's \
+                             advisory locks"
+                        ))),
+                        Err(err) => Err(Error::unavailable(&server, err)),
+                    }
+                }
+            }
+        }))
+        .abort_handle();
+        Ok(Session {
+            inner: Arc::new(Inner {
+                client,
+                lease,
+                ttl,
+                watchdog,
+                connection,
+                server: server.clone(),
+            }),
+        })
+    }
+}
+
+/// A held advisory lock (the session holds it; this names it).
+#[derive(Debug)]
+pub(crate) struct Held {
+    session: Session,
+}
+
+impl Session {
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.inner.lease
+    }
+
+    /// One `pg_try_advisory_lock`, and the next token if it was granted.
+    pub(crate) async fn try_acquire(&self, name: &str) -> Result<Option<(Held, Token)>, Error> {
+        let inner = &self.inner;
+        let sent = Instant::now();
+        let row = inner
+            .client
+            .query_one(
+                "WITH taken AS MATERIALIZED (SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS got) \
+                 SELECT CASE WHEN got THEN nextval('deadbolt_fence') END FROM taken",
+                &[&name],
+            )
+            .await
+            .map_err(|err| Error::unavailable(&inner.server, err))?;
+        // Any answered statement proves the session was not idle.
+        inner.lease.renewed(sent + inner.ttl);
+        let token: Option<i64> = row.get(0);
+        Ok(token.map(|token| {
+            let held = Held {
+                session: self.clone(),
+            };
+            (held, Token::Fencing(token.unsigned_abs()))
+        }))
+    }
+}
+
+impl Held {
+    pub(crate) fn lease(&self) -> &Lease {
+        self.session.lease()
+    }
+
+    pub(crate) async fn release(self, name: &str) -> Result<(), Error> {
+        let inner = &self.session.inner;
+        let unlocked = inner
+            .client
+            .query_one(
+                "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
+                &[&name],
+            )
+            .await;
+        match unlocked {
+            Ok(row) if row.get::<_, bool>(0) => Ok(()),
+            Ok(_) => Err(Error::lost(name, "this session no longer held it")),
+            Err(_) if inner.client.is_closed() => Err(Error::lost(
+                name,
+                "the connection closed, which released it",
+            )),
+            Err(err) => Err(Error::unavailable(&inner.server, err)),
+        }
+    }
+}

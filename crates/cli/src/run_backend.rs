@@ -1,0 +1,109 @@
+//! `deadbolt run --backend URL`: the same cron wrapper over a lock system a
+//! team already runs (Redis, Redlock, etcd, PostgreSQL; `deadbolt-backends`).
+//!
+//! Only the lock changes: the command runs under the same guard process and
+//! is stopped (SIGTERM, then SIGKILL) before the lease the client knows of
+//! can end, with the same margins and exit codes as with the Deadbolt server
+//! (`run.rs`). How much that protects depends on the backend (`deadbolt
+//! backends`): a Redis restart without persistence hands the lock to someone
+//! else with no lease ending on our side at all. The command learns the
+//! token in `$DEADBOLT_TOKEN` only when it is a fencing token.
+
+use crate::exit;
+use crate::run::{run_holding, Holding, RunArgs};
+use deadbolt_backends::{Error, ErrorKind, Guard, Locker, Lost, Session, Token};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+impl Holding for Guard {
+    fn at_risk(&self, margin: Duration) -> impl Future<Output = (String, bool)> + Send + 'static {
+        let lost = self.lost(margin);
+        async move {
+            let reason = lost.await;
+            let ours = matches!(reason, Lost::Expired);
+            (reason.to_string(), ours)
+        }
+    }
+
+    fn lease_deadline(&self) -> Instant {
+        Guard::lease_deadline(self)
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![("DEADBOLT_LOCK", self.name().to_owned())];
+        match self.token() {
+            Token::Fencing(token) => env.push(("DEADBOLT_TOKEN", token.to_string())),
+            // Not a fencing token: under a name of its own, so that nothing
+            // written for $DEADBOLT_TOKEN trusts it by mistake.
+            Token::Counter(counter) => env.push(("DEADBOLT_UNSAFE_COUNTER", counter.to_string())),
+            Token::None => {}
+        }
+        env
+    }
+}
+
+pub async fn main(url: &str, args: &RunArgs, grace: Duration, margin: Duration) -> i32 {
+    if !args.target.lock_delay.is_zero() {
+        eprintln!(
+            "deadbolt run: --lock-delay is the Deadbolt server's; the lock at {url} cannot \
+             delay a handover"
+        );
+        return exit::FAILURE;
+    }
+    let session = match open(url, args.target.ttl).await {
+        Ok(session) => session,
+        Err(err) => return report(&err),
+    };
+    let code = match take_lock(&session, args).await {
+        Ok(guard) => {
+            let code = run_holding(&guard, args, grace, margin).await;
+            let lock = guard.name().to_owned();
+            // A lost lock is refused by owner or key, never released for
+            // someone else.
+            if let Err(err) = guard.release().await {
+                eprintln!("deadbolt run: releasing lock {lock:?}: {err}");
+            }
+            code
+        }
+        Err(code) => code,
+    };
+    if let Err(err) = session.close().await {
+        tracing::debug!(%err, "closing the session failed; its lease will end by itself");
+    }
+    code
+}
+
+async fn open(url: &str, ttl: Duration) -> Result<Session, Error> {
+    Locker::connect(url).await?.open_session(ttl).await
+}
+
+async fn take_lock(session: &Session, args: &RunArgs) -> Result<Guard, i32> {
+    let lock = &args.target.lock;
+    let taken = if args.target.no_wait {
+        match session.try_lock(lock).await {
+            Ok(Some(guard)) => Ok(guard),
+            Ok(None) => {
+                eprintln!("deadbolt run: lock {lock:?} is busy");
+                return Err(exit::BUSY);
+            }
+            Err(err) => Err(err),
+        }
+    } else if let Some(wait) = args.target.wait {
+        session.lock_timeout(lock, wait).await
+    } else {
+        session.lock(lock).await
+    };
+    taken.map_err(|err| report(&err))
+}
+
+/// Prints the error and returns its exit code, as `exit::report` does for
+/// the Deadbolt client's errors.
+pub fn report(err: &Error) -> i32 {
+    eprintln!("deadbolt: {err}");
+    match err.kind() {
+        ErrorKind::Busy | ErrorKind::WaitTimeout => exit::BUSY,
+        ErrorKind::Unavailable => exit::UNREACHABLE,
+        ErrorKind::LockLost => exit::LOCK_LOST,
+        ErrorKind::InvalidArgument | ErrorKind::Refused => exit::FAILURE,
+    }
+}

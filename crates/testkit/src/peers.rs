@@ -1,0 +1,214 @@
+//! Real peer lock servers for tests: Redis and etcd processes started on
+//! free loopback ports (one per test, so a test may kill or restart its
+//! own), from the binaries on PATH or named by `DEADBOLT_REDIS_SERVER` /
+//! `DEADBOLT_ETCD`, and the shared PostgreSQL of `scripts/postgres.sh`
+//! (`DEADBOLT_TEST_POSTGRES_URL`). A missing one skips its test, loudly,
+//! unless `DEADBOLT_REQUIRE_BACKENDS=1` (set by `scripts/test.sh`), which
+//! makes it fail: CI must not pass by skipping. Used by the tests of
+//! `crates/backends` and of `deadbolt run --backend`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const REQUIRE: &str = "DEADBOLT_REQUIRE_BACKENDS";
+
+/// Says (once per test) that a server is missing, or fails if it must not be.
+fn missing(what: &str, how: &str) {
+    assert!(
+        std::env::var(REQUIRE).as_deref() != Ok("1"),
+        "{REQUIRE}=1 but {what} is missing: {how}"
+    );
+    // Straight to stderr: the harness swallows output of passing tests.
+    let _ = writeln!(
+        std::io::stderr(),
+        "\n*** {what} missing, test skipped: {how} (scripts/test.sh does this) ***\n"
+    );
+}
+
+/// `var`'s path, or `program` on PATH.
+fn binary(var: &str, program: &str, package: &str) -> Option<PathBuf> {
+    if let Ok(path) = std::env::var(var) {
+        return Some(PathBuf::from(path));
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|path| path.is_file())
+    });
+    if found.is_none() {
+        missing(program, &format!("install Debian's {package} or set {var}"));
+    }
+    found
+}
+
+/// A lock server process this test started; killed (by its own pid) when
+/// dropped.
+pub struct Server {
+    program: PathBuf,
+    args: Vec<String>,
+    pub port: u16,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(program: PathBuf, args: Vec<String>, port: u16, dir: tempfile::TempDir) -> Server {
+        let mut server = Server::new(program, args, port, dir);
+        server.spawn();
+        server
+    }
+
+    fn new(program: PathBuf, args: Vec<String>, port: u16, dir: tempfile::TempDir) -> Server {
+        Server {
+            program,
+            args,
+            port,
+            child: None,
+            _dir: dir,
+        }
+    }
+
+    fn spawn(&mut self) {
+        self.spawn_only();
+        self.wait_listening();
+    }
+
+    fn spawn_only(&mut self) {
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| panic!("cannot start {:?}: {err}", self.program));
+        self.child = Some(child);
+    }
+
+    fn wait_listening(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "{:?} did not listen on port {} within 20s",
+                self.program,
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, and wait for it to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again, same port, same data directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis server without persistence, as the seeds' lock assumes.
+pub fn redis() -> Option<Server> {
+    let program = binary("DEADBOLT_REDIS_SERVER", "redis-server", "redis-server")?;
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::free_port();
+    let args = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    Some(Server::start(program, args, port, dir))
+}
+
+/// A single-member etcd cluster.
+pub fn etcd() -> Option<Server> {
+    etcd_cluster(1).map(|mut members| members.remove(0))
+}
+
+/// An etcd cluster of `size` members, all started before any is waited for
+/// (a member serves only once a quorum has formed).
+pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
+    let program = binary("DEADBOLT_ETCD", "etcd", "etcd-server")?;
+    let ports: Vec<(u16, u16)> = (0..size)
+        .map(|_| (crate::free_port(), crate::free_port()))
+        .collect();
+    let cluster = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut members: Vec<Server> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, &(port, peer))| {
+            let dir = tempfile::tempdir().unwrap();
+            let client = format!("http://127.0.0.1:{port}");
+            let peer = format!("http://127.0.0.1:{peer}");
+            let args = [
+                "--name",
+                &format!("m{i}"),
+                "--data-dir",
+                &dir.path().join("data").to_string_lossy(),
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+                "--initial-cluster",
+                &cluster,
+                "--log-level",
+                "error",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            Server::new(program.clone(), args, port, dir)
+        })
+        .collect();
+    members.iter_mut().for_each(Server::spawn_only);
+    members.iter().for_each(Server::wait_listening);
+    Some(members)
+}
+
+/// The shared PostgreSQL server's URL.
+pub fn postgres_url() -> Option<String> {
+    const VAR: &str = "DEADBOLT_TEST_POSTGRES_URL";
+    match std::env::var(VAR) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            missing(
+                "PostgreSQL",
+                &format!("run `eval \"$(scripts/postgres.sh)\"` to set {VAR}"),
+            );
+            None
+        }
+    }
+}
