@@ -502,12 +502,34 @@ mod tests {
         let _ = parse_body::<StoreDeleteRequest>(bytes);
         let _ = parse_body::<AddMemberRequest>(bytes);
         let _ = parse_body::<RemoveMemberRequest>(bytes);
+        let _ = parse_body::<AclCreateTokenRequest>(bytes);
+        let _ = parse_body::<AclRevokeTokenRequest>(bytes);
+        let _ = parse_body::<AclRole>(bytes);
+        let _ = parse_body::<AclDeleteRoleRequest>(bytes);
+        let _ = parse_body::<AclRoleBinding>(bytes);
+    }
+
+    /// Every query string a GET call parses, as axum's `Query` does.
+    fn every_query(query: &str) {
+        let Ok(uri) = format!("/v1/x?{query}").parse::<Uri>() else {
+            return;
+        };
+        let _ = Query::<LockStatusRequest>::try_from_uri(&uri);
+        let _ = Query::<ListLocksRequest>::try_from_uri(&uri);
+        let _ = Query::<CheckTokenRequest>::try_from_uri(&uri);
+        let _ = Query::<LockHistoryRequest>::try_from_uri(&uri);
+        let _ = Query::<KeyQuery>::try_from_uri(&uri);
     }
 
     proptest! {
         #[test]
         fn untrusted_http_bodies_of_random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
             every_body(&bytes);
+        }
+
+        #[test]
+        fn untrusted_query_strings_never_panic(query in r#"[a-z_=&%0-9A-F+.\-]{0,96}"#) {
+            every_query(&query);
         }
 
         #[test]
