@@ -106,6 +106,16 @@ pub struct ServerArgs {
         requires = "tls_cert"
     )]
     tls_client_ca: Option<PathBuf>,
+    /// Only node certificates with these common names may speak Raft to
+    /// this node (comma-separated; default: any node certificate the
+    /// --tls-client-ca signed), as etcd's --peer-cert-allowed-cn.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "NAME,...",
+        requires = "tls_client_ca"
+    )]
+    peer_names: Vec<String>,
     /// Serve plain text on a non-loopback --listen address: no encryption,
     /// no authentication. Only on a network you trust completely.
     #[arg(long, conflicts_with = "tls_cert")]
@@ -143,6 +153,7 @@ pub async fn main(args: ServerArgs) -> i32 {
                 cert,
                 key,
                 client_ca: args.tls_client_ca,
+                peer_names: args.peer_names,
             }),
             _ => None,
         },

@@ -577,4 +577,37 @@ async fn a_client_certificate_cannot_speak_raft() {
         tonic::Code::InvalidArgument,
         "{undecodable:?}"
     );
+
+    // With --peer-names, a node certificate of another name is refused too.
+    let mut flags = tls_flags(&certs, true);
+    flags.extend(["--peer-names".to_owned(), "node2,node3".to_owned()]);
+    let listed = tokio::task::block_in_place(|| start(root.path(), "listed", &flags));
+    let endpoint = |server: &Server| {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read("ca.pem")))
+            .identity(Identity::from_pem(read("node1.pem"), read("node1-key.pem")));
+        Endpoint::from_shared(format!("https://{}", server.addr))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+    };
+    let vote_at = |server: &Server| {
+        let endpoint = endpoint(server);
+        async move {
+            let channel = endpoint.connect().await.unwrap();
+            RaftPeerClient::new(channel)
+                .vote(RaftPayload {
+                    data: b"forged".to_vec(),
+                })
+                .await
+                .unwrap_err()
+        }
+    };
+    let refused = vote_at(&listed).await;
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("--peer-names does not list")
+            && refused.message().contains("node1"),
+        "{refused:?}"
+    );
 }

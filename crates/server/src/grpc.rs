@@ -28,9 +28,10 @@ pub fn router(
     api: Api,
     raft: Raft,
     ready_to_join: Option<Arc<AtomicBool>>,
+    tls: Option<Arc<crate::tls::NodeTls>>,
     stopping: watch::Receiver<bool>,
 ) -> axum::Router {
-    let peers = RaftPeerServer::new(PeerService::new(raft, ready_to_join))
+    let peers = RaftPeerServer::new(PeerService::new(raft, ready_to_join, tls))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     tonic::service::Routes::new(DeadboltServer::new(GrpcApi::new(

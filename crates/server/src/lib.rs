@@ -405,6 +405,7 @@ impl Server {
             api.clone(),
             node.raft.clone(),
             ready_to_join,
+            node.tls.clone(),
             stop.subscribe(),
         )
         .merge(http::router(api, limits.body_read_timeout))

@@ -251,24 +251,42 @@ pub struct PeerService {
     /// emptied node that answered a leader's appends would report its log
     /// going backwards, which openraft treats as a bug. `None`: not forming.
     ready_to_join: Option<Arc<AtomicBool>>,
+    /// The node's TLS settings: which node certificates may call.
+    tls: Option<Arc<NodeTls>>,
 }
 
 impl PeerService {
-    pub fn new(raft: Raft, ready_to_join: Option<Arc<AtomicBool>>) -> Self {
+    pub fn new(
+        raft: Raft,
+        ready_to_join: Option<Arc<AtomicBool>>,
+        tls: Option<Arc<NodeTls>>,
+    ) -> Self {
         PeerService {
             raft,
             ready_to_join,
+            tls,
         }
     }
 
     /// Over TLS, only the cluster's nodes may speak Raft: a client
     /// certificate, even one from the cluster's CA, is refused, so no client
-    /// can forge a vote or an append. Without TLS (loopback, or
+    /// can forge a vote or an append; with `--peer-names`, neither can a
+    /// node certificate of another name. Without TLS (loopback, or
     /// `--insecure`) the peer service is as open as everything else.
     #[allow(clippy::result_large_err)]
-    fn check_peer<T>(request: &tonic::Request<T>) -> Result<(), tonic::Status> {
+    fn check_peer<T>(&self, request: &tonic::Request<T>) -> Result<(), tonic::Status> {
+        let allowed = |name: &Option<String>| {
+            self.tls
+                .as_ref()
+                .is_none_or(|tls| tls.peer_allowed(name.as_deref()))
+        };
         match request.extensions().get::<TlsClient>() {
-            None | Some(TlsClient { node: true, .. }) => Ok(()),
+            None => Ok(()),
+            Some(TlsClient { node: true, name }) if allowed(name) => Ok(()),
+            Some(TlsClient { node: true, name }) => Err(tonic::Status::permission_denied(format!(
+                "this node's --peer-names does not list the node certificate's name ({})",
+                name.as_deref().unwrap_or("none")
+            ))),
             Some(TlsClient { name, .. }) => Err(tonic::Status::permission_denied(format!(
                 "only the cluster's nodes may speak Raft here, and this connection's certificate \
                  ({}) is not a node certificate (one valid for server authentication, as \
@@ -314,7 +332,7 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
-        Self::check_peer(&request)?;
+        self.check_peer(&request)?;
         self.check_taking_part()?;
         encode(&self.raft.append_entries(decode(request)?).await)
     }
@@ -323,7 +341,7 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
-        Self::check_peer(&request)?;
+        self.check_peer(&request)?;
         self.check_taking_part()?;
         encode(&self.raft.vote(decode(request)?).await)
     }
@@ -332,7 +350,7 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<RaftPayload>,
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
-        Self::check_peer(&request)?;
+        self.check_peer(&request)?;
         self.check_taking_part()?;
         encode(&self.raft.install_snapshot(decode(request)?).await)
     }

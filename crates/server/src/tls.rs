@@ -67,6 +67,9 @@ pub struct TlsFiles {
     /// one of these CAs (mTLS); peers' server certificates are checked
     /// against it too.
     pub client_ca: Option<PathBuf>,
+    /// When not empty, the only node certificate names that may speak Raft
+    /// to this node (`--peer-names`).
+    pub peer_names: Vec<String>,
 }
 
 /// The node's TLS settings as last loaded.
@@ -108,6 +111,12 @@ impl NodeTls {
 
     pub fn mutual(&self) -> bool {
         self.files.client_ca.is_some()
+    }
+
+    /// Whether a node certificate named `name` may speak Raft here.
+    pub fn peer_allowed(&self, name: Option<&str>) -> bool {
+        let names = &self.files.peer_names;
+        names.is_empty() || name.is_some_and(|name| names.iter().any(|n| n == name))
     }
 }
 
