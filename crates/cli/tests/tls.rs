@@ -547,10 +547,14 @@ async fn a_client_certificate_cannot_speak_raft() {
     let server =
         tokio::task::block_in_place(|| start(root.path(), "data", &tls_flags(&certs, true)));
     let read = |name: &str| std::fs::read(certs.join(name)).unwrap();
-    let vote_as = |cert: &str, key: &str| {
+    // A forged vote to `server`, over TLS with the certificate `name`.
+    let vote = |server: &Server, name: &str| {
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(read("ca.pem")))
-            .identity(Identity::from_pem(read(cert), read(key)));
+            .identity(Identity::from_pem(
+                read(&format!("{name}.pem")),
+                read(&format!("{name}-key.pem")),
+            ));
         let endpoint = Endpoint::from_shared(format!("https://{}", server.addr))
             .unwrap()
             .tls_config(tls)
@@ -565,13 +569,13 @@ async fn a_client_certificate_cannot_speak_raft() {
                 .unwrap_err()
         }
     };
-    let refused = vote_as("alice.pem", "alice-key.pem").await;
+    let refused = vote(&server, "alice").await;
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     assert!(
         refused.message().contains("not a node certificate"),
         "{refused:?}"
     );
-    let undecodable = vote_as("node1.pem", "node1-key.pem").await;
+    let undecodable = vote(&server, "node1").await;
     assert_eq!(
         undecodable.code(),
         tonic::Code::InvalidArgument,
@@ -582,28 +586,7 @@ async fn a_client_certificate_cannot_speak_raft() {
     let mut flags = tls_flags(&certs, true);
     flags.extend(["--peer-names".to_owned(), "node2,node3".to_owned()]);
     let listed = tokio::task::block_in_place(|| start(root.path(), "listed", &flags));
-    let endpoint = |server: &Server| {
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(read("ca.pem")))
-            .identity(Identity::from_pem(read("node1.pem"), read("node1-key.pem")));
-        Endpoint::from_shared(format!("https://{}", server.addr))
-            .unwrap()
-            .tls_config(tls)
-            .unwrap()
-    };
-    let vote_at = |server: &Server| {
-        let endpoint = endpoint(server);
-        async move {
-            let channel = endpoint.connect().await.unwrap();
-            RaftPeerClient::new(channel)
-                .vote(RaftPayload {
-                    data: b"forged".to_vec(),
-                })
-                .await
-                .unwrap_err()
-        }
-    };
-    let refused = vote_at(&listed).await;
+    let refused = vote(&listed, "node1").await;
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     assert!(
         refused.message().contains("--peer-names does not list")
