@@ -335,9 +335,10 @@ where
         elapsed.as_secs_f64()
     );
     println!(
-        "  acquire latency: p50 {:.2}ms  p99 {:.2}ms  max {:.2}ms",
+        "  acquire latency: p50 {:.2}ms  p99 {:.2}ms  p99.9 {:.2}ms  max {:.2}ms",
         all.value_at_quantile(0.5) as f64 / 1000.0,
         all.value_at_quantile(0.99) as f64 / 1000.0,
+        all.value_at_quantile(0.999) as f64 / 1000.0,
         all.max() as f64 / 1000.0
     );
     let (min, max) = (

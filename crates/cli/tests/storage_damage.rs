@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const DB: &str = "deadbolt.redb";
+const SNAPSHOTS: &str = "deadbolt-snapshots.redb";
 const PAGE: usize = 4096;
 
 /// Locks taken in `server`, each in its own one-hour session, and a fenced
@@ -334,4 +335,53 @@ fn a_node_restored_from_an_older_backup_never_reissues_a_token() {
         token > highest,
         "restored node issued {token}, not above {highest}"
     );
+}
+
+/// The snapshot has a database of its own (so that writing a full table
+/// never holds up the log's appends). Once the log was compacted behind it,
+/// that file is the only record of the compacted grants: lost, or an older
+/// copy, and the node would start without them and reissue their tokens.
+#[test]
+fn a_snapshot_file_lost_or_rolled_back_after_compaction_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let flags = ["--snapshot-every", "10"];
+    let mut server = TestServer::start_with(&data, addr, &flags);
+    take_locks(&server, &["a", "b", "c", "d"]);
+    assert!(server.terminate().success());
+    let older = root.path().join("older");
+    copy_dir(&data, &older);
+    let mut server = TestServer::start_with(&data, addr, &flags);
+    let newer = take_locks(&server, &["e", "f", "g", "h", "i", "j", "k", "l", "m", "n"]);
+    assert!(server.terminate().success());
+    let (code, intact, _) = check(&data);
+    assert_eq!(code, 0, "{intact}");
+    let purged = intact["report"]["purged"]
+        .as_u64()
+        .expect("the log was compacted");
+    assert!(purged > 0, "{intact}");
+
+    let snapshots = data.join(SNAPSHOTS);
+    let kept = std::fs::read(&snapshots).unwrap();
+    std::fs::copy(older.join(SNAPSHOTS), &snapshots).unwrap();
+    let stderr = refused_start(&data);
+    assert!(stderr.contains(SNAPSHOTS), "{stderr}");
+    assert!(stderr.contains("went back to an older state"), "{stderr}");
+    let (code, _, stderr) = check(&data);
+    assert_ne!(code, 0, "{stderr}");
+
+    std::fs::remove_file(&snapshots).unwrap();
+    let stderr = refused_start(&data);
+    assert!(
+        stderr.contains(&format!("compacted up to index {purged}")),
+        "{stderr}"
+    );
+    assert!(!snapshots.exists(), "the refusal created a snapshot file");
+
+    // Put back, the directory serves everything it held: no token reissued.
+    std::fs::write(&snapshots, kept).unwrap();
+    let server = TestServer::start_with(&data, addr, &flags);
+    let after = take_locks(&server, &["o"]);
+    assert!(after[0] > *newer.iter().max().unwrap());
 }

@@ -17,12 +17,12 @@
 
 use crate::{Limits, LockError, Outcome, Token};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "Entries")]
 pub struct FencedStore {
-    entries: BTreeMap<String, Entry>,
+    /// Persistent, as the lock table's maps are: cloned in O(1) for a snapshot.
+    entries: imbl::OrdMap<String, Entry>,
     /// Bytes of keys and values, kept with every change. Not stored: a
     /// snapshot holds the entries alone, as before the limit, and loading
     /// one counts them again.
@@ -34,7 +34,7 @@ pub struct FencedStore {
 /// store's serialized form.
 #[derive(Deserialize)]
 struct Entries {
-    entries: BTreeMap<String, Entry>,
+    entries: imbl::OrdMap<String, Entry>,
 }
 
 impl From<Entries> for FencedStore {
@@ -44,7 +44,7 @@ impl From<Entries> for FencedStore {
     }
 }
 
-fn count(entries: &BTreeMap<String, Entry>) -> usize {
+fn count(entries: &imbl::OrdMap<String, Entry>) -> usize {
     entries
         .iter()
         .map(|(key, entry)| size(key, entry.value.as_deref()))

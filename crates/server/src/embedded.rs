@@ -16,6 +16,7 @@ pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{NodeId, Raft, TypeConfig};
 pub use crate::runtime::seed_raft_rng;
 pub use crate::secret::SecretSource;
+pub use crate::store::SimulatedDisks;
 use crate::store::StorageIo;
 use crate::{open_node, raft_config, spawn_duties, NodeRun, QueueLimits, RaftTiming};
 use anyhow::Context;
@@ -30,19 +31,17 @@ pub struct EmbeddedNode {
 }
 
 impl EmbeddedNode {
-    /// Opens the node's data on `disk`, with its witness on `witness`
-    /// (refused like a data directory if it is not ours, damaged or behind
-    /// its witness) and starts it.
+    /// Opens the node's data on `disks` (refused like a data directory if
+    /// it is not ours, damaged or behind its witness) and starts it.
     pub async fn start<N: RaftNetworkFactory<TypeConfig>, D: redb::StorageBackend + Clone>(
         id: NodeId,
         timing: RaftTiming,
         snapshot_every: u64,
         clock: Clock,
-        disk: D,
-        witness: D,
+        disks: &SimulatedDisks<D>,
         network: N,
     ) -> anyhow::Result<EmbeddedNode> {
-        let data = crate::store::open_simulated_disk(disk, witness, id)?;
+        let data = crate::store::open_simulated_disk(disks, id)?;
         let config = raft_config(snapshot_every, timing)?;
         let run = NodeRun {
             clock,

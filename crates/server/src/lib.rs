@@ -202,7 +202,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     });
     let log_store = LogStore::new(db.clone(), data.witness, io, metrics.log_append_seconds())
         .context("cannot read the raft log")?;
-    let state_machine = StateMachineStore::open(db, observers)
+    let state_machine = StateMachineStore::open(data.snapshots, io, observers)
         .context("cannot load the snapshot from the data directory")?;
     let table = state_machine.shared();
     let raft = openraft::Raft::new(id, raft_config, network, log_store, state_machine)

@@ -3,7 +3,9 @@
 
 use crate::disk::SimDisk;
 use crate::network::{address, Fabric, Reachable, SimNetwork};
-use deadbolt_server::embedded::{Api, Clock, EmbeddedNode, InFlight, NodeId, SecretSource};
+use deadbolt_server::embedded::{
+    Api, Clock, EmbeddedNode, InFlight, NodeId, SecretSource, SimulatedDisks,
+};
 use deadbolt_server::{ConnectionLimits, RaftTiming};
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -37,6 +39,10 @@ pub enum DiskDamage {
     LoseDatabase,
     LoseWitness,
     RollBack,
+    /// The snapshot database lost; refused once the log was compacted.
+    LoseSnapshots,
+    /// The snapshot database back at an earlier crash's image.
+    RollBackSnapshots,
 }
 
 impl DiskDamage {
@@ -54,13 +60,12 @@ impl DiskDamage {
 pub const CLOCK_DRIFT_BOUND: f64 = 0.02;
 
 struct Slot {
-    disk: SimDisk,
-    /// The disk of the database's witness (a file of its own on a real node).
-    witness: SimDisk,
-    /// The database as the crash before the latest one left it: what a
+    /// One disk per file of a real node's data directory.
+    disks: SimulatedDisks<SimDisk>,
+    /// The disks as the crash before the latest one left them: what a
     /// rollback goes back to.
-    earlier: Option<SimDisk>,
-    latest: Option<SimDisk>,
+    earlier: Option<SimulatedDisks<SimDisk>>,
+    latest: Option<SimulatedDisks<SimDisk>>,
     running: Option<Running>,
 }
 
@@ -90,8 +95,7 @@ impl SimCluster {
             cluster.slots.insert(
                 id,
                 Slot {
-                    disk: SimDisk::default(),
-                    witness: SimDisk::default(),
+                    disks: SimulatedDisks::default(),
                     earlier: None,
                     latest: None,
                     running: None,
@@ -128,8 +132,7 @@ impl SimCluster {
             RaftTiming::default(),
             SNAPSHOT_EVERY,
             clock,
-            slot.disk.clone(),
-            slot.witness.clone(),
+            &slot.disks,
             network,
         )
         .await?;
@@ -161,9 +164,15 @@ impl SimCluster {
         self.fabric.node_down(id);
         let _ = running.crashed.send(true);
         let keep = rng.gen_range(0.0..=1.0);
-        slot.disk = slot.disk.after_crash(keep, rng);
-        slot.witness = slot.witness.after_crash(keep, rng);
-        slot.earlier = slot.latest.replace(slot.disk.synced_image());
+        let disks = &mut slot.disks;
+        disks.db = disks.db.after_crash(keep, rng);
+        disks.witness = disks.witness.after_crash(keep, rng);
+        disks.snapshots = disks.snapshots.after_crash(keep, rng);
+        slot.earlier = slot.latest.replace(SimulatedDisks {
+            db: disks.db.synced_image(),
+            witness: disks.witness.synced_image(),
+            snapshots: disks.snapshots.synced_image(),
+        });
         // Its tasks wind down in the background, cut off from everything;
         // the disk they may still write to is no longer this node's.
         tokio::spawn(running.node.crash());
@@ -174,8 +183,7 @@ impl SimCluster {
     pub fn wipe(&mut self, id: NodeId) {
         let slot = self.slots.get_mut(&id).expect("known node");
         assert!(slot.running.is_none(), "node {id} is running");
-        slot.disk = SimDisk::default();
-        slot.witness = SimDisk::default();
+        slot.disks = SimulatedDisks::default();
     }
 
     /// Damages node `id`'s disks while it is down; says what was done.
@@ -185,21 +193,32 @@ impl SimCluster {
         match damage {
             DiskDamage::FlipBits => {
                 let count = rng.gen_range(1..=8);
-                slot.disk = slot.disk.with_flipped_bits(count, rng);
+                slot.disks.db = slot.disks.db.with_flipped_bits(count, rng);
                 format!("{count} bits flipped in bytes its database holds")
             }
             DiskDamage::LoseDatabase => {
-                slot.disk = SimDisk::default();
+                slot.disks.db = SimDisk::default();
                 "its database lost (the witness kept)".to_owned()
             }
             DiskDamage::LoseWitness => {
-                slot.witness = SimDisk::default();
+                slot.disks.witness = SimDisk::default();
                 "its witness lost (the database kept)".to_owned()
             }
             DiskDamage::RollBack => match &slot.earlier {
                 Some(earlier) => {
-                    slot.disk = earlier.synced_image();
+                    slot.disks.db = earlier.db.synced_image();
                     "its database rolled back to the image of an earlier crash".to_owned()
+                }
+                None => "nothing (no earlier image to roll back to)".to_owned(),
+            },
+            DiskDamage::LoseSnapshots => {
+                slot.disks.snapshots = SimDisk::default();
+                "its snapshot database lost".to_owned()
+            }
+            DiskDamage::RollBackSnapshots => match &slot.earlier {
+                Some(earlier) => {
+                    slot.disks.snapshots = earlier.snapshots.synced_image();
+                    "its snapshot database rolled back to the image of an earlier crash".to_owned()
                 }
                 None => "nothing (no earlier image to roll back to)".to_owned(),
             },

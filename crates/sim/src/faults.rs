@@ -161,6 +161,8 @@ async fn damage_disk(
         DiskDamage::LoseDatabase,
         DiskDamage::LoseWitness,
         DiskDamage::RollBack,
+        DiskDamage::LoseSnapshots,
+        DiskDamage::RollBackSnapshots,
     ]
     .choose(rng)
     .expect("kinds of damage");

@@ -2,21 +2,29 @@
 //! lost what it held.
 //!
 //! A wrong `--data-dir` must fail loudly at start, never be "repaired" into
-//! an empty lock service. A directory holds the database and its witness
-//! (`witness.rs`), written first when the directory is initialized. At every
-//! start, before anything is written:
+//! an empty lock service. A directory holds the database (the log, the vote),
+//! its witness (`witness.rs`), written first when the directory is
+//! initialized, and the snapshot database. The snapshot has a file of its
+//! own so that writing a whole table (100 MB at a million locks) never holds
+//! the log database's one writer: an append waited for it, and for redb
+//! freeing the pages of the snapshot it replaced, for up to 0.6 s
+//! (docs/performance.md). At every start, before anything is written:
 //! - a database missing or empty next to a witness that saw data is a loss;
 //! - a database without its witness, or of another instance, is refused;
-//! - the database is opened on a [`ReadOnlyOverlay`] (recovery and repair
-//!   write to memory only), its pages checked by redb, and every record read
+//! - both databases are opened on a [`ReadOnlyOverlay`] (recovery and repair
+//!   write to memory only), their pages checked by redb, and every record read
 //!   and checked ([`verify`]) against its checksum and the witness, with a
-//!   panic of the storage library caught and reported;
+//!   panic of the storage library caught and reported; the snapshot must
+//!   reach every log entry compacted away, so a snapshot file that is lost
+//!   or went back is refused, not replaced by a shorter history;
 //! - only then is it opened for writing.
 
 use super::overlay::ReadOnlyOverlay;
 use super::verify::{verify, DataReport, Refusal};
 use super::witness::{Witness, WitnessFile, WITNESS_FILE};
-use super::{encode, At, FORMAT, FORMAT_KEY, INSTANCE_KEY, LOG, META};
+use super::{
+    encode, At, FORMAT, FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG, INSTANCE_KEY, LOG, META, SNAPSHOT_KEY,
+};
 use crate::raft_types::NodeId;
 use openraft::{ErrorSubject, ErrorVerb};
 use redb::backends::FileBackend;
@@ -27,6 +35,8 @@ use std::path::{Path, PathBuf};
 
 /// The database file inside a data directory.
 const DB_FILE: &str = "deadbolt.redb";
+/// The snapshot database beside it.
+pub const SNAPSHOTS_FILE: &str = "deadbolt-snapshots.redb";
 
 /// What to do about a data directory that lost or damaged its data.
 const RECOVERY: &str = "Nothing was changed. \
@@ -96,25 +106,44 @@ pub enum DataDirError {
     },
 }
 
-/// A data directory's database, opened for writing after every check, and
-/// its witness.
+/// A data directory's databases, opened for writing after every check, and
+/// the witness.
 pub struct OpenedData {
     pub db: Database,
+    pub snapshots: Database,
     pub witness: WitnessFile,
     /// What the database held; `None` for a new directory.
     pub report: Option<DataReport>,
 }
 
-/// Where a node's data lives: a directory, or a simulated disk.
+/// One of the two databases of a data directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Db {
+    /// The log, the vote, the purge marker.
+    Log,
+    /// The latest snapshot.
+    Snapshots,
+}
+
+impl Db {
+    fn file(self) -> &'static str {
+        match self {
+            Db::Log => DB_FILE,
+            Db::Snapshots => SNAPSHOTS_FILE,
+        }
+    }
+}
+
+/// Where a node's data lives: a directory, or simulated disks.
 trait Disk {
-    /// The database's name in messages.
-    fn name(&self) -> PathBuf;
-    /// The database's size, 0 if there is none yet.
-    fn db_len(&self) -> io::Result<u64>;
-    /// The database's storage, only to be read.
-    fn db_read_only(&self) -> Result<Box<dyn StorageBackend>, DataDirError>;
-    /// The database, opened (or created) for writing.
-    fn open_db(&self) -> Result<Database, DatabaseError>;
+    /// A database's name in messages.
+    fn name(&self, db: Db) -> PathBuf;
+    /// A database's size, 0 if there is none yet.
+    fn db_len(&self, db: Db) -> io::Result<u64>;
+    /// A database's storage, only to be read.
+    fn db_read_only(&self, db: Db) -> Result<Box<dyn StorageBackend>, DataDirError>;
+    /// A database, opened (or created) for writing.
+    fn open_db(&self, db: Db) -> Result<Database, DatabaseError>;
     /// The witness's storage, if it exists, locked against other processes.
     fn witness(&self, create: bool) -> Result<Option<Box<dyn StorageBackend>>, DataDirError>;
     /// Makes new files' names durable.
@@ -126,17 +155,13 @@ struct DirDisk {
 }
 
 impl DirDisk {
-    fn db_path(&self) -> PathBuf {
-        self.dir.join(DB_FILE)
-    }
-
-    fn in_use_or(&self, err: DatabaseError) -> DataDirError {
+    fn in_use_or(&self, err: DatabaseError, file: &str) -> DataDirError {
         match err {
             DatabaseError::DatabaseAlreadyOpen => DataDirError::InUse {
                 path: self.dir.clone(),
             },
             other => DataDirError::Damaged {
-                path: self.db_path(),
+                path: self.dir.join(file),
                 reason: other.to_string(),
             },
         }
@@ -144,30 +169,30 @@ impl DirDisk {
 }
 
 impl Disk for DirDisk {
-    fn name(&self) -> PathBuf {
-        self.db_path()
+    fn name(&self, db: Db) -> PathBuf {
+        self.dir.join(db.file())
     }
 
-    fn db_len(&self) -> io::Result<u64> {
-        match std::fs::metadata(self.db_path()) {
+    fn db_len(&self, db: Db) -> io::Result<u64> {
+        match std::fs::metadata(self.name(db)) {
             Ok(meta) => Ok(meta.len()),
             Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(0),
             Err(err) => Err(err),
         }
     }
 
-    fn db_read_only(&self) -> Result<Box<dyn StorageBackend>, DataDirError> {
-        let file = File::open(self.db_path()).map_err(|source| DataDirError::Open {
-            path: self.db_path(),
+    fn db_read_only(&self, db: Db) -> Result<Box<dyn StorageBackend>, DataDirError> {
+        let file = File::open(self.name(db)).map_err(|source| DataDirError::Open {
+            path: self.name(db),
             source,
         })?;
         Ok(Box::new(
-            FileBackend::new(file).map_err(|e| self.in_use_or(e))?,
+            FileBackend::new(file).map_err(|e| self.in_use_or(e, db.file()))?,
         ))
     }
 
-    fn open_db(&self) -> Result<Database, DatabaseError> {
-        Database::create(self.db_path())
+    fn open_db(&self, db: Db) -> Result<Database, DatabaseError> {
+        Database::create(self.name(db))
     }
 
     fn witness(&self, create: bool) -> Result<Option<Box<dyn StorageBackend>>, DataDirError> {
@@ -184,7 +209,7 @@ impl Disk for DirDisk {
             Err(source) => return Err(DataDirError::Open { path, source }),
         };
         Ok(Some(Box::new(
-            FileBackend::new(file).map_err(|e| self.in_use_or(e))?,
+            FileBackend::new(file).map_err(|e| self.in_use_or(e, WITNESS_FILE))?,
         )))
     }
 
@@ -193,27 +218,38 @@ impl Disk for DirDisk {
     }
 }
 
-/// A simulated disk pair: the database's and the witness's.
-struct SimDisks<D> {
-    db: D,
-    witness: D,
+/// A node's simulated disks, one per file of a data directory.
+#[derive(Debug, Clone, Default)]
+pub struct SimulatedDisks<D> {
+    pub db: D,
+    pub witness: D,
+    pub snapshots: D,
 }
 
-impl<D: StorageBackend + Clone> Disk for SimDisks<D> {
-    fn name(&self) -> PathBuf {
-        PathBuf::from("<simulated disk>")
+impl<D> SimulatedDisks<D> {
+    fn disk(&self, db: Db) -> &D {
+        match db {
+            Db::Log => &self.db,
+            Db::Snapshots => &self.snapshots,
+        }
+    }
+}
+
+impl<D: StorageBackend + Clone> Disk for SimulatedDisks<D> {
+    fn name(&self, db: Db) -> PathBuf {
+        PathBuf::from(format!("<simulated disk of {}>", db.file()))
     }
 
-    fn db_len(&self) -> io::Result<u64> {
-        self.db.len()
+    fn db_len(&self, db: Db) -> io::Result<u64> {
+        self.disk(db).len()
     }
 
-    fn db_read_only(&self) -> Result<Box<dyn StorageBackend>, DataDirError> {
-        Ok(Box::new(self.db.clone()))
+    fn db_read_only(&self, db: Db) -> Result<Box<dyn StorageBackend>, DataDirError> {
+        Ok(Box::new(self.disk(db).clone()))
     }
 
-    fn open_db(&self) -> Result<Database, DatabaseError> {
-        Database::builder().create_with_backend(self.db.clone())
+    fn open_db(&self, db: Db) -> Result<Database, DatabaseError> {
+        Database::builder().create_with_backend(self.disk(db).clone())
     }
 
     fn witness(&self, _create: bool) -> Result<Option<Box<dyn StorageBackend>>, DataDirError> {
@@ -234,22 +270,21 @@ pub fn open_data_dir(dir: &Path, node_id: NodeId) -> Result<OpenedData, DataDirE
     let disk = DirDisk {
         dir: dir.to_owned(),
     };
-    let is_new = disk.db_len().unwrap_or(0) == 0 && !dir.join(WITNESS_FILE).exists();
+    let is_new = disk.db_len(Db::Log).unwrap_or(0) == 0 && !dir.join(WITNESS_FILE).exists();
     if is_new {
         refuse_foreign(dir)?;
     }
     open(&disk, node_id)
 }
 
-/// Opens the data on a simulated disk pair (the deterministic simulation's
+/// Opens the data on simulated disks (the deterministic simulation's
 /// memory that survives a simulated crash), with the same checks as a data
 /// directory.
 pub fn open_simulated_disk<D: StorageBackend + Clone>(
-    db: D,
-    witness: D,
+    disks: &SimulatedDisks<D>,
     node_id: NodeId,
 ) -> Result<OpenedData, DataDirError> {
-    open(&SimDisks { db, witness }, node_id)
+    open(disks, node_id)
 }
 
 /// Checks the data in `dir` without changing it: `deadbolt data check`.
@@ -258,7 +293,7 @@ pub fn check_data_dir(dir: &Path) -> Result<DataReport, DataDirError> {
         dir: dir.to_owned(),
     };
     let witness = disk.witness(false)?;
-    let db_len = disk.db_len().map_err(|e| damaged(&disk, e))?;
+    let db_len = disk.db_len(Db::Log).map_err(|e| damaged(&disk, e))?;
     match (witness, db_len) {
         (None, 0) => Err(DataDirError::Empty {
             path: dir.to_owned(),
@@ -275,7 +310,7 @@ pub fn check_data_dir(dir: &Path) -> Result<DataReport, DataDirError> {
 }
 
 fn open(disk: &dyn Disk, node_id: NodeId) -> Result<OpenedData, DataDirError> {
-    let db_len = disk.db_len().map_err(|e| damaged(disk, e))?;
+    let db_len = disk.db_len(Db::Log).map_err(|e| damaged(disk, e))?;
     let witness = disk.witness(db_len == 0)?;
     let existing = match witness {
         Some(backend) if backend.len().map_err(|e| damaged(disk, e))? > 0 => {
@@ -296,7 +331,7 @@ fn open(disk: &dyn Disk, node_id: NodeId) -> Result<OpenedData, DataDirError> {
     let found = witness.current().node_id;
     if found != node_id {
         return Err(DataDirError::NodeMismatch {
-            path: disk.name(),
+            path: disk.name(Db::Log),
             found,
             expected: node_id,
         });
@@ -309,66 +344,96 @@ fn open(disk: &dyn Disk, node_id: NodeId) -> Result<OpenedData, DataDirError> {
         return create(disk, witness);
     }
     let report = check(disk, witness.current())?;
-    let db = disk.open_db().map_err(|e| damaged(disk, e))?;
-    prepare(&db, witness.current().instance, disk)?;
-    Ok(OpenedData {
-        db,
-        witness,
-        report: Some(report),
-    })
+    open_for_writing(disk, witness, Some(report))
 }
 
-/// Creates the database of a new directory, under its witness.
+/// Creates the databases of a new directory, under its witness.
 fn create(disk: &dyn Disk, witness: WitnessFile) -> Result<OpenedData, DataDirError> {
-    let db = disk.open_db().map_err(|e| damaged(disk, e))?;
-    prepare(&db, witness.current().instance, disk)?;
+    let opened = open_for_writing(disk, witness, None)?;
     disk.sync_names().map_err(|e| damaged(disk, e))?;
+    Ok(opened)
+}
+
+/// Opens (creating, in a new directory) both databases for writing.
+fn open_for_writing(
+    disk: &dyn Disk,
+    witness: WitnessFile,
+    report: Option<DataReport>,
+) -> Result<OpenedData, DataDirError> {
+    let instance = witness.current().instance;
+    let snapshots = disk
+        .open_db(Db::Snapshots)
+        .map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
+    prepare_snapshots(&snapshots, instance, disk)?;
+    let db = disk
+        .open_db(Db::Log)
+        .map_err(|e| damaged_db(disk, Db::Log, e))?;
+    prepare(&db, &snapshots, instance, disk)?;
     Ok(OpenedData {
         db,
+        snapshots,
         witness,
-        report: None,
+        report,
     })
 }
 
-/// Opens the database on a read-only overlay, has redb check its pages,
+/// Opens a database on a read-only overlay and has redb check its pages;
+/// `None` if it does not exist (yet).
+fn checked_read_only(disk: &dyn Disk, which: Db) -> Result<Option<Database>, Refusal> {
+    if disk.db_len(which).map_err(|e| e.to_string())? == 0 {
+        return Ok(None);
+    }
+    let refusal = |reason: String| match which {
+        Db::Log => Refusal::Damaged(reason),
+        Db::Snapshots => Refusal::SnapshotDamaged(reason),
+    };
+    let base = disk
+        .db_read_only(which)
+        .map_err(|e| refusal(e.to_string()))?;
+    let overlay = ReadOnlyOverlay::new(base).map_err(|e| refusal(e.to_string()))?;
+    let mut db = Database::builder()
+        .create_with_backend(overlay)
+        .map_err(|e| refusal(e.to_string()))?;
+    match db.check_integrity() {
+        Ok(true) => Ok(Some(db)),
+        Ok(false) => Err(refusal("its page checksums fail".to_owned())),
+        Err(err) => Err(refusal(err.to_string())),
+    }
+}
+
+/// Opens both databases on read-only overlays, has redb check their pages,
 /// and reads every record: nothing is written, and a panic is a refusal.
 fn check(disk: &dyn Disk, witness: &Witness) -> Result<DataReport, DataDirError> {
-    let base = disk.db_read_only()?;
     let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let overlay = ReadOnlyOverlay::new(base).map_err(|e| e.to_string())?;
-        let mut db = Database::builder()
-            .create_with_backend(overlay)
-            .map_err(|e| e.to_string())?;
-        match db.check_integrity() {
-            Ok(true) => {}
-            Ok(false) => return Err("its page checksums fail".to_owned().into()),
-            Err(err) => return Err(err.to_string().into()),
-        }
-        verify(&db, witness)
+        let db = checked_read_only(disk, Db::Log)?
+            .ok_or_else(|| Refusal::Damaged("it is empty".to_owned()))?;
+        let snapshots = checked_read_only(disk, Db::Snapshots)?;
+        verify(&db, snapshots.as_ref(), witness)
     }));
-    let reason = match checked {
+    let (which, reason) = match checked {
         Ok(Ok(report)) => return Ok(report),
-        Ok(Err(Refusal::Damaged(reason))) => reason,
+        Ok(Err(Refusal::Damaged(reason))) => (Db::Log, reason),
+        Ok(Err(Refusal::SnapshotDamaged(reason))) => (Db::Snapshots, reason),
         Ok(Err(Refusal::WrongFormat(found))) => {
             return Err(DataDirError::WrongFormat {
-                path: disk.name(),
+                path: disk.name(Db::Log),
                 found,
                 expected: String::from_utf8_lossy(FORMAT).into_owned(),
             })
         }
-        Err(panic) => format!(
-            "the storage library failed on it: {}",
-            panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or(panic.downcast_ref::<&str>().copied())
-                .unwrap_or("a panic")
+        Err(panic) => (
+            Db::Log,
+            format!(
+                "the storage library failed on it: {}",
+                panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or(panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("a panic")
+            ),
         ),
     };
-    Err(DataDirError::Damaged {
-        path: disk.name(),
-        reason,
-    })
+    Err(damaged_db(disk, which, reason))
 }
 
 fn read_witness(
@@ -379,7 +444,7 @@ fn read_witness(
         Ok(Some(witness)) => Ok(witness),
         Ok(None) => Err(missing_witness(disk)),
         Err(err) => Err(DataDirError::Damaged {
-            path: disk.name().with_file_name(WITNESS_FILE),
+            path: disk.name(Db::Log).with_file_name(WITNESS_FILE),
             reason: err.to_string(),
         }),
     }
@@ -387,19 +452,25 @@ fn read_witness(
 
 fn lost(disk: &dyn Disk, witness: &Witness) -> DataDirError {
     DataDirError::Lost {
-        path: disk.name(),
+        path: disk.name(Db::Log),
         node_id: witness.node_id,
         last_index: witness.last_log.map_or(0, |id| id.index),
     }
 }
 
 fn missing_witness(disk: &dyn Disk) -> DataDirError {
-    DataDirError::WitnessMissing { path: disk.name() }
+    DataDirError::WitnessMissing {
+        path: disk.name(Db::Log),
+    }
 }
 
 fn damaged(disk: &dyn Disk, err: impl std::fmt::Display) -> DataDirError {
+    damaged_db(disk, Db::Log, err)
+}
+
+fn damaged_db(disk: &dyn Disk, which: Db, err: impl std::fmt::Display) -> DataDirError {
     DataDirError::Damaged {
-        path: disk.name(),
+        path: disk.name(which),
         reason: err.to_string(),
     }
 }
@@ -415,7 +486,7 @@ fn refuse_foreign(dir: &Path) -> Result<(), DataDirError> {
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
         // A fresh file system's mount point is a fine place for data, and an
         // empty database file is nothing to lose.
-        .find(|name| name != "lost+found" && name != DB_FILE);
+        .find(|name| name != "lost+found" && name != DB_FILE && name != SNAPSHOTS_FILE);
     match found {
         Some(found) => Err(DataDirError::Foreign {
             path: dir.to_owned(),
@@ -426,8 +497,15 @@ fn refuse_foreign(dir: &Path) -> Result<(), DataDirError> {
 }
 
 /// Checks the format marker and instance id (writing both into a new
-/// database) and creates the tables.
-fn prepare(db: &Database, instance: u128, disk: &dyn Disk) -> Result<(), DataDirError> {
+/// database) and creates the tables. A database of the format before this
+/// one has its snapshot moved to `snapshots` first, then its marker raised:
+/// a crash in between leaves the old format, which moves it again.
+fn prepare(
+    db: &Database,
+    snapshots: &Database,
+    instance: u128,
+    disk: &dyn Disk,
+) -> Result<(), DataDirError> {
     let unreadable = |reason: String| damaged(disk, reason);
     let at = At(ErrorSubject::Store, ErrorVerb::Write);
     let txn = db.begin_write().map_err(|e| unreadable(e.to_string()))?;
@@ -441,9 +519,26 @@ fn prepare(db: &Database, instance: u128, disk: &dyn Disk) -> Result<(), DataDir
             .map(|v| v.value().to_vec());
         match found {
             Some(found) if found == FORMAT => {}
+            Some(found) if found == FORMAT_SNAPSHOT_IN_LOG => {
+                let snapshot = meta
+                    .remove(SNAPSHOT_KEY)
+                    .map_err(|e| unreadable(e.to_string()))?
+                    .map(|v| v.value().to_vec());
+                if let Some(snapshot) = snapshot {
+                    let moved = || -> Result<(), redb::Error> {
+                        let txn = snapshots.begin_write()?;
+                        txn.open_table(META)?
+                            .insert(SNAPSHOT_KEY, snapshot.as_slice())?;
+                        Ok(txn.commit()?)
+                    };
+                    moved().map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
+                }
+                meta.insert(FORMAT_KEY, FORMAT)
+                    .map_err(|e| unreadable(e.to_string()))?;
+            }
             Some(found) => {
                 return Err(DataDirError::WrongFormat {
-                    path: disk.name(),
+                    path: disk.name(Db::Log),
                     found: String::from_utf8_lossy(&found).into_owned(),
                     expected: String::from_utf8_lossy(FORMAT).into_owned(),
                 })
@@ -462,6 +557,29 @@ fn prepare(db: &Database, instance: u128, disk: &dyn Disk) -> Result<(), DataDir
     txn.open_table(LOG).map_err(|e| unreadable(e.to_string()))?;
     txn.commit().map_err(|e| unreadable(e.to_string()))?;
     Ok(())
+}
+
+/// Checks the snapshot database's instance id (writing it into a new
+/// one) and creates its table.
+fn prepare_snapshots(db: &Database, instance: u128, disk: &dyn Disk) -> Result<(), DataDirError> {
+    let unreadable = |reason: String| damaged_db(disk, Db::Snapshots, reason);
+    let at = At(ErrorSubject::Store, ErrorVerb::Write);
+    let txn = db.begin_write().map_err(|e| unreadable(e.to_string()))?;
+    {
+        let mut meta = txn
+            .open_table(META)
+            .map_err(|e| unreadable(e.to_string()))?;
+        if meta
+            .get(INSTANCE_KEY)
+            .map_err(|e| unreadable(e.to_string()))?
+            .is_none()
+        {
+            let instance = encode(&instance, &at).map_err(|e| unreadable(e.to_string()))?;
+            meta.insert(INSTANCE_KEY, instance.as_slice())
+                .map_err(|e| unreadable(e.to_string()))?;
+        }
+    }
+    txn.commit().map_err(|e| unreadable(e.to_string()))
 }
 
 #[cfg(test)]
@@ -585,5 +703,46 @@ mod tests {
                 .contains("belongs to another data directory"),
             "{err}"
         );
+    }
+
+    /// A directory of the format before this one (the snapshot inside the
+    /// log database) is read as it is, and moved to the new layout when
+    /// opened for writing: an upgrade loses nothing.
+    #[test]
+    fn a_directory_with_the_snapshot_in_the_log_database_is_moved_to_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let mut table = deadbolt_core::LockTable::default();
+        table.raise_token_floor(1_000);
+        let seeded = super::super::seed_data_dir(&data, 1, "127.0.0.1:7070", &table).unwrap();
+        // Back to the old layout, as format 9 wrote it.
+        let snapshot = {
+            let snapshots = Database::create(data.join(SNAPSHOTS_FILE)).unwrap();
+            let txn = snapshots.begin_read().unwrap();
+            let meta = txn.open_table(META).unwrap();
+            let bytes = meta.get(SNAPSHOT_KEY).unwrap().unwrap().value().to_vec();
+            bytes
+        };
+        std::fs::remove_file(data.join(SNAPSHOTS_FILE)).unwrap();
+        {
+            let db = Database::create(data.join(DB_FILE)).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut meta = txn.open_table(META).unwrap();
+                meta.insert(SNAPSHOT_KEY, snapshot.as_slice()).unwrap();
+                meta.insert(FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        assert_eq!(check_data_dir(&data).unwrap(), seeded);
+
+        drop(open(&data).unwrap());
+        let db = Database::create(data.join(DB_FILE)).unwrap();
+        let txn = db.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        assert_eq!(meta.get(FORMAT_KEY).unwrap().unwrap().value(), FORMAT);
+        assert!(meta.get(SNAPSHOT_KEY).unwrap().is_none());
+        drop((meta, txn, db));
+        assert_eq!(check_data_dir(&data).unwrap(), seeded);
     }
 }

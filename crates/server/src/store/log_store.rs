@@ -41,6 +41,25 @@ pub enum StorageIo {
     Inline,
 }
 
+impl StorageIo {
+    /// Runs `work` (disk work that may take a while: an fsync, a snapshot
+    /// of the whole table) where this says: on the blocking pool, so that
+    /// no tokio worker stalls on it, or right here. A panic in it becomes
+    /// the storage error `on_panic` makes of it.
+    pub(super) async fn run<T: Send + 'static>(
+        self,
+        work: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+        on_panic: impl FnOnce(&tokio::task::JoinError) -> StorageError,
+    ) -> Result<T, StorageError> {
+        match self {
+            StorageIo::Threads => tokio::task::spawn_blocking(work)
+                .await
+                .unwrap_or_else(|panic| Err(on_panic(&panic))),
+            StorageIo::Inline => work(),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Database>,
@@ -201,15 +220,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         let started = std::time::Instant::now();
-        let written = match self.io {
-            StorageIo::Threads => {
-                let (db, witness) = (self.db.clone(), self.witness.clone());
-                tokio::task::spawn_blocking(move || append_witnessed(&db, &witness, &entries))
-                    .await
-                    .unwrap_or_else(|panic| Err(StorageIOError::write_logs(&panic).into()))
-            }
-            StorageIo::Inline => append_witnessed(&self.db, &self.witness, &entries),
-        };
+        let (db, witness) = (self.db.clone(), self.witness.clone());
+        let written = self
+            .io
+            .run(
+                move || append_witnessed(&db, &witness, &entries),
+                |panic| StorageIOError::write_logs(panic).into(),
+            )
+            .await;
         self.append_seconds.observe(started.elapsed().as_secs_f64());
         // Only after the commit (fsync) returned may openraft count these
         // entries as persisted.

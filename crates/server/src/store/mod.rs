@@ -1,5 +1,5 @@
-//! Durable state in one redb file: the Raft log, the vote, and the latest
-//! snapshot of the lock table.
+//! Durable state in two redb files: the Raft log and the vote in one, the
+//! latest snapshot of the lock table in the other (why two: `data_dir.rs`).
 //!
 //! The lock table itself lives in memory; on start it is rebuilt from the
 //! snapshot plus the committed log entries after it (openraft re-applies
@@ -20,7 +20,9 @@ mod state_machine;
 mod verify;
 mod witness;
 
-pub use data_dir::{check_data_dir, open_data_dir, open_simulated_disk, DataDirError, OpenedData};
+pub use data_dir::{
+    check_data_dir, open_data_dir, open_simulated_disk, DataDirError, OpenedData, SimulatedDisks,
+};
 pub use log_store::{LogStore, StorageIo};
 pub use seed::seed_data_dir;
 pub use state_machine::{EventSink, SharedTable, StateMachineStore};
@@ -31,14 +33,17 @@ use redb::TableDefinition;
 
 /// Raft log entries by index, bincode-encoded.
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
-/// Small named values: format marker, instance id, vote, purged log id,
-/// the snapshot.
+/// Small named values: format marker, instance id, vote, purged log id; in
+/// the snapshot database, its instance id and the snapshot.
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 const FORMAT_KEY: &str = "format";
 /// Written once into a new data directory and checked at every start. Bump
 /// the version when the on-disk encoding changes incompatibly.
-const FORMAT: &[u8] = b"deadbolt-data/9";
+const FORMAT: &[u8] = b"deadbolt-data/10";
+/// The format before snapshots had a database of their own: read, and
+/// moved to this format when opened for writing.
+const FORMAT_SNAPSHOT_IN_LOG: &[u8] = b"deadbolt-data/9";
 /// The data directory's instance id, the same as its witness's.
 const INSTANCE_KEY: &str = "instance";
 const VOTE_KEY: &str = "vote";

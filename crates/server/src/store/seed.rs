@@ -52,7 +52,7 @@ pub fn seed_data_dir(
         data: bincode::serialize(table).at(&at)?,
     };
     write_meta(
-        &data.db,
+        &data.snapshots,
         SNAPSHOT_KEY,
         &snapshot,
         ErrorSubject::Snapshot(None),

@@ -1,11 +1,17 @@
 //! [`StateMachineStore`]: openraft's state machine, a [`LockTable`] in memory
-//! with its snapshots persisted in redb.
+//! with its snapshots persisted in a redb database of their own.
 //!
 //! Applying an entry never touches the disk: durability comes from the log.
 //! A snapshot is written (fsync'd) before openraft may purge the log entries
 //! it covers, so the pair (snapshot, remaining log) always rebuilds the table.
+//!
+//! Building a snapshot must not stall requests, even of a full table (a
+//! million locks: 100 MB, a second to encode and write). So the state lock
+//! is held only to clone the table, which is O(1) (its maps are persistent:
+//! see `LockTable`), and the encoding and the write happen on the blocking
+//! pool, in a database the log's appends never wait for.
 
-use super::{read_meta, write_meta, At, OrStorageError, SNAPSHOT_KEY};
+use super::{read_meta, write_meta, At, OrStorageError, StorageIo, SNAPSHOT_KEY};
 use crate::raft_types::{Batch, BatchOutcome, NodeId, StorageError, TypeConfig};
 use deadbolt_core::{Event, LockTable};
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -53,17 +59,24 @@ pub(super) struct StoredSnapshot {
 #[derive(Clone)]
 pub struct StateMachineStore {
     state: SharedTable,
-    db: Arc<Database>,
+    /// The snapshot database (not the log's).
+    snapshots: Arc<Database>,
+    io: StorageIo,
     sink: Arc<dyn EventSink>,
 }
 
 impl StateMachineStore {
-    /// Loads the latest snapshot, if any. Log entries after it are re-applied
-    /// by openraft when the `Raft` starts.
-    pub fn open(db: Arc<Database>, sink: Arc<dyn EventSink>) -> Result<Self, StorageError> {
+    /// Loads the latest snapshot from `snapshots`, if any. Log entries after
+    /// it are re-applied by openraft when the `Raft` starts.
+    pub fn open(
+        snapshots: Database,
+        io: StorageIo,
+        sink: Arc<dyn EventSink>,
+    ) -> Result<Self, StorageError> {
         let store = StateMachineStore {
             state: SharedTable::default(),
-            db,
+            snapshots: Arc::new(snapshots),
+            io,
             sink,
         };
         if let Some(stored) = store.read_snapshot()? {
@@ -82,12 +95,39 @@ impl StateMachineStore {
     }
 
     fn read_snapshot(&self) -> Result<Option<StoredSnapshot>, StorageError> {
-        read_meta(&self.db, SNAPSHOT_KEY, ErrorSubject::Snapshot(None))
+        read_meta(&self.snapshots, SNAPSHOT_KEY, ErrorSubject::Snapshot(None))
     }
 
-    fn write_snapshot(&self, snapshot: &StoredSnapshot) -> Result<(), StorageError> {
-        let subject = ErrorSubject::Snapshot(Some(snapshot.meta.signature()));
-        write_meta(&self.db, SNAPSHOT_KEY, snapshot, subject)
+    /// Writes the snapshot `encode` makes, with `meta`, off the async
+    /// workers (see [`StorageIo::run`]): durable when this returns `Ok`.
+    async fn persist(
+        &self,
+        meta: SnapshotMeta<NodeId, BasicNode>,
+        encode: impl FnOnce() -> Result<Vec<u8>, StorageError> + Send + 'static,
+    ) -> Result<StoredSnapshot, StorageError> {
+        let snapshots = self.snapshots.clone();
+        let subject = ErrorSubject::Snapshot(Some(meta.signature()));
+        let on_panic = subject.clone();
+        self.io
+            .run(
+                move || {
+                    let stored = StoredSnapshot {
+                        meta,
+                        data: encode()?,
+                    };
+                    write_meta(&snapshots, SNAPSHOT_KEY, &stored, subject)?;
+                    Ok(stored)
+                },
+                |panic| {
+                    openraft::StorageIOError::new(
+                        on_panic,
+                        ErrorVerb::Write,
+                        openraft::AnyError::new(panic),
+                    )
+                    .into()
+                },
+            )
+            .await
     }
 }
 
@@ -137,10 +177,8 @@ pub(super) fn apply_entry(
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let started = std::time::Instant::now();
-        let (data, meta) = {
+        let (table, meta) = {
             let state = self.state.read().expect("state lock poisoned");
-            let data = bincode::serialize(&state.table)
-                .at(&At(ErrorSubject::StateMachine, ErrorVerb::Read))?;
             let snapshot_id = match state.last_applied {
                 Some(id) => format!("{}-{}", id.leader_id, id.index),
                 None => "empty".to_owned(),
@@ -150,10 +188,12 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
                 last_membership: state.membership.clone(),
                 snapshot_id,
             };
-            (data, meta)
+            // O(1): the clone shares the maps until the next apply changes them.
+            (state.table.clone(), meta)
         };
-        let stored = StoredSnapshot { meta, data };
-        self.write_snapshot(&stored)?;
+        let subject = ErrorSubject::Snapshot(Some(meta.signature()));
+        let encode = move || bincode::serialize(&table).at(&At(subject, ErrorVerb::Write));
+        let stored = self.persist(meta, encode).await?;
         self.sink
             .on_snapshot_built(stored.data.len(), started.elapsed());
         Ok(Snapshot {
@@ -234,7 +274,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             )
             .into());
         }
-        self.write_snapshot(&stored)?;
+        self.persist(stored.meta, move || Ok(stored.data)).await?;
         let mut state = self.state.write().expect("state lock poisoned");
         state.last_applied = meta.last_log_id;
         state.membership = meta.last_membership.clone();

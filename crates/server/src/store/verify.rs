@@ -12,7 +12,8 @@
 use super::state_machine::{apply_entry, decode_table, Applied, StoredSnapshot};
 use super::witness::Witness;
 use super::{
-    decode, At, FORMAT, FORMAT_KEY, INSTANCE_KEY, LOG, META, PURGED_KEY, SNAPSHOT_KEY, VOTE_KEY,
+    decode, At, FORMAT, FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG, INSTANCE_KEY, LOG, META, PURGED_KEY,
+    SNAPSHOT_KEY, VOTE_KEY,
 };
 use crate::raft_types::{NodeId, TypeConfig};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, Vote};
@@ -48,8 +49,10 @@ pub struct DataReport {
 pub enum Refusal {
     /// Written by another build; not damaged, but not for this one.
     WrongFormat(String),
-    /// The problem, in words for the operator.
+    /// The problem with the log database, in words for the operator.
     Damaged(String),
+    /// The problem with the snapshot database.
+    SnapshotDamaged(String),
 }
 
 impl From<String> for Refusal {
@@ -60,59 +63,60 @@ impl From<String> for Refusal {
 
 type Damage = String;
 
-/// Reads all of `db` (an overlay copy: see `overlay.rs`) and checks it
-/// against `witness`. Panics of the storage library on damaged pages are the
-/// caller's to catch.
-pub fn verify(db: &Database, witness: &Witness) -> Result<DataReport, Refusal> {
+/// Reads all of `db` and `snapshots` (overlay copies: see `overlay.rs`) and
+/// checks them against `witness`. Panics of the storage library on damaged
+/// pages are the caller's to catch.
+pub fn verify(
+    db: &Database,
+    snapshots: Option<&Database>,
+    witness: &Witness,
+) -> Result<DataReport, Refusal> {
     let at = At(ErrorSubject::Store, ErrorVerb::Read);
     let txn = db.begin_read().map_err(|e| e.to_string())?;
     let meta = txn
         .open_table(META)
         .map_err(|e| format!("its metadata table is unreadable: {e}"))?;
-    let raw = |key: &str| -> Result<Option<Vec<u8>>, Damage> {
-        Ok(meta
-            .get(key)
-            .map_err(|e| format!("{key}: {e}"))?
-            .map(|value| value.value().to_vec()))
-    };
+    let raw = |key: &str| raw_value(&meta, key);
 
-    match raw(FORMAT_KEY)? {
-        Some(format) if format == FORMAT => {}
+    let snapshot_in_log = match raw(FORMAT_KEY)? {
+        Some(format) if format == FORMAT => false,
+        // Opening for writing moves the snapshot to its own database.
+        Some(format) if format == FORMAT_SNAPSHOT_IN_LOG => true,
         Some(format) => {
             return Err(Refusal::WrongFormat(
                 String::from_utf8_lossy(&format).into_owned(),
             ))
         }
         None => return Err(Refusal::Damaged("it has no format marker".into())),
-    }
-    let instance: u128 = match raw(INSTANCE_KEY)? {
-        Some(bytes) => decode(&bytes, &at).map_err(|e| format!("its instance id: {e}"))?,
-        None => return Err(Refusal::Damaged("it has no instance id".into())),
     };
-    if instance != witness.instance {
-        return Err(Refusal::Damaged(format!(
-            "it belongs to another data directory (instance {instance:032x}, the witness says {:032x})",
-            witness.instance
-        )));
-    }
+    let instance = instance_of(raw(INSTANCE_KEY)?, witness, &at)?;
     let vote: Option<Vote<NodeId>> = decoded(raw(VOTE_KEY)?, "the vote", &at)?;
     let purged: Option<LogId<NodeId>> = decoded(raw(PURGED_KEY)?, "the purge marker", &at)?;
-    let snapshot: Option<StoredSnapshot> = decoded(raw(SNAPSHOT_KEY)?, "the snapshot", &at)?;
+    let snapshot: Option<StoredSnapshot> = match (snapshot_in_log, snapshots) {
+        (true, _) => decoded(raw(SNAPSHOT_KEY)?, "the snapshot", &at)?,
+        (false, Some(snapshots)) => {
+            read_snapshot(snapshots, witness, &at).map_err(Refusal::SnapshotDamaged)?
+        }
+        (false, None) => None,
+    };
 
     let mut state = Applied::default();
     if let Some(snapshot) = &snapshot {
-        state.table = decode_table(snapshot).map_err(|e| format!("the snapshot: {e}"))?;
+        state.table = decode_table(snapshot)
+            .map_err(|e| Refusal::SnapshotDamaged(format!("the snapshot: {e}")))?;
         state.last_applied = snapshot.meta.last_log_id;
         state.membership = snapshot.meta.last_membership.clone();
     }
     let snapshot_last = snapshot.as_ref().and_then(|s| s.meta.last_log_id);
     if purged.map(|p| p.index) > snapshot_last.map(|s| s.index) {
-        return Err(format!(
-            "the log was compacted up to index {} but the snapshot only reaches {:?}",
+        // The log is intact; the snapshot that replaced its compacted part
+        // is missing or older than it was.
+        return Err(Refusal::SnapshotDamaged(format!(
+            "the log was compacted up to index {} but the snapshot only reaches {} \
+             (the snapshot file was lost, replaced or went back to an older state)",
             purged.map_or(0, |p| p.index),
-            snapshot_last.map(|s| s.index)
-        )
-        .into());
+            snapshot_last.map_or("nothing".to_owned(), |s| format!("index {}", s.index))
+        )));
     }
 
     // Every entry past the purge marker: intact, in place, contiguous.
@@ -183,6 +187,47 @@ pub fn verify(db: &Database, witness: &Witness) -> Result<DataReport, Refusal> {
         locks: state.table.lock_count(),
         store_keys: state.table.store().len(),
     })
+}
+
+/// The bytes `key` holds in a `META` table.
+fn raw_value(
+    meta: &impl redb::ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<Vec<u8>>, Damage> {
+    Ok(meta
+        .get(key)
+        .map_err(|e| format!("{key}: {e}"))?
+        .map(|value| value.value().to_vec()))
+}
+
+/// The instance id a database holds, if it is the witness's.
+fn instance_of(bytes: Option<Vec<u8>>, witness: &Witness, at: &At) -> Result<u128, Damage> {
+    let instance: u128 = match bytes {
+        Some(bytes) => decode(&bytes, at).map_err(|e| format!("its instance id: {e}"))?,
+        None => return Err("it has no instance id".into()),
+    };
+    if instance != witness.instance {
+        return Err(format!(
+            "it belongs to another data directory (instance {instance:032x}, the witness says {:032x})",
+            witness.instance
+        ));
+    }
+    Ok(instance)
+}
+
+/// The snapshot database's snapshot, if it is this directory's.
+fn read_snapshot(
+    snapshots: &Database,
+    witness: &Witness,
+    at: &At,
+) -> Result<Option<StoredSnapshot>, Damage> {
+    let txn = snapshots.begin_read().map_err(|e| e.to_string())?;
+    let meta = txn
+        .open_table(META)
+        .map_err(|e| format!("its table is unreadable: {e}"))?;
+    let raw = |key: &str| raw_value(&meta, key);
+    instance_of(raw(INSTANCE_KEY)?, witness, at)?;
+    decoded(raw(SNAPSHOT_KEY)?, "the snapshot", at)
 }
 
 fn decoded<T: serde::de::DeserializeOwned>(
