@@ -333,12 +333,24 @@ pub async fn acquire(
     wait: bool,
     attempt: u64,
 ) -> Result<u64, ApiError> {
+    acquire_within(api, session, lock, wait, None, attempt).await
+}
+
+/// [`acquire`], waiting at most `timeout` if given.
+pub async fn acquire_within(
+    api: &Api,
+    session: &Session,
+    lock: &str,
+    wait: bool,
+    timeout: Option<Duration>,
+    attempt: u64,
+) -> Result<u64, ApiError> {
     let request = AcquireRequest {
         session_id: session.id,
         session_secret: session.secret.clone(),
         lock: lock.to_owned(),
         wait,
-        timeout_ms: None,
+        timeout_ms: timeout.map(|timeout| timeout.as_millis() as u64),
         attempt,
         lock_delay_ms: 0,
     };
