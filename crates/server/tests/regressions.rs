@@ -118,6 +118,18 @@ async fn seed_100242_a_restarted_leader_tracks_leases_from_its_whole_log() {
         .net
         .hold_replication(leader, Instant::now() + Duration::from_millis(100));
     cluster.restart(leader).await;
+    // The window the bug needed is open: the restored leader's leadership
+    // check comes back while its log tail (the renewal) is not applied yet.
+    let raft = cluster.raft(leader);
+    raft.ensure_linearizable()
+        .await
+        .expect("restored as leader");
+    let applied = raft.metrics().borrow().last_applied.unwrap().index;
+    assert!(
+        applied < renewal,
+        "the barrier waited for the renewal (applied {applied}): this test no longer opens \
+         the window of seed 100242"
+    );
     assert_eq!(cluster.leader().await, leader, "restored as leader");
     let api = cluster.api(leader);
 
