@@ -24,19 +24,13 @@
 //! than the one that decided it; the table's half is tested in
 //! `crates/core/tests/regressions.rs`).
 
-// The simulation's disk, compiled from its own source: `crates/sim` depends
-// on this crate, so it cannot be a dependency of this crate's tests. Only
-// its `StorageBackend` side is used here.
-#[allow(dead_code)]
-#[path = "../../../sim/src/disk.rs"]
-mod sim_disk;
-
 use super::{open_data_dir, open_simulated_disk, LogStore, StateMachineStore, StorageIo};
 use crate::clock::Clock;
 use crate::leases::Leases;
 use crate::metrics::Metrics;
 use crate::node::Observers;
 use crate::raft_types::{Batch, StorageError, TypeConfig};
+use crate::testing::sim_disk::SimDisk;
 use crate::waits::Waits;
 use deadbolt_core::{Command, LockError, Outcome, SecretHash};
 use openraft::storage::{RaftLogStorage, RaftStateMachine};
@@ -44,7 +38,6 @@ use openraft::testing::{StoreBuilder, Suite};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 use openraft::{RaftLogReader, RaftSnapshotBuilder};
 use rand::SeedableRng;
-use sim_disk::SimDisk;
 use std::sync::Arc;
 
 /// A node's observers, as `open_node` wires them to the state machine.
