@@ -5,10 +5,10 @@
 //! Why: a seed replays the run that found a bug only as long as nothing
 //! changes the simulation's schedules; after the next change the seed is
 //! just another seed. These tests set up the interleaving that each bug
-//! needed on purpose, so the bug stays found. Seed 100605's scenario (a
-//! timer command that waits in the proposer across two leadership changes)
-//! is tested at the store and the table, where the fix is: see
-//! `crates/server/src/store/suite.rs` and `crates/core/tests/regressions.rs`.
+//! needed on purpose (with the harness's partitions and held replication),
+//! so the bug stays found. Each fails with its fix reverted. (Seed 100605
+//! is also tested where its fix lives: `crates/core/tests/regressions.rs`
+//! and `crates/server/src/store/suite.rs`.)
 
 mod common;
 
@@ -145,4 +145,81 @@ async fn seed_100242_a_restarted_leader_tracks_leases_from_its_whole_log() {
     // And it does end once it has run out.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(lock_state(&api, "job").await, None, "the lease never ended");
+}
+
+/// The lines of `api`'s metrics scrape that start with `name `, as a number.
+async fn metric(api: &common::Api, name: &str) -> f64 {
+    let text = api
+        .metrics(&common::Credentials::ANONYMOUS)
+        .await
+        .expect("the scrape is open");
+    let line = text
+        .lines()
+        .find(|line| line.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in the scrape"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Seed 100605: a lease checkpoint decided by the leader of one term waited
+/// in its proposer (behind a write that had no quorum) while the node lost
+/// leadership and won it again, and reached the log in the later term,
+/// after that term's leader had restarted the lease and acknowledged a
+/// keepalive directly. The next leader started the session from the stale
+/// checkpoint and expired it before its TTL after that keepalive. A timer
+/// command must count only in the term that decided it.
+#[tokio::test(start_paused = true)]
+async fn seed_100605_a_checkpoint_that_waited_through_a_leader_change_changes_no_lease() {
+    const TTL: Duration = Duration::from_secs(10);
+    let mut cluster = Cluster::form(3).await;
+    let a = cluster.leader().await;
+    let (b, c) = match a {
+        1 => (2, 3),
+        2 => (1, 3),
+        _ => (1, 2),
+    };
+    let api = cluster.api(a);
+    let session = open_session(&api, TTL).await;
+    acquire(&api, &session, "job", false, 1).await.unwrap();
+    let term_before = cluster.raft(a).metrics().borrow().current_term;
+
+    // Just before the lease is half gone, every node is cut off from every
+    // other. A write on the leader waits for a quorum; the checkpoint its
+    // timer decides at half the TTL queues behind it.
+    tokio::time::sleep(TTL / 2 - Duration::from_millis(200)).await;
+    cluster.net.cut_all(&[a, b, c]);
+    let stuck = tokio::spawn({
+        let api = api.clone();
+        async move { open_session(&api, TTL).await }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        metric(&api, "deadbolt_proposer_queued_commands").await >= 1.0,
+        "the checkpoint did not queue behind the stuck write"
+    );
+
+    // Joined with one follower again, the old leader steps down before the
+    // follower's higher term and wins the next election: the stuck write
+    // commits, and the checkpoint goes out in the new term.
+    cluster.net.heal_link(a, b);
+    stuck.await.unwrap();
+    assert_eq!(cluster.leader().await, a);
+    let term_after = cluster.raft(a).metrics().borrow().current_term;
+    assert!(term_after > term_before, "{a} leads again in a later term");
+
+    // The new term's leader restarted the lease; a keepalive is acknowledged
+    // directly. Then that leader dies, and another takes over.
+    cluster.net.heal();
+    keep_alive(&api, &session).await.expect("renewed");
+    let acknowledged = Instant::now();
+    cluster.crash(a).await;
+    let next = cluster.leader().await;
+    let api = cluster.api(next);
+
+    tokio::time::sleep_until(acknowledged + TTL - Duration::from_millis(500)).await;
+    assert_eq!(
+        lock_state(&api, "job").await.map(|state| state.holder_session_id),
+        Some(session.id),
+        "the session was gone {:?} after its acknowledged keepalive, before its {TTL:?} TTL ran out",
+        acknowledged.elapsed()
+    );
 }

@@ -59,11 +59,38 @@ pub struct Net {
     nodes: Mutex<BTreeMap<NodeId, Raft>>,
     /// Replication from this node, sent before this time, arrives only then.
     held: Mutex<Option<(NodeId, Instant)>>,
+    /// Links that carry nothing, both directions listed.
+    cut: Mutex<std::collections::BTreeSet<(NodeId, NodeId)>>,
 }
 
 impl Net {
     fn target(&self, id: NodeId) -> Option<Raft> {
         self.nodes.lock().unwrap().get(&id).cloned()
+    }
+
+    fn link_up(&self, from: NodeId, to: NodeId) -> bool {
+        !self.cut.lock().unwrap().contains(&(from, to))
+    }
+
+    /// Cuts every link between the nodes `ids`: none reaches another.
+    pub fn cut_all(&self, ids: &[NodeId]) {
+        let mut cut = self.cut.lock().unwrap();
+        for &a in ids {
+            for &b in ids.iter().filter(|&&b| b != a) {
+                cut.insert((a, b));
+            }
+        }
+    }
+
+    /// Joins `a` and `b` again, both ways.
+    pub fn heal_link(&self, a: NodeId, b: NodeId) {
+        let mut cut = self.cut.lock().unwrap();
+        cut.remove(&(a, b));
+        cut.remove(&(b, a));
+    }
+
+    pub fn heal(&self) {
+        self.cut.lock().unwrap().clear();
     }
 
     /// Until `until`, holds back the append-entries from `from` that could
@@ -129,10 +156,13 @@ impl Connection {
             let why = std::io::Error::other(format!("node {} is down", self.target));
             RPCError::Unreachable(Unreachable::new(&why))
         };
-        let raft = self.net.target(self.target).ok_or_else(unreachable)?;
+        let raft = (self.net.link_up(self.from, self.target))
+            .then(|| self.net.target(self.target))
+            .flatten()
+            .ok_or_else(unreachable)?;
         let answer = call(raft).await;
         tokio::time::sleep(LINK_DELAY).await;
-        if self.net.target(self.from).is_none() {
+        if self.net.target(self.from).is_none() || !self.net.link_up(self.target, self.from) {
             return Err(unreachable());
         }
         answer.map_err(|err| {
