@@ -7,6 +7,7 @@ mod common;
 use common::{deadbolt, TestCluster};
 use deadbolt_client::{Client, ErrorKind};
 use std::collections::{HashMap, HashSet};
+use std::future::{ready, Future};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -95,17 +96,20 @@ async fn killing_the_leader_loses_no_grant_and_repeats_no_token() {
         .collect();
     // Progress is awaited, not timed: a loaded machine only makes it slower.
     let grants = || granted.lock().unwrap().len();
-    wait_until(Duration::from_secs(60), || grants() >= 10);
+    wait_until(Duration::from_secs(60), || ready(grants() >= 10)).await;
 
-    let old_leader = cluster.wait_for_leader(Duration::from_secs(5));
+    let old_leader = cluster.leader_within(Duration::from_secs(5)).await;
     cluster.kill9(old_leader);
     let killed_at = Instant::now();
-    let new_leader = cluster.wait_for_leader(Duration::from_secs(15));
+    let new_leader = cluster.leader_within(Duration::from_secs(15)).await;
     let failover = killed_at.elapsed();
     assert_ne!(new_leader, old_leader);
     // Only the new leader can grant now: service resumed under it.
     let before_failover = grants();
-    wait_until(Duration::from_secs(60), || grants() >= before_failover + 10);
+    wait_until(Duration::from_secs(60), || {
+        ready(grants() >= before_failover + 10)
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     for worker in workers {
         worker.await.unwrap();
@@ -134,9 +138,10 @@ async fn killing_the_leader_loses_no_grant_and_repeats_no_token() {
     wait_until(Duration::from_secs(15), || {
         let leader = cluster.node(new_leader).status();
         let rejoined = cluster.node(old_leader).status();
-        matches!((leader, rejoined), (Some(l), Some(r))
-            if r["role"] == "follower" && r["applied_index"] == l["applied_index"])
-    });
+        ready(matches!((leader, rejoined), (Some(l), Some(r))
+            if r["role"] == "follower" && r["applied_index"] == l["applied_index"]))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,22 +171,26 @@ async fn a_full_restart_keeps_sessions_locks_queues_and_tokens() {
                 .await
         })
     };
-    wait_until(Duration::from_secs(5), || {
-        futures_block(client.lock_status("restart-lock"))
+    wait_until(Duration::from_secs(5), || async {
+        client
+            .lock_status("restart-lock")
+            .await
             .ok()
             .flatten()
             .is_some_and(|s| s.waiter_session_ids == [waiter.id()])
-    });
+    })
+    .await;
     let before = client.health().await.unwrap();
 
     for id in 1..=3 {
-        assert!(cluster.terminate(id).success());
+        let status = cluster.terminate_within(id, Duration::from_secs(15)).await;
+        assert!(status.success());
     }
     queued.abort();
     for id in 1..=3 {
         cluster.start_node(id);
     }
-    cluster.wait_for_leader(Duration::from_secs(30));
+    cluster.leader_within(Duration::from_secs(30)).await;
 
     let client = cluster.client().await;
     let state = client
@@ -212,7 +221,7 @@ async fn an_isolated_leader_refuses_and_the_majority_carries_on() {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let cluster = common::start_cluster(dir.path(), 3).await;
-    let old_leader = cluster.wait_for_leader(Duration::from_secs(5));
+    let old_leader = cluster.leader_within(Duration::from_secs(5)).await;
     let isolated = Client::connect([cluster.node(old_leader).endpoint()])
         .await
         .unwrap();
@@ -272,13 +281,16 @@ async fn an_isolated_leader_refuses_and_the_majority_carries_on() {
     cluster.heal();
     wait_until(Duration::from_secs(20), || {
         let statuses: Vec<_> = cluster.nodes.iter().filter_map(|n| n.status()).collect();
-        statuses.len() == 3
-            && statuses.iter().filter(|s| s["role"] == "leader").count() == 1
-            && statuses
-                .iter()
-                .all(|s| s["applied_index"] == statuses[0]["applied_index"])
-            && statuses[(old_leader - 1) as usize]["role"] != "leader"
-    });
+        ready(
+            statuses.len() == 3
+                && statuses.iter().filter(|s| s["role"] == "leader").count() == 1
+                && statuses
+                    .iter()
+                    .all(|s| s["applied_index"] == statuses[0]["applied_index"])
+                && statuses[(old_leader - 1) as usize]["role"] != "leader",
+        )
+    })
+    .await;
     let state = majority
         .lock_status("partitioned")
         .await
@@ -290,7 +302,7 @@ async fn an_isolated_leader_refuses_and_the_majority_carries_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_lost_its_data_is_refused_then_rebuilt() {
     refused_then_rebuilt(
-        |cluster, follower| {
+        async |cluster, follower| {
             cluster.kill9(follower);
             std::fs::remove_dir_all(&cluster.node(follower).data_dir).unwrap();
         },
@@ -305,17 +317,17 @@ async fn a_follower_that_lost_its_data_is_refused_then_rebuilt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_whose_database_went_back_is_refused_then_rebuilt() {
     refused_then_rebuilt(
-        |cluster, follower| {
+        async |cluster, follower| {
             let data = cluster.node(follower).data_dir.clone();
             let older = data.with_extension("older");
             cluster.kill9(follower);
             std::fs::copy(data.join("deadbolt.redb"), &older).unwrap();
             cluster.start_node(follower);
-            let leader = cluster.wait_for_leader(Duration::from_secs(10));
+            let leader = cluster.leader_within(Duration::from_secs(10)).await;
             // Grants the follower acknowledges, and then forgets.
             let endpoint = cluster.endpoints().join(",");
             for lock in ["later-1", "later-2"] {
-                let out = deadbolt(&endpoint, &["acquire", "--lock", lock, "--ttl", "1m"]);
+                let out = run(&endpoint, &["acquire", "--lock", lock, "--ttl", "1m"]).await;
                 assert!(out.status.success(), "{out:?}");
             }
             wait_until(Duration::from_secs(15), || {
@@ -323,8 +335,9 @@ async fn a_follower_whose_database_went_back_is_refused_then_rebuilt() {
                     cluster.node(leader).status(),
                     cluster.node(follower).status(),
                 );
-                matches!((l, f), (Some(l), Some(f)) if f["applied_index"] == l["applied_index"])
-            });
+                ready(matches!((l, f), (Some(l), Some(f)) if f["applied_index"] == l["applied_index"]))
+            })
+            .await;
             cluster.kill9(follower);
             std::fs::copy(&older, data.join("deadbolt.redb")).unwrap();
         },
@@ -335,19 +348,19 @@ async fn a_follower_whose_database_went_back_is_refused_then_rebuilt() {
 
 /// `lose` takes a follower's data away; its restart must be refused with a
 /// log that says `why`, and the documented way back must work.
-async fn refused_then_rebuilt(lose: impl FnOnce(&mut TestCluster, u64), why: &[&str]) {
+async fn refused_then_rebuilt(lose: impl AsyncFnOnce(&mut TestCluster, u64), why: &[&str]) {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = common::start_cluster(dir.path(), 3).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(5));
+    let leader = cluster.leader_within(Duration::from_secs(5)).await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     let client = cluster.client().await;
     let session = client.open_session(Duration::from_secs(30)).await.unwrap();
     let first = session.lock("rebuild").await.unwrap();
 
-    lose(&mut cluster, follower);
+    lose(&mut cluster, follower).await;
     cluster.start_node(follower);
-    let status = cluster.wait_exit(follower, Duration::from_secs(20));
+    let status = cluster.exit_within(follower, Duration::from_secs(20)).await;
     assert!(!status.success());
     let log = cluster.node(follower).log_text();
     assert!(why.iter().all(|why| log.contains(why)), "{log}");
@@ -361,7 +374,7 @@ async fn refused_then_rebuilt(lose: impl FnOnce(&mut TestCluster, u64), why: &[&
     // The documented way back: remove, start with --join (on an empty
     // directory), add.
     let endpoint = cluster.endpoints().join(",");
-    let removed = deadbolt(&endpoint, &["cluster", "remove", &follower.to_string()]);
+    let removed = run(&endpoint, &["cluster", "remove", &follower.to_string()]).await;
     assert!(removed.status.success(), "{removed:?}");
     let data = cluster.node(follower).data_dir.clone();
     if data.exists() {
@@ -374,7 +387,7 @@ async fn refused_then_rebuilt(lose: impl FnOnce(&mut TestCluster, u64), why: &[&
     // can starve a 50 ms heartbeat) ends the add with the learner still
     // listed; as its message says, remove it and add it again.
     for attempt in 1.. {
-        let added = deadbolt(&endpoint, &["cluster", "add", &id, &address]);
+        let added = run(&endpoint, &["cluster", "add", &id, &address]).await;
         if added.status.success() {
             break;
         }
@@ -384,17 +397,18 @@ async fn refused_then_rebuilt(lose: impl FnOnce(&mut TestCluster, u64), why: &[&
             "{added:?}\n{}",
             cluster.logs()
         );
-        let removed = deadbolt(&endpoint, &["cluster", "remove", &id]);
+        let removed = run(&endpoint, &["cluster", "remove", &id]).await;
         assert!(removed.status.success(), "{removed:?}");
     }
     wait_until(Duration::from_secs(15), || {
         let leader = cluster.node(leader).status();
         let rebuilt = cluster.node(follower).status();
-        matches!((leader, rebuilt), (Some(l), Some(r))
+        ready(matches!((leader, rebuilt), (Some(l), Some(r))
             if r["applied_index"] == l["applied_index"]
-                && l["members"].as_array().is_some_and(|m| m.iter().all(|m| m["voter"] == true) && m.len() == 3))
-    });
-    let status = deadbolt(&endpoint, &["cluster", "status"]);
+                && l["members"].as_array().is_some_and(|m| m.iter().all(|m| m["voter"] == true) && m.len() == 3)))
+    })
+    .await;
+    let status = run(&endpoint, &["cluster", "status"]).await;
     assert!(status.status.success(), "{status:?}");
 }
 
@@ -424,10 +438,10 @@ async fn a_dead_holders_lock_is_freed_about_one_ttl_after_its_last_keepalive() {
     // dies. Without the checkpoint the next leader would give the session a
     // full TTL from its own start.
     tokio::time::sleep_until((opened + TTL * 85 / 100).into()).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(5));
+    let leader = cluster.leader_within(Duration::from_secs(5)).await;
     cluster.kill9(leader);
     let granted = tokio::spawn(async move { waiter.lock("dead-holder").await.map(|g| g.token()) });
-    cluster.wait_for_leader(Duration::from_secs(15));
+    cluster.leader_within(Duration::from_secs(15)).await;
     let took_over = Instant::now();
 
     let token = granted.await.unwrap().unwrap();
@@ -452,16 +466,35 @@ async fn a_dead_holders_lock_is_freed_about_one_ttl_after_its_last_keepalive() {
     );
 }
 
-/// Polls `ready` (a blocking check) until it holds.
-fn wait_until(within: Duration, mut ready: impl FnMut() -> bool) {
+/// Polls `check` until it holds, sleeping on tokio's timer in between: a
+/// blocked worker thread would also hold up the cluster's proxies, which
+/// run on the test's runtime. A synchronous check returns `ready(..)`.
+async fn wait_until<F, Fut>(within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
     let deadline = Instant::now() + within;
-    while !ready() {
+    while !check().await {
         assert!(
             Instant::now() < deadline,
             "condition not met within {within:?}"
         );
-        std::thread::sleep(Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// `deadbolt ARGS...` against `endpoint`, on a blocking thread: `cluster
+/// add` waits for a catch-up that the proxies on this runtime carry.
+async fn run(endpoint: &str, args: &[&str]) -> std::process::Output {
+    let endpoint = endpoint.to_owned();
+    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        deadbolt(&endpoint, &args)
+    })
+    .await
+    .expect("the command ran")
 }
 
 /// Repeats `attempt` until it succeeds.
@@ -482,17 +515,12 @@ where
     }
 }
 
-/// Runs a future to completion from synchronous test code.
-fn futures_block<F: std::future::Future>(future: F) -> F::Output {
-    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(future))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_fills_stops_and_the_others_serve_on() {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = common::start_cluster(dir.path(), 3).await;
-    let leader = cluster.wait_for_leader(Duration::from_secs(5));
+    let leader = cluster.leader_within(Duration::from_secs(5)).await;
     let full = (1..=3).find(|id| *id != leader).unwrap();
     cluster.kill9(full);
     cluster.start_node_with_full_disk_at(full, 4 * 1024 * 1024);
@@ -519,7 +547,7 @@ async fn a_node_whose_disk_fills_stops_and_the_others_serve_on() {
     assert!(log.contains("raft stopped on a fatal error"), "{log}");
 
     // Two of three serve on.
-    cluster.wait_for_leader(Duration::from_secs(15));
+    cluster.leader_within(Duration::from_secs(15)).await;
     let after = session.lock("after-full-disk").await.unwrap();
     assert!(after.token() > guard.token());
 }
@@ -529,10 +557,14 @@ async fn a_node_whose_disk_fills_stops_and_the_others_serve_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adding_a_node_that_never_answers_is_refused_and_loses_no_quorum() {
     let dir = tempfile::tempdir().unwrap();
-    let server = common::TestServer::start(&dir.path().join("data"));
+    let data = dir.path().join("data");
+    // It polls until the server is ready: not on a worker thread.
+    let server = tokio::task::spawn_blocking(move || common::TestServer::start(&data))
+        .await
+        .unwrap();
     let endpoint = server.endpoint();
     // Port 1 on loopback: nothing listens there.
-    let added = deadbolt(&endpoint, &["cluster", "add", "4", "127.0.0.1:1"]);
+    let added = run(&endpoint, &["cluster", "add", "4", "127.0.0.1:1"]).await;
     let stderr = String::from_utf8_lossy(&added.stderr);
     assert!(!added.status.success(), "{added:?}");
     assert!(
@@ -541,7 +573,7 @@ async fn adding_a_node_that_never_answers_is_refused_and_loses_no_quorum() {
         "{stderr}"
     );
 
-    let status = deadbolt(&endpoint, &["cluster", "status"]);
+    let status = run(&endpoint, &["cluster", "status"]).await;
     let status = String::from_utf8_lossy(&status.stdout);
     assert!(!status.contains("127.0.0.1:1"), "{status}");
     // Writes still commit on the one voter.

@@ -1,5 +1,11 @@
 //! Restarts, clean and `kill -9`: nothing acknowledged is lost, no token is
 //! handed out twice, and tokens keep growing.
+//!
+//! What only timers decide (the 3 s grace of an acquire whose caller went
+//! away, a dropped wait keeping its place for the retry, the waits a restart
+//! cut and nobody retries) is tested on tokio's paused clock against
+//! embedded nodes, in `crates/server/tests/abandoned_calls.rs`; here stays
+//! what needs real processes: signals, kill -9, sockets, the client.
 
 mod common;
 
@@ -215,60 +221,6 @@ async fn clean_restart_keeps_holders_queues_and_tokens() {
     assert!(granted_second.token() > first_token);
 }
 
-/// A queue place whose caller went away with the server (its acquire cut
-/// by the shutdown and never retried) is given up after the restart, as any
-/// abandoned wait is; it is not granted to a session nobody waits in.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wait_nobody_retries_after_a_restart_is_given_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut server = TestServer::start(&data);
-    let client = Client::connect([server.endpoint()]).await.unwrap();
-    let [holder, gone, live] = long_sessions(&client).await;
-    let held = holder.lock("orphan").await.unwrap();
-    // A one-shot acquire: cut by the shutdown, it reports the outage and
-    // nobody asks again. The session itself stays alive.
-    let gone_wait = tokio::spawn({
-        let client = client.clone();
-        let gone = gone.handle().clone();
-        async move { client.acquire_raw(&gone, "orphan", true, None).await }
-    });
-    wait_for_waiters(&client, "orphan", 1).await;
-    let live_wait = tokio::spawn({
-        let live = live.clone();
-        async move { live.lock("orphan").await }
-    });
-    wait_for_waiters(&client, "orphan", 2).await;
-
-    assert!(server.terminate().success());
-    assert!(gone_wait.await.unwrap().is_err(), "cut by the shutdown");
-    let server = TestServer::start_on(&data, server.addr);
-    let client = server.client().await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let state = client.lock_status("orphan").await.unwrap().unwrap();
-        if state.waiter_session_ids == [live.id()] {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the unclaimed wait was never given up: {state:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    held.release().await.unwrap();
-    let granted = live_wait.await.unwrap().unwrap();
-    granted.release().await.unwrap();
-    assert!(
-        client.lock_status("orphan").await.unwrap().is_none(),
-        "the lock went to the session nobody waits in"
-    );
-    assert!(
-        !gone.is_lost(),
-        "only the wait was given up, not the session"
-    );
-}
-
 /// With frequent snapshots the log is compacted, and a crash restarts from
 /// snapshot + remaining log with every holder, waiter and token intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,65 +271,6 @@ async fn restart_from_a_compacted_log_keeps_everything() {
     let granted = waiting.await.unwrap().unwrap();
     assert!(granted.token() > kept_token);
     assert!(granted.token() >= after.next_token);
-}
-
-/// A blocking acquire whose connection drops (a flaky network) keeps its
-/// queue place for a retry, instead of going to the back of the queue.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_wait_keeps_its_place_for_the_retry() {
-    use std::io::Write;
-    let dir = tempfile::tempdir().unwrap();
-    let server = TestServer::start(&dir.path().join("data"));
-    let client = server.client().await;
-    let [holder, flaky, patient] = long_sessions(&client).await;
-    let held = holder.lock("fifo").await.unwrap();
-
-    // The flaky client queues over raw HTTP, then its connection dies.
-    let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
-    let body = format!(
-        r#"{{"session_id":{},"session_secret":"{}","lock":"fifo","wait":true}}"#,
-        flaky.id(),
-        flaky.handle().secret()
-    );
-    write!(
-        stream,
-        "POST /v1/lock/acquire HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    wait_for_waiters(&client, "fifo", 1).await;
-    drop(stream);
-
-    let patient_wait = tokio::spawn({
-        let patient = patient.clone();
-        async move { patient.lock("fifo").await }
-    });
-    while !client
-        .lock_status("fifo")
-        .await
-        .unwrap()
-        .unwrap()
-        .waiter_session_ids
-        .contains(&patient.id())
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // The retry comes back well within the grace period.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let flaky_wait = tokio::spawn({
-        let flaky = flaky.clone();
-        async move { flaky.lock("fifo").await }
-    });
-    tokio::time::sleep(Duration::from_secs(4)).await; // past the grace period
-    let state = client.lock_status("fifo").await.unwrap().unwrap();
-    assert_eq!(state.waiter_session_ids, vec![flaky.id(), patient.id()]);
-
-    held.release().await.unwrap();
-    let first = flaky_wait.await.unwrap().unwrap();
-    let first_token = first.token();
-    first.release().await.unwrap();
-    let second = patient_wait.await.unwrap().unwrap();
-    assert!(second.token() > first_token);
 }
 
 /// A caller that gives up on a blocking acquire (drops the future) must not

@@ -270,3 +270,140 @@ impl Stream for CallStream {
         }
     }
 }
+
+/// A `Calls` stream's `cancel`, on tokio's paused clock: the cancelled
+/// acquire is abandoned exactly as a dropped unary call is, after the 3 s
+/// grace and not before, and gets no answer.
+///
+/// Why here: the stream is served in-process from a request body fed by the
+/// test (gRPC-framed messages, decoded by tonic as on the wire), so the
+/// grace can be timed to the millisecond; the real-process test
+/// (`an_acquire_given_up_by_its_caller_does_not_leak_the_lock` in
+/// `crates/cli/tests/recovery.rs`) covers the client's side of a cancel.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::single_node;
+    use deadbolt_proto::v1::{
+        AcquireRequest, CancelCall, LockStatusRequest, OpenSessionRequest, ReleaseRequest,
+    };
+    use hyper::body::{Body, Bytes, Frame};
+    use tokio::sync::mpsc;
+    use tokio::time::{Duration, Instant};
+    use tonic::codec::{Codec, ProstCodec};
+
+    /// A request body that carries the messages the test sends, framed as
+    /// gRPC frames them.
+    struct Requests(mpsc::UnboundedReceiver<CallRequest>);
+
+    impl Body for Requests {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            self.0.poll_recv(cx).map(|request| {
+                request.map(|request| {
+                    let message = prost::Message::encode_to_vec(&request);
+                    let mut frame = vec![0];
+                    frame.extend((message.len() as u32).to_be_bytes());
+                    frame.extend(message);
+                    Ok(Frame::data(Bytes::from(frame)))
+                })
+            })
+        }
+    }
+
+    async fn holder(api: &Api, lock: &str) -> Option<u64> {
+        let request = LockStatusRequest {
+            lock: lock.to_owned(),
+        };
+        let status = api.lock_status(&Credentials::ANONYMOUS, request).await;
+        status.unwrap().state.map(|state| state.holder_session_id)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_acquire_is_given_up_after_the_grace_and_gets_no_answer() {
+        let (_node, api) = single_node().await;
+        let anonymous = &Credentials::ANONYMOUS;
+        let open = || api.open_session(anonymous, OpenSessionRequest { ttl_ms: 60_000 });
+        let (holder_session, waiter) = (open().await.unwrap(), open().await.unwrap());
+        let acquire =
+            |session: &deadbolt_proto::v1::OpenSessionResponse, wait, attempt| AcquireRequest {
+                session_id: session.session_id,
+                session_secret: session.session_secret.clone(),
+                lock: "job".to_owned(),
+                wait,
+                timeout_ms: None,
+                attempt,
+                lock_delay_ms: 0,
+            };
+        let held = api
+            .acquire(anonymous, acquire(&holder_session, false, 1))
+            .await
+            .unwrap()
+            .token;
+
+        let (send, requests) = mpsc::unbounded_channel();
+        let decoder = ProstCodec::<CallResponse, CallRequest>::default().decoder();
+        let requests = Streaming::new_request(decoder, Requests(requests), None, None);
+        let (_running, stopping) = watch::channel(false);
+        let stream = CallStream::new(api.clone(), Credentials::ANONYMOUS, requests, stopping);
+        let answers = tokio::spawn(stream.collect::<Vec<_>>());
+        let call = Call::Acquire(acquire(&waiter, true, 7));
+        send.send(CallRequest {
+            id: 1,
+            call: Some(call),
+        })
+        .unwrap();
+        loop {
+            let status = api
+                .lock_status(anonymous, LockStatusRequest { lock: "job".into() })
+                .await
+                .unwrap();
+            if status.state.unwrap().waiter_session_ids == [waiter.session_id] {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let cancel = Some(Call::Cancel(CancelCall {}));
+        send.send(CallRequest {
+            id: 1,
+            call: cancel,
+        })
+        .unwrap();
+        let cancelled = Instant::now();
+
+        // Freed within the grace: the grant goes to the cancelled call's
+        // session, kept for a retry until the grace is over, then given back.
+        let release = ReleaseRequest {
+            session_id: holder_session.session_id,
+            session_secret: holder_session.session_secret.clone(),
+            lock: "job".to_owned(),
+            token: held,
+        };
+        api.release(anonymous, release).await.unwrap();
+        assert_eq!(holder(&api, "job").await, Some(waiter.session_id));
+        tokio::time::sleep_until(cancelled + Duration::from_millis(2900)).await;
+        assert_eq!(
+            holder(&api, "job").await,
+            Some(waiter.session_id),
+            "given back before the grace was over"
+        );
+        tokio::time::sleep_until(cancelled + Duration::from_millis(3100)).await;
+        assert_eq!(
+            holder(&api, "job").await,
+            None,
+            "the cancelled grant was kept"
+        );
+
+        drop(send);
+        let answers = answers.await.unwrap();
+        assert!(
+            answers.is_empty(),
+            "a cancelled call was answered: {answers:?}"
+        );
+    }
+}

@@ -31,6 +31,8 @@ mod raft_types;
 mod runtime;
 mod secret;
 mod store;
+#[cfg(test)]
+mod testing;
 mod tls;
 mod waits;
 

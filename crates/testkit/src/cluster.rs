@@ -128,7 +128,7 @@ impl TestCluster {
         for id in 1..=size {
             cluster.start_node(id);
         }
-        cluster.wait_for_leader(Duration::from_secs(30));
+        cluster.leader_within(Duration::from_secs(30)).await;
         cluster
     }
 
@@ -264,6 +264,19 @@ impl TestCluster {
         }
     }
 
+    /// [`wait_exit`](Self::wait_exit) for async tests: polls on tokio's
+    /// timer, so the runtime (which also runs the proxies) keeps going.
+    pub async fn exit_within(&mut self, id: u64, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.exited(id) {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "node {id} did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// kill -9.
     pub fn kill9(&mut self, id: u64) {
         if let Some(mut child) = self.node_mut(id).child.take() {
@@ -279,7 +292,33 @@ impl TestCluster {
         self.wait_exit(id, Duration::from_secs(15))
     }
 
-    /// The node every running node agrees leads, once there is one.
+    /// [`terminate`](Self::terminate) for async tests.
+    pub async fn terminate_within(&mut self, id: u64, within: Duration) -> ExitStatus {
+        let pid = self.node(id).child.as_ref().expect("running").id() as i32;
+        signal(pid, libc::SIGTERM);
+        self.exit_within(id, within).await
+    }
+
+    /// [`wait_for_leader`](Self::wait_for_leader) for async tests: polls on
+    /// tokio's timer instead of blocking a worker thread, which would also
+    /// hold up the proxies that run on the test's runtime.
+    pub async fn leader_within(&self, within: Duration) -> u64 {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(leader) = self.agreed_leader() {
+                return leader;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader within {within:?}; logs:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// The node every running node agrees leads, once there is one; from
+    /// synchronous code (async tests use [`leader_within`](Self::leader_within)).
     pub fn wait_for_leader(&self, within: Duration) -> u64 {
         let deadline = Instant::now() + within;
         loop {

@@ -17,6 +17,8 @@ mod log_store;
 mod overlay;
 mod seed;
 mod state_machine;
+#[cfg(test)]
+mod suite;
 mod verify;
 mod witness;
 

@@ -1,0 +1,104 @@
+//! Blocking acquires with a timeout, and group commit, on tokio's paused
+//! clock against an embedded node.
+//!
+//! Why: no real-process test looks at a wait's timeout (the CLI tests only
+//! use timeouts to keep their workers moving), and "a timed-out waiter
+//! leaves the queue at its timeout, not before, and a grant that wins the
+//! race is returned" is a question of milliseconds, which only the paused
+//! clock answers exactly. Group commit (the proposer's batching) is
+//! likewise only measured by benchmarks; here it is asserted.
+
+mod common;
+
+use common::{
+    acquire, acquire_within, lock_state, open_session, release, wait_for_waiters, Cluster,
+    ErrorKind,
+};
+use std::time::Duration;
+use tokio::time::Instant;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// A wait with a timeout stays in the queue until the timeout, then leaves
+/// it (answered `wait_timeout`), and the lock stays its holder's.
+#[tokio::test(start_paused = true)]
+async fn a_wait_leaves_the_queue_at_its_timeout_and_not_before() {
+    let cluster = Cluster::form(1).await;
+    let api = cluster.api(1);
+    let holder = open_session(&api, LONG).await;
+    let waiter = open_session(&api, LONG).await;
+    let held = acquire(&api, &holder, "job", false, 1).await.unwrap();
+
+    let started = Instant::now();
+    let wait = tokio::spawn({
+        let (api, waiter) = (api.clone(), waiter.clone());
+        async move { acquire_within(&api, &waiter, "job", true, Some(Duration::from_secs(2)), 2).await }
+    });
+    wait_for_waiters(&api, "job", 1).await;
+    tokio::time::sleep_until(started + Duration::from_millis(1900)).await;
+    assert!(!wait.is_finished(), "the wait ended before its timeout");
+    let state = lock_state(&api, "job").await.unwrap();
+    assert_eq!(state.waiter_session_ids, [waiter.id]);
+
+    let timed_out = wait.await.unwrap().unwrap_err();
+    assert_eq!(timed_out.kind, ErrorKind::WaitTimeout, "{timed_out:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_millis(2100),
+        "answered after {waited:?}"
+    );
+    let state = lock_state(&api, "job").await.unwrap();
+    assert_eq!((state.holder_session_id, state.token), (holder.id, held));
+    assert!(
+        state.waiter_session_ids.is_empty(),
+        "the timed-out wait kept its queue place: {state:?}"
+    );
+}
+
+/// A grant that comes before the timeout is returned, with its token.
+#[tokio::test(start_paused = true)]
+async fn a_grant_before_the_timeout_is_returned() {
+    let cluster = Cluster::form(1).await;
+    let api = cluster.api(1);
+    let holder = open_session(&api, LONG).await;
+    let waiter = open_session(&api, LONG).await;
+    let held = acquire(&api, &holder, "job", false, 1).await.unwrap();
+    let wait = tokio::spawn({
+        let (api, waiter) = (api.clone(), waiter.clone());
+        async move { acquire_within(&api, &waiter, "job", true, Some(Duration::from_secs(2)), 2).await }
+    });
+    wait_for_waiters(&api, "job", 1).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    release(&api, &holder, "job", held).await;
+    let granted = wait.await.unwrap().expect("granted before the timeout");
+    assert!(granted > held);
+    let state = lock_state(&api, "job").await.unwrap();
+    assert_eq!((state.holder_session_id, state.token), (waiter.id, granted));
+}
+
+/// Concurrent commands share log entries: 200 sessions opened at once take
+/// far fewer than 200 entries, and every one of them is answered with its
+/// own session.
+#[tokio::test(start_paused = true)]
+async fn concurrent_commands_are_committed_in_few_entries() {
+    const OPENS: usize = 200;
+    let cluster = Cluster::form(1).await;
+    let api = cluster.api(1);
+    let before = api.health().last_applied_index;
+    let opens: Vec<_> = (0..OPENS)
+        .map(|_| {
+            let api = api.clone();
+            tokio::spawn(async move { open_session(&api, LONG).await.id })
+        })
+        .collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for open in opens {
+        ids.insert(open.await.unwrap());
+    }
+    assert_eq!(ids.len(), OPENS, "every open got a session of its own");
+    let entries = api.health().last_applied_index - before;
+    assert!(
+        entries <= OPENS as u64 / 10,
+        "{OPENS} concurrent opens took {entries} log entries"
+    );
+}
