@@ -10,7 +10,9 @@
 #[path = "../../sim/src/disk.rs"]
 pub mod sim_disk;
 
-use crate::embedded::{Api, Clock, EmbeddedNode, InFlight, NodeId, SecretSource, TypeConfig};
+use crate::embedded::{
+    Api, Clock, EmbeddedNode, InFlight, NodeId, SecretSource, SimulatedDisks, TypeConfig,
+};
 use crate::{ConnectionLimits, RaftTiming};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -75,8 +77,7 @@ pub async fn single_node() -> (EmbeddedNode, Api) {
         RaftTiming::default(),
         10_000,
         Clock::simulated(1.0, 1_767_225_600_000),
-        SimDisk::default(),
-        SimDisk::default(),
+        &SimulatedDisks::<SimDisk>::default(),
         NoPeers,
     )
     .await

@@ -164,15 +164,10 @@ impl SimCluster {
         self.fabric.node_down(id);
         let _ = running.crashed.send(true);
         let keep = rng.gen_range(0.0..=1.0);
-        let disks = &mut slot.disks;
-        disks.db = disks.db.after_crash(keep, rng);
-        disks.witness = disks.witness.after_crash(keep, rng);
-        disks.snapshots = disks.snapshots.after_crash(keep, rng);
-        slot.earlier = slot.latest.replace(SimulatedDisks {
-            db: disks.db.synced_image(),
-            witness: disks.witness.synced_image(),
-            snapshots: disks.snapshots.synced_image(),
-        });
+        slot.disks = slot.disks.map(|disk| disk.after_crash(keep, rng));
+        slot.earlier = slot
+            .latest
+            .replace(slot.disks.map(|disk| disk.synced_image()));
         // Its tasks wind down in the background, cut off from everything;
         // the disk they may still write to is no longer this node's.
         tokio::spawn(running.node.crash());

@@ -227,6 +227,15 @@ pub struct SimulatedDisks<D> {
 }
 
 impl<D> SimulatedDisks<D> {
+    /// The same change to each disk: a crash, a synced image.
+    pub fn map(&self, mut change: impl FnMut(&D) -> D) -> Self {
+        SimulatedDisks {
+            db: change(&self.db),
+            witness: change(&self.witness),
+            snapshots: change(&self.snapshots),
+        }
+    }
+
     fn disk(&self, db: Db) -> &D {
         match db {
             Db::Log => &self.db,

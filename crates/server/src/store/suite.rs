@@ -24,7 +24,9 @@
 //! than the one that decided it; the table's half is tested in
 //! `crates/core/tests/regressions.rs`).
 
-use super::{open_data_dir, open_simulated_disk, LogStore, StateMachineStore, StorageIo};
+use super::{
+    open_data_dir, open_simulated_disk, LogStore, SimulatedDisks, StateMachineStore, StorageIo,
+};
 use crate::clock::Clock;
 use crate::leases::Leases;
 use crate::metrics::Metrics;
@@ -68,7 +70,7 @@ struct OnSimulatedDisk;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, ()> for OnSimulatedDisk {
     async fn build(&self) -> Result<((), LogStore, StateMachineStore), StorageError> {
-        let data = open_simulated_disk(SimDisk::default(), SimDisk::default(), 1)
+        let data = open_simulated_disk(&SimulatedDisks::<SimDisk>::default(), 1)
             .expect("a blank simulated disk opens");
         let (log, state_machine) = stores(data, StorageIo::Inline)?;
         Ok(((), log, state_machine))
@@ -80,9 +82,13 @@ fn stores(
     io: StorageIo,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
     let metrics = Arc::new(Metrics::new());
-    let db = Arc::new(data.db);
-    let log = LogStore::new(db.clone(), data.witness, io, metrics.log_append_seconds())?;
-    let state_machine = StateMachineStore::open(db, observers(&metrics))?;
+    let log = LogStore::new(
+        Arc::new(data.db),
+        data.witness,
+        io,
+        metrics.log_append_seconds(),
+    )?;
+    let state_machine = StateMachineStore::open(data.snapshots, io, observers(&metrics))?;
     Ok((log, state_machine))
 }
 
@@ -103,8 +109,8 @@ fn openraft_storage_suite_on_the_simulated_disk() {
 #[tokio::test]
 async fn what_the_stores_acknowledged_survives_a_crash_that_keeps_only_synced_writes() {
     type OnSim = Suite<TypeConfig, LogStore, StateMachineStore, OnSimulatedDisk, ()>;
-    let (disk, witness) = (SimDisk::default(), SimDisk::default());
-    let data = open_simulated_disk(disk.clone(), witness.clone(), 1).unwrap();
+    let disks = SimulatedDisks::<SimDisk>::default();
+    let data = open_simulated_disk(&disks, 1).unwrap();
     let (mut log, mut state_machine) = stores(data, StorageIo::Inline).unwrap();
     OnSim::feed_10_logs_vote_self(&mut log).await.unwrap();
     let blanks = (1..=5).map(|index| Entry::<TypeConfig> {
@@ -128,12 +134,9 @@ async fn what_the_stores_acknowledged_survives_a_crash_that_keeps_only_synced_wr
 
     // The crash comes while the database is open: closing it would sync.
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
-    let (disk, witness) = (
-        disk.after_crash(0.0, &mut rng),
-        witness.after_crash(0.0, &mut rng),
-    );
+    let crashed = disks.map(|disk| disk.after_crash(0.0, &mut rng));
     drop((log, state_machine));
-    let data = open_simulated_disk(disk, witness, 1).expect("the crashed disk opens");
+    let data = open_simulated_disk(&crashed, 1).expect("the crashed disk opens");
     let (mut log, mut state_machine) = stores(data, StorageIo::Inline).unwrap();
     assert_eq!(log.get_log_state().await.unwrap(), log_state);
     assert_eq!(log.read_vote().await.unwrap(), vote);

@@ -24,7 +24,7 @@ mod disk;
 pub use deadbolt_proto::ErrorKind;
 pub use deadbolt_server::embedded::{
     Api, ApiError, Clock, Credentials, EmbeddedNode, InFlight, NodeId, Raft, SecretSource,
-    TypeConfig,
+    SimulatedDisks, TypeConfig,
 };
 pub use disk::SimDisk;
 
@@ -207,8 +207,7 @@ impl RaftNetwork<TypeConfig> for Connection {
 }
 
 struct Slot {
-    disk: SimDisk,
-    witness: SimDisk,
+    disks: SimulatedDisks<SimDisk>,
     running: Option<(EmbeddedNode, Api)>,
 }
 
@@ -230,8 +229,7 @@ impl Cluster {
         };
         for id in 1..=size {
             let slot = Slot {
-                disk: SimDisk::default(),
-                witness: SimDisk::default(),
+                disks: SimulatedDisks::default(),
                 running: None,
             };
             cluster.slots.insert(id, slot);
@@ -261,8 +259,7 @@ impl Cluster {
             RaftTiming::default(),
             u64::MAX / 2,
             clock,
-            slot.disk.clone(),
-            slot.witness.clone(),
+            &slot.disks,
             link,
         )
         .await
@@ -288,8 +285,7 @@ impl Cluster {
         self.net.nodes.lock().unwrap().remove(&id);
         node.crash().await;
         let mut rng = StdRng::seed_from_u64(0);
-        slot.disk = slot.disk.after_crash(0.0, &mut rng);
-        slot.witness = slot.witness.after_crash(0.0, &mut rng);
+        slot.disks = slot.disks.map(|disk| disk.after_crash(0.0, &mut rng));
     }
 
     pub async fn restart(&mut self, id: NodeId) {
