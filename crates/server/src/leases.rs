@@ -15,6 +15,7 @@ use crate::waits::Waits;
 use deadbolt_core::{
     Command, DueCheckpoint, LeaseTracker, RenewError, SessionId, SessionLease, Token,
 };
+use futures::StreamExt;
 use openraft::ServerState;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,11 @@ const TIMER_TICK: Duration = Duration::from_millis(1);
 /// Pause before retrying an expiry that could not be committed, so a broken
 /// Raft log does not turn into a busy loop.
 const EXPIRY_RETRY: Duration = Duration::from_millis(500);
+/// Timer commands (expiries, checkpoints, ends of lock-delay) of one sweep
+/// in flight at once. A sweep runs as one task whatever its size (a mass
+/// expiry of 100,000 sessions is one task, not 100,000); the proposer still
+/// groups these into few log entries.
+const TIMER_PROPOSALS_IN_FLIGHT: usize = 256;
 
 pub struct Leases {
     clock: Clock,
@@ -235,20 +241,42 @@ pub async fn expire_sessions(
             let expired = state.tracker.take_expired(now);
             (term, checkpoints, ended_delays, expired)
         };
-        for due in checkpoints {
-            tokio::spawn(checkpoint(proposer.clone(), due, term));
+        if checkpoints.is_empty() && ended_delays.is_empty() && expired.is_empty() {
+            continue;
         }
-        for (lock, token) in ended_delays {
-            tokio::spawn(end_lock_delay(
-                leases.clone(),
-                proposer.clone(),
-                lock,
-                token,
-                term,
-            ));
-        }
-        for session in expired {
-            tokio::spawn(expire(leases.clone(), proposer.clone(), session, term));
+        let jobs = checkpoints
+            .into_iter()
+            .map(TimerJob::Checkpoint)
+            .chain(
+                ended_delays
+                    .into_iter()
+                    .map(|(lock, token)| TimerJob::EndLockDelay(lock, token)),
+            )
+            .chain(expired.into_iter().map(TimerJob::Expire));
+        let (leases, proposer) = (leases.clone(), proposer.clone());
+        let sweep = futures::stream::iter(jobs)
+            .for_each_concurrent(TIMER_PROPOSALS_IN_FLIGHT, move |job| {
+                job.run(leases.clone(), proposer.clone(), term)
+            });
+        tokio::spawn(sweep);
+    }
+}
+
+/// One timer command a sweep found due.
+enum TimerJob {
+    Checkpoint(DueCheckpoint),
+    EndLockDelay(String, Token),
+    Expire(SessionId),
+}
+
+impl TimerJob {
+    async fn run(self, leases: Arc<Leases>, proposer: Proposer, term: u64) {
+        match self {
+            TimerJob::Checkpoint(due) => checkpoint(proposer, due, term).await,
+            TimerJob::EndLockDelay(lock, token) => {
+                end_lock_delay(leases, proposer, lock, token, term).await
+            }
+            TimerJob::Expire(session) => expire(leases, proposer, session, term).await,
         }
     }
 }
