@@ -359,6 +359,30 @@ proptest! {
         prop_assert!(seen.holders.is_empty());
     }
 
+    /// A snapshot encodes a clone of the table while applies go on (the
+    /// clone shares the table's persistent maps): what it encodes must be
+    /// the table as it was when cloned, whatever is applied meanwhile.
+    #[test]
+    fn a_clone_for_a_snapshot_is_unchanged_by_later_commands(
+        before in prop::collection::vec(step(), 1..60),
+        after in prop::collection::vec(step(), 1..60),
+    ) {
+        let mut table = LockTable::new();
+        let mut seen = Observed::default();
+        for step in &before {
+            let command = command(step, &seen);
+            run(&mut table, &mut seen, &command).ok();
+        }
+        let at_clone = serde_json::to_vec(&table).unwrap();
+        let clone = table.clone();
+        for step in &after {
+            let command = command(step, &seen);
+            run(&mut table, &mut seen, &command).ok();
+        }
+        prop_assert_eq!(serde_json::to_vec(&clone).unwrap(), at_clone);
+        clone.check_invariants();
+    }
+
     #[test]
     fn snapshot_round_trip_preserves_behaviour(steps in prop::collection::vec(step(), 1..80)) {
         let mut table = LockTable::new();
