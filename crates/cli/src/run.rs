@@ -246,8 +246,17 @@ pub(crate) async fn run_holding(
     // dead, so its exit is what allows the release below.
     loop {
         tokio::select! {
-            status = child.wait() => break exit_code(status.expect("waiting for the command failed")),
+            // Biased: when the command's exit and the lease's loss are seen
+            // together, the loss decides (below), never a coin toss.
+            biased;
             (reason, ours) = &mut at_risk => {
+                if ours {
+                    // Exited while the lease was still certain: its work
+                    // was all done under the lock, and its status stands.
+                    if let Ok(Some(status)) = child.try_wait() {
+                        break exit_code(status);
+                    }
+                }
                 eprintln!(
                     "deadbolt run: {reason}; stopping {:?} before the lock can pass on",
                     args.command[0]
@@ -264,6 +273,7 @@ pub(crate) async fn run_holding(
                 eprintln!("deadbolt run: lock {:?} lost while running", args.target.lock);
                 break exit::LOCK_LOST;
             }
+            status = child.wait() => break exit_code(status.expect("waiting for the command failed")),
             () = sleep_until_set(kill_at) => {
                 eprintln!(
                     "deadbolt run: {:?} still running {} after it was told to stop; killing it",
