@@ -183,14 +183,14 @@ async fn seed_100605_a_checkpoint_committed_in_a_later_term_is_refused_by_the_st
     };
     let lease_before: Vec<_> = table_sessions(&state_machine);
 
-    let stale = Command::CheckpointLease {
+    let checkpoint = |term| Command::CheckpointLease {
         session,
         remaining_ms: 350,
         renewals: 0,
-        term: 3,
+        term,
     };
     let applied = state_machine
-        .apply([entry(4, 2, vec![stale])])
+        .apply([entry(4, 2, vec![checkpoint(3)])])
         .await
         .unwrap();
     assert_eq!(
@@ -208,14 +208,8 @@ async fn seed_100605_a_checkpoint_committed_in_a_later_term_is_refused_by_the_st
     );
 
     // Committed in the term that decided it, a checkpoint counts.
-    let current = Command::CheckpointLease {
-        session,
-        remaining_ms: 350,
-        renewals: 0,
-        term: 4,
-    };
     let applied = state_machine
-        .apply([entry(4, 3, vec![current])])
+        .apply([entry(4, 3, vec![checkpoint(4)])])
         .await
         .unwrap();
     assert!(applied[0].0[0].is_ok(), "{applied:?}");
