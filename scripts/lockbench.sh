@@ -8,22 +8,26 @@
 #      (deadbolt://host:port[,...]), registers it and adds deadbolt-client as a path dependency;
 #      only files whose content changed are rewritten, so a re-run rebuilds nothing needlessly;
 #   2. builds that lockbench and `deadbolt` (release);
-#   3. for deadbolt, then etcd1 (single node), redis (no persistence) and postgres, each only if
-#      installed: starts a fresh server, runs the workloads the 2026-11-29 results used at N=16
-#      (uncontended, then contended; warmup 1 s, ttl 10 s, hold 0, retry 5 ms), stops it;
-#   4. prints a markdown table: pairs/s, grants/s, and the ratio Deadbolt / etcd1.
+#   3. for each backend, each only if installed: deadbolt (one node), redis-aof-always (Redis
+#      fsyncing every write: the durable single-node peer), etcd1 (single node), deadbolt3 and
+#      etcd3 (local 3-node clusters), redis (no persistence) and postgres: starts a fresh
+#      server, runs the workloads the 2026-11-29 results used (uncontended, then contended;
+#      warmup 1 s, ttl 10 s, hold 0, retry 5 ms) at each N of --clients, stops it;
+#   4. prints a markdown table: pairs/s and grants/s per backend and N, and the ratios issue 15
+#      sets goals in: Deadbolt / redis-aof-always, Deadbolt / etcd1, deadbolt3 / etcd3.
 # Peers are started with lockbench's servers.sh (state in the scratch dir, stopped by PID).
 # Missing peer packages (and protobuf-compiler, which lockbench's etcd-client needs to build)
 # are installed with apt-get when running as root.
 #
-# usage: scripts/lockbench.sh [--duration S] [--clients N] [--only deadbolt[,etcd1,redis,postgres]]
+# usage: scripts/lockbench.sh [--duration S] [--clients N[,N...]] [--only BACKEND[,BACKEND...]]
+#        e.g. scripts/lockbench.sh --duration 5 --clients 16,64,256 --only deadbolt,redis-aof-always,etcd1
 # env:   LOCKBENCH_SRC      lockbench to copy    (default: <repo>/../shared/lockbench)
 #        LOCKBENCH_SCRATCH  scratch dir          (default: /tmp/deadbolt-lockbench)
 #                           holds lockbench/ (patched copy), target/, deadbolt-data/, state/,
 #                           results/ (one JSONL + one log per invocation)
 set -euo pipefail
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
 
 DUR=10
 N=16
@@ -41,9 +45,10 @@ while (($#)); do
   esac
 done
 [[ $DUR =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "lockbench.sh: --duration wants seconds, got $DUR" >&2; exit 2; }
-[[ $N =~ ^[1-9][0-9]*$ ]] || { echo "lockbench.sh: --clients wants a positive integer, got $N" >&2; exit 2; }
+[[ $N =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "lockbench.sh: --clients wants positive integers (16 or 16,64,256), got $N" >&2; exit 2; }
+CLIENTS=${N//,/ }
 
-ALL_BACKENDS="deadbolt etcd1 redis postgres"
+ALL_BACKENDS="deadbolt redis-aof-always etcd1 deadbolt3 etcd3 redis postgres"
 BACKENDS=$ALL_BACKENDS
 if [[ -n $ONLY ]]; then
   BACKENDS=""
@@ -74,18 +79,19 @@ say() { echo "[lockbench.sh] $*" | tee -a "$LOG" >&2; }
 pgbin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
 have_peer() {
   case $1 in
-    etcd1) command -v etcd >/dev/null && command -v etcdctl >/dev/null ;;
-    redis) command -v redis-server >/dev/null ;;
+    etcd1 | etcd3) command -v etcd >/dev/null && command -v etcdctl >/dev/null ;;
+    redis | redis-aof-always) command -v redis-server >/dev/null ;;
     postgres) local b; b=$(pgbin); [[ -n $b && -x $b/initdb ]] && id postgres >/dev/null 2>&1 ;;
   esac
 }
-peer_pkgs() { case $1 in etcd1) echo etcd-server etcd-client ;; redis) echo redis-server ;; postgres) echo postgresql ;; esac; }
+peer_pkgs() { case $1 in etcd1 | etcd3) echo etcd-server etcd-client ;; redis | redis-aof-always) echo redis-server ;; postgres) echo postgresql ;; esac; }
+is_deadbolt() { [[ $1 == deadbolt || $1 == deadbolt3 ]]; }
 
 missing=()
 # lockbench's etcd-client compiles its protos at build time, with or without etcd in the run
 [[ -n ${PROTOC:-} ]] || command -v protoc >/dev/null || missing+=(protobuf-compiler)
 for b in $BACKENDS; do
-  [[ $b == deadbolt ]] && continue
+  is_deadbolt "$b" && continue
   have_peer "$b" || missing+=($(peer_pkgs "$b"))
 done
 if ((${#missing[@]})); then
@@ -99,7 +105,7 @@ if ((${#missing[@]})); then
 fi
 RUN=""
 for b in $BACKENDS; do
-  if [[ $b == deadbolt ]] || have_peer "$b"; then RUN+="$b "; else say "skipping $b: not installed"; fi
+  if is_deadbolt "$b" || have_peer "$b"; then RUN+="$b "; else say "skipping $b: not installed"; fi
 done
 
 # ------------------------------------------------------------------ lockbench copy + patch
@@ -197,9 +203,9 @@ DEADBOLT=$DEADBOLT_TARGET/release/deadbolt
 [[ -x $DEADBOLT ]] || { say "no binary at $DEADBOLT"; exit 1; }
 
 {
-  echo "=== $(date -Is) lockbench.sh duration=$DUR clients=$N backends: $RUN"
+  echo "=== $(date -Is) lockbench.sh duration=$DUR clients=$CLIENTS backends: $RUN"
   echo "deadbolt: $("$DEADBOLT" --version) at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$REPO" status --porcelain 2>/dev/null | grep -q . && echo ' (dirty)')"
-  [[ $RUN == "deadbolt " ]] || LB_STATE=$STATE "$LB/servers.sh" versions 2>&1 || true
+  [[ $RUN == "deadbolt " || $RUN == "deadbolt3 " ]] || LB_STATE=$STATE "$LB/servers.sh" versions 2>&1 || true
 } >>"$LOG"
 
 # ------------------------------------------------------------------ servers
@@ -219,8 +225,22 @@ stop_deadbolt() {
   DEADBOLT_PID=""
 }
 stop_peer() { LB_STATE=$STATE "$LB/servers.sh" stop "$1" 2>>"$LOG" || true; }
+# The 3-node cluster: scripts/cluster.sh, on ports 7071-7073, with this build.
+CLUSTER_DIR=$SCRATCH/deadbolt3
+DEADBOLT3_ENDPOINTS=127.0.0.1:7071,127.0.0.1:7072,127.0.0.1:7073
+cluster_sh() { DEADBOLT_CLUSTER_DIR=$CLUSTER_DIR CARGO_TARGET_DIR=$DEADBOLT_TARGET "$REPO/scripts/cluster.sh" "$@"; }
+start_deadbolt3() {
+  cluster_sh clean >>"$LOG" 2>&1 || true
+  if ! cluster_sh start >>"$LOG" 2>&1; then
+    say "the 3-node deadbolt cluster did not start; see $LOG and $CLUSTER_DIR"
+    return 1
+  fi
+  say "started a 3-node deadbolt cluster on $DEADBOLT3_ENDPOINTS (data $CLUSTER_DIR)"
+}
+stop_deadbolt3() { [[ -d $CLUSTER_DIR ]] && cluster_sh stop >>"$LOG" 2>&1 || true; }
 cleanup() {
   stop_deadbolt
+  stop_deadbolt3
   for p in "${PEERS_STARTED[@]}"; do stop_peer "$p"; done
 }
 trap cleanup EXIT
@@ -258,38 +278,51 @@ start_deadbolt() {
 url_of() {
   case $1 in
     deadbolt) echo "deadbolt://$DEADBOLT_ADDR" ;;
+    deadbolt3) echo "deadbolt://$DEADBOLT3_ENDPOINTS" ;;
     etcd1) echo etcd://127.0.0.1:12379 ;;
+    etcd3) echo etcd://127.0.0.1:22379,127.0.0.1:32379,127.0.0.1:42379 ;;
     redis) echo redis://127.0.0.1:16379 ;;
+    redis-aof-always) echo redis://127.0.0.1:16381 ;;
     postgres) echo postgres://postgres@127.0.0.1:55432/postgres ;;
   esac
 }
-pids_of() { if [[ $1 == deadbolt ]]; then echo "$DEADBOLT_PID"; else cat "$STATE/$1.pid"; fi; }
+pids_of() {
+  case $1 in
+    deadbolt) echo "$DEADBOLT_PID" ;;
+    deadbolt3) cat "$CLUSTER_DIR"/node{1,2,3}.pid | paste -sd, ;;
+    etcd3) cat "$STATE"/etcd3-m{1,2,3}.pid | paste -sd, ;;
+    *) cat "$STATE/$1.pid" ;;
+  esac
+}
 
 after_run() { # as run_all.sh: keep etcd's MVCC history from growing run over run
-  if [[ $1 == etcd1 ]]; then
-    local rev
-    rev=$(etcdctl --endpoints=127.0.0.1:12379 endpoint status -w json 2>/dev/null |
+  if [[ $1 == etcd1 || $1 == etcd3 ]]; then
+    local rev endpoints
+    endpoints=$(url_of "$1"); endpoints=${endpoints#etcd://}
+    rev=$(etcdctl --endpoints="$endpoints" endpoint status -w json 2>/dev/null |
       python3 -c 'import json,sys; print(max(e["Status"]["header"]["revision"] for e in json.load(sys.stdin)))' 2>/dev/null) || rev=""
-    [[ -n $rev ]] && etcdctl --endpoints=127.0.0.1:12379 compact "$rev" >/dev/null 2>&1 || true
+    [[ -n $rev ]] && etcdctl --endpoints="$endpoints" compact "$rev" >/dev/null 2>&1 || true
   fi
   sleep 1
 }
 
-one() { # one <backend> <workload>
-  local b=$1 w=$2 rc
-  echo "=== $(date +%T) $b $w N=$N duration=$DUR" >>"$LOG"
+one() { # one <backend> <workload> <clients>
+  local b=$1 w=$2 n=$3 rc
+  echo "=== $(date +%T) $b $w N=$n duration=$DUR" >>"$LOG"
   set +e
-  timeout $((${DUR%.*} + 90)) "$BENCH" --backend "$(url_of "$b")" --workload "$w" --clients "$N" \
+  timeout $((${DUR%.*} + 90)) "$BENCH" --backend "$(url_of "$b")" --workload "$w" --clients "$n" \
     --duration "$DUR" --label "$b" --watch-pids "$(pids_of "$b")" --json "$OUT" 2>>"$LOG" | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
   set -e
-  ((rc == 0)) || say "$b $w N=$N failed (exit $rc; 124 = timed out); see $LOG"
+  ((rc == 0)) || say "$b $w N=$n failed (exit $rc; 124 = timed out); see $LOG"
   after_run "$b"
 }
 
 for b in $RUN; do
   if [[ $b == deadbolt ]]; then
     start_deadbolt || continue
+  elif [[ $b == deadbolt3 ]]; then
+    start_deadbolt3 || continue
   else
     if ! LB_STATE=$STATE "$LB/servers.sh" start "$b" 2>>"$LOG"; then
       say "failed to start $b; see $LOG"
@@ -299,10 +332,14 @@ for b in $RUN; do
     PEERS_STARTED+=("$b")
   fi
   sleep 1
-  for w in uncontended contended; do one "$b" "$w"; done
+  for n in $CLIENTS; do
+    for w in uncontended contended; do one "$b" "$w" "$n"; done
+  done
   if [[ $b == deadbolt ]]; then
     kill -0 "$DEADBOLT_PID" 2>/dev/null || say "deadbolt server died during the runs; see $RES/deadbolt-server-$STAMP.log"
     stop_deadbolt
+  elif [[ $b == deadbolt3 ]]; then
+    stop_deadbolt3
   else
     stop_peer "$b"
   fi
@@ -322,7 +359,7 @@ if os.path.exists(path):
         for line in f:
             if line.strip():
                 r = json.loads(line)
-                runs[(r["label"], r["workload"])] = r
+                runs[(r["label"], r["workload"], r["clients"])] = r
 
 def checks(rs):
     bad = []
@@ -333,26 +370,34 @@ def checks(rs):
                 bad.append(f"{r['workload'][0]}:{name}={r[field]}")
     return " ".join(bad) or "ok"
 
-def tput(label, w):
-    r = runs.get((label, w))
+def tput(label, w, n):
+    r = runs.get((label, w, n))
     return r["throughput_per_s"] if r else None
 
 fmt = lambda v: f"{v:.0f}" if v is not None else "n/a"
-n = next((r["clients"] for r in runs.values()), "?")
+clients = sorted({n for (_, _, n) in runs})
 dur = next((r["duration_s"] for r in runs.values()), "?")
-print(f"N={n}, {dur} s measured per run (+1 s warmup), one run each, same session; JSONL: {path}\n")
-print("| backend | uncontended pairs/s | contended grants/s | checks |")
-print("|---|---:|---:|---|")
+print(f"{dur} s measured per run (+1 s warmup), one run each, same session; JSONL: {path}\n")
+print("| backend | N | uncontended pairs/s | contended grants/s | checks |")
+print("|---|---:|---:|---:|---|")
 for label in order:
-    rs = [r for (l, _), r in runs.items() if l == label]
-    note = checks(rs) if rs else "no result"
-    if rs and len(rs) < 2:
-        note += " (a run is missing)"
-    print(f"| {label} | {fmt(tput(label, 'uncontended'))} | {fmt(tput(label, 'contended'))} | {note} |")
+    for n in clients:
+        rs = [r for (l, _, rn), r in runs.items() if l == label and rn == n]
+        note = checks(rs) if rs else "no result"
+        if rs and len(rs) < 2:
+            note += " (a run is missing)"
+        print(f"| {label} | {n} | {fmt(tput(label, 'uncontended', n))} | {fmt(tput(label, 'contended', n))} | {note} |")
 
-def ratio(w):
-    a, b = tput("deadbolt", w), tput("etcd1", w)
-    return f"{a / b:.2f}x" if a is not None and b else "n/a"
-print(f"| **Deadbolt / etcd1** | {ratio('uncontended')} | {ratio('contended')} | |")
+def ratio(a, b, w, n):
+    x, y = tput(a, w, n), tput(b, w, n)
+    return f"{x / y:.2f}x" if x is not None and y else "n/a"
+
+print()
+print("| ratio | N | uncontended | contended |")
+print("|---|---:|---:|---:|")
+for a, b in [("deadbolt", "redis-aof-always"), ("deadbolt", "etcd1"), ("deadbolt3", "etcd3")]:
+    if a in order and b in order:
+        for n in clients:
+            print(f"| **{a} / {b}** | {n} | {ratio(a, b, 'uncontended', n)} | {ratio(a, b, 'contended', n)} |")
 PY
 say "results: $OUT  log: $LOG"
