@@ -14,7 +14,7 @@
 use super::{ApiError, Node, OwnedSession};
 use crate::proposer::Admission;
 use crate::waits::{Subscription, WaitEnd};
-use deadbolt_core::{validate_lock_name, AcquireOutcome, Command, Outcome, SessionId, Token};
+use deadbolt_core::{validate_lock_name, AcquireOutcome, Proposal, SessionId, Token};
 use deadbolt_proto::ErrorKind;
 use std::time::Duration;
 
@@ -82,16 +82,8 @@ impl Node {
 
     /// Leaves the queue of `lock`; returns the token if the grant came first.
     async fn cancel_wait(&self, session: SessionId, lock: &str) -> Result<Option<Token>, ApiError> {
-        match self
-            .propose(Command::CancelWait {
-                session,
-                lock: lock.to_owned(),
-            })
-            .await?
-        {
-            Outcome::WaitCancelled { granted } => Ok(granted),
-            other => unreachable!("cancel wait answered {other:?}"),
-        }
+        self.propose(Proposal::cancel_wait(session, lock.to_owned()))
+            .await
     }
 }
 
@@ -109,13 +101,13 @@ struct AcquireCall {
 
 impl AcquireCall {
     async fn run(&mut self, wait: bool, timeout: Option<Duration>) -> Result<Token, ApiError> {
-        let command = Command::Acquire {
-            session: self.session,
-            lock: self.lock.clone(),
+        let proposal = Proposal::acquire(
+            self.session,
+            self.lock.clone(),
             wait,
-            attempt: self.attempt,
-            lock_delay_ms: self.lock_delay_ms,
-        };
+            self.attempt,
+            self.lock_delay_ms,
+        );
         // A retry of an acquire that already has its queue place (or grant)
         // is never refused as overloaded: refused for longer than the
         // abandonment grace, it would lose that place.
@@ -125,14 +117,12 @@ impl AcquireCall {
             true => Admission::Always,
             false => Admission::Refusable,
         };
-        let proposed = self.node.proposer.propose_with(command, admission).await;
-        match proposed?? {
-            Outcome::Acquire(AcquireOutcome::Granted { token }) => Ok(token),
-            Outcome::Acquire(AcquireOutcome::Queued { .. }) => {
+        match self.node.propose_with(proposal, admission).await? {
+            AcquireOutcome::Granted { token } => Ok(token),
+            AcquireOutcome::Queued { .. } => {
                 self.subscription = Some(self.node.waits.subscribe(self.session, &self.lock));
                 self.wait(timeout).await
             }
-            other => unreachable!("acquire answered {other:?}"),
         }
     }
 
@@ -273,21 +263,19 @@ async fn abandon_unless_claimed(node: Node, session: SessionId, lock: String, cl
     if node.waits.is_watched(session, &lock) {
         return;
     }
-    let command = match claim {
-        Claim::Attempt(attempt) => Command::Abandon {
-            session,
-            lock: lock.clone(),
-            attempt,
-        },
-        Claim::QueuePlace => Command::CancelWait {
-            session,
-            lock: lock.clone(),
-        },
+    let released = match claim {
+        Claim::Attempt(attempt) => {
+            let abandon = Proposal::abandon(session, lock.clone(), attempt);
+            node.propose(abandon).await
+        }
+        // A grant that came before the cancel stays: it is not released.
+        Claim::QueuePlace => {
+            let cancel = Proposal::cancel_wait(session, lock.clone());
+            node.propose(cancel).await.map(|_| None)
+        }
     };
-    match node.propose(command).await {
-        Ok(Outcome::Abandoned {
-            released: Some(token),
-        }) => {
+    match released {
+        Ok(Some(token)) => {
             tracing::info!(
                 session = session.0,
                 lock,
@@ -295,7 +283,7 @@ async fn abandon_unless_claimed(node: Node, session: SessionId, lock: String, cl
                 "released a grant whose requester went away"
             )
         }
-        Ok(_) => {}
+        Ok(None) => {}
         Err(err) => {
             tracing::debug!(session = session.0, lock, message = %err.message, "abandoned acquire not cleaned up")
         }

@@ -8,7 +8,7 @@
 //! decided here, once.
 
 use crate::proposer::ProposeError;
-use deadbolt_core::{AclError, LockError};
+use deadbolt_core::{AclError, LockError, WrongOutcome};
 use deadbolt_proto::ErrorKind;
 
 /// A refused or failed API call: a stable kind and a message for humans.
@@ -78,5 +78,13 @@ impl From<ProposeError> for ApiError {
             leader,
             ..ApiError::new(kind, err.to_string())
         }
+    }
+}
+
+impl From<WrongOutcome> for ApiError {
+    /// The state machine answered a command with another command's outcome
+    /// (see `deadbolt_core::Proposal`): a bug, reported as `internal`.
+    fn from(err: WrongOutcome) -> Self {
+        ApiError::new(ErrorKind::Internal, err.to_string())
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! The gRPC and HTTP front ends both call these methods and only translate
 //! requests and [`ApiError`]s. Every change goes through the [`Proposer`]
-//! (Raft); reads that decide anything pass a linearizable barrier first.
+//! (Raft) as a typed [`Proposal`], whose answer is read in one place
+//! ([`Node::propose_with`]); reads that decide anything pass a linearizable
+//! barrier first.
 //!
 //! The parts with reasons of their own live beside this: `error.rs`
 //! ([`ApiError`]), `acquire.rs` (the acquire call, which outlives its
@@ -19,13 +21,13 @@ pub(crate) use observers::Observers;
 use crate::auth::Caller;
 use crate::leases::{KeepAliveError, Leases};
 use crate::metrics::Metrics;
-use crate::proposer::Proposer;
+use crate::proposer::{Admission, Proposer};
 use crate::raft_types::{NodeId, Raft};
 use crate::store::SharedTable;
 use crate::waits::Waits;
 use deadbolt_core::{
     validate_key, validate_lock_name, validate_ttl, AccessControl, AclCommand, AuditRecord,
-    Command, LockError, LockInfo, LockTable, Outcome, SecretHash, SessionId, SessionSecret,
+    Command, LockError, LockInfo, LockTable, Proposal, SecretHash, SessionId, SessionSecret,
     StoredValue, Token,
 };
 use deadbolt_proto::ErrorKind;
@@ -84,8 +86,27 @@ const QUORUM_RETRY: Duration = Duration::from_millis(50);
 pub const LIST_PAGE: usize = 1000;
 
 impl Node {
-    async fn propose(&self, command: Command) -> Result<Outcome, ApiError> {
-        Ok(self.proposer.propose(command).await??)
+    /// Commits `proposal` and reads its answer; refused as overloaded
+    /// when the queue is full and [`Admission::of`] the command allows.
+    async fn propose<A>(&self, proposal: Proposal<A>) -> Result<A, ApiError> {
+        let admission = Admission::of(proposal.command());
+        self.propose_with(proposal, admission).await
+    }
+
+    /// [`propose`](Self::propose), with the caller deciding whether the
+    /// command may be refused. The one place an outcome is read: one of
+    /// another command (a bug in the table) is an `internal` error.
+    async fn propose_with<A>(
+        &self,
+        proposal: Proposal<A>,
+        admission: Admission,
+    ) -> Result<A, ApiError> {
+        let (command, answer) = proposal.into_parts();
+        let outcome = self.proposer.propose_with(command, admission).await??;
+        answer.read(outcome).map_err(|wrong| {
+            tracing::error!(%wrong, "the state machine answered the wrong outcome");
+            ApiError::from(wrong)
+        })
     }
 
     /// Opens a session owned by `owner` (an identity; `None`: anonymous)
@@ -98,19 +119,9 @@ impl Node {
     ) -> Result<(SessionId, Duration), ApiError> {
         validate_ttl(ttl)?;
         let ttl_ms = ttl.as_millis() as u64;
-        match self
-            .propose(Command::OpenSession {
-                ttl_ms,
-                secret,
-                owner,
-            })
-            .await?
-        {
-            Outcome::SessionOpened { session, ttl_ms } => {
-                Ok((session, Duration::from_millis(ttl_ms)))
-            }
-            other => unreachable!("open session answered {other:?}"),
-        }
+        let opening = Proposal::open_session(ttl_ms, secret, owner);
+        let (session, ttl_ms) = self.propose(opening).await?;
+        Ok((session, Duration::from_millis(ttl_ms)))
     }
 
     /// Checks that `secret` is the secret `session` was opened with. Checked
@@ -207,7 +218,7 @@ impl Node {
             Err(KeepAliveError::Checkpointed) => {
                 // The log says this lease may be short; say otherwise there
                 // before telling the client it was renewed.
-                self.propose(Command::LeaseRenewed { session }).await?;
+                self.propose(Proposal::lease_renewed(session)).await?;
                 self.leases.renewed_through_log(session)
             }
             other => other,
@@ -227,11 +238,7 @@ impl Node {
     }
 
     pub async fn close_session(&self, session: OwnedSession) -> Result<(), ApiError> {
-        self.propose(Command::CloseSession {
-            session: session.id(),
-        })
-        .await?;
-        Ok(())
+        self.propose(Proposal::close_session(session.id())).await
     }
 
     pub async fn release(
@@ -241,13 +248,8 @@ impl Node {
         token: Token,
     ) -> Result<(), ApiError> {
         validate_lock_name(lock)?;
-        self.propose(Command::Release {
-            session: session.id(),
-            lock: lock.to_owned(),
-            token,
-        })
-        .await?;
-        Ok(())
+        self.propose(Proposal::release(session.id(), lock.to_owned(), token))
+            .await
     }
 
     /// Waits until this node's state machine reflects every write committed
@@ -366,20 +368,17 @@ impl Node {
     }
 
     /// A fenced-store change (put, fenced read, delete), through the log.
-    pub async fn store_change(&self, command: Command) -> Result<Outcome, ApiError> {
+    pub async fn store_change<A>(&self, change: Proposal<A>) -> Result<A, ApiError> {
         debug_assert!(matches!(
-            command,
+            change.command(),
             Command::StorePut { .. } | Command::StoreRead { .. } | Command::StoreDelete { .. }
         ));
-        self.propose(command).await
+        self.propose(change).await
     }
 
     /// Changes who may do what, through the log like everything else.
     pub async fn change_acl(&self, change: AclCommand) -> Result<(), ApiError> {
-        match self.propose(Command::Acl(change)).await? {
-            Outcome::AclChanged => Ok(()),
-            other => unreachable!("an access-control change answered {other:?}"),
-        }
+        self.propose(Proposal::acl(change)).await
     }
 
     /// The access-control rules as this node has applied them, read after a
