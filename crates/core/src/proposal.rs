@@ -67,6 +67,17 @@ impl<A> Answer<A> {
     }
 }
 
+/// The reader of a command's answer: the one [`Outcome`] variant that
+/// answers it, and what the caller gets from it; any other is given back.
+macro_rules! answer {
+    ($variant:pat => $answer:expr) => {
+        |outcome| match outcome {
+            $variant => Ok($answer),
+            other => Err(other),
+        }
+    };
+}
+
 impl<A> Proposal<A> {
     fn new(kind: &'static str, command: Command, read: fn(Outcome) -> Result<A, Outcome>) -> Self {
         Proposal {
@@ -93,10 +104,11 @@ impl Proposal<(SessionId, u64)> {
             secret,
             owner,
         };
-        Proposal::new("open session", command, |outcome| match outcome {
-            Outcome::SessionOpened { session, ttl_ms } => Ok((session, ttl_ms)),
-            other => Err(other),
-        })
+        Proposal::new(
+            "open session",
+            command,
+            answer!(Outcome::SessionOpened { session, ttl_ms } => (session, ttl_ms)),
+        )
     }
 }
 
@@ -104,10 +116,11 @@ impl Proposal<()> {
     /// [`Command::CloseSession`].
     pub fn close_session(session: SessionId) -> Self {
         let command = Command::CloseSession { session };
-        Proposal::new("close session", command, |outcome| match outcome {
-            Outcome::SessionEnded => Ok(()),
-            other => Err(other),
-        })
+        Proposal::new(
+            "close session",
+            command,
+            answer!(Outcome::SessionEnded => ()),
+        )
     }
 
     /// [`Command::Release`].
@@ -117,19 +130,17 @@ impl Proposal<()> {
             lock,
             token,
         };
-        Proposal::new("release", command, |outcome| match outcome {
-            Outcome::Released => Ok(()),
-            other => Err(other),
-        })
+        Proposal::new("release", command, answer!(Outcome::Released => ()))
     }
 
     /// [`Command::LeaseRenewed`].
     pub fn lease_renewed(session: SessionId) -> Self {
         let command = Command::LeaseRenewed { session };
-        Proposal::new("lease renewal", command, |outcome| match outcome {
-            Outcome::LeaseRenewed => Ok(()),
-            other => Err(other),
-        })
+        Proposal::new(
+            "lease renewal",
+            command,
+            answer!(Outcome::LeaseRenewed => ()),
+        )
     }
 
     /// [`Command::Acl`].
@@ -137,10 +148,7 @@ impl Proposal<()> {
         Proposal::new(
             "access-control change",
             Command::Acl(change),
-            |outcome| match outcome {
-                Outcome::AclChanged => Ok(()),
-                other => Err(other),
-            },
+            answer!(Outcome::AclChanged => ()),
         )
     }
 }
@@ -161,10 +169,11 @@ impl Proposal<AcquireOutcome> {
             attempt,
             lock_delay_ms,
         };
-        Proposal::new("acquire", command, |outcome| match outcome {
-            Outcome::Acquire(acquired) => Ok(acquired),
-            other => Err(other),
-        })
+        Proposal::new(
+            "acquire",
+            command,
+            answer!(Outcome::Acquire(acquired) => acquired),
+        )
     }
 }
 
@@ -172,10 +181,11 @@ impl Proposal<Option<Token>> {
     /// [`Command::CancelWait`]; answers the grant's token if it came first.
     pub fn cancel_wait(session: SessionId, lock: String) -> Self {
         let command = Command::CancelWait { session, lock };
-        Proposal::new("cancel wait", command, |outcome| match outcome {
-            Outcome::WaitCancelled { granted } => Ok(granted),
-            other => Err(other),
-        })
+        Proposal::new(
+            "cancel wait",
+            command,
+            answer!(Outcome::WaitCancelled { granted } => granted),
+        )
     }
 
     /// [`Command::Abandon`]; answers the token of the grant it released,
@@ -186,10 +196,11 @@ impl Proposal<Option<Token>> {
             lock,
             attempt,
         };
-        Proposal::new("abandon", command, |outcome| match outcome {
-            Outcome::Abandoned { released } => Ok(released),
-            other => Err(other),
-        })
+        Proposal::new(
+            "abandon",
+            command,
+            answer!(Outcome::Abandoned { released } => released),
+        )
     }
 }
 
@@ -202,10 +213,11 @@ impl Proposal<Token> {
             token,
             lock,
         };
-        Proposal::new("store put", command, |outcome| match outcome {
-            Outcome::Stored { fence } => Ok(fence),
-            other => Err(other),
-        })
+        Proposal::new(
+            "store put",
+            command,
+            answer!(Outcome::Stored { fence } => fence),
+        )
     }
 }
 
@@ -213,10 +225,7 @@ impl Proposal<StoredValue> {
     /// [`Command::StoreRead`] (a fenced read); answers what the key holds.
     pub fn store_read(key: String, token: Token, lock: Option<String>) -> Self {
         let command = Command::StoreRead { key, token, lock };
-        Proposal::new("store read", command, |outcome| match outcome {
-            Outcome::Read(read) => Ok(read),
-            other => Err(other),
-        })
+        Proposal::new("store read", command, answer!(Outcome::Read(read) => read))
     }
 }
 
@@ -224,10 +233,11 @@ impl Proposal<bool> {
     /// [`Command::StoreDelete`]; answers whether the key had a value.
     pub fn store_delete(key: String, token: Token, lock: Option<String>) -> Self {
         let command = Command::StoreDelete { key, token, lock };
-        Proposal::new("store delete", command, |outcome| match outcome {
-            Outcome::Deleted { existed } => Ok(existed),
-            other => Err(other),
-        })
+        Proposal::new(
+            "store delete",
+            command,
+            answer!(Outcome::Deleted { existed } => existed),
+        )
     }
 }
 
