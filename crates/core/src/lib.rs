@@ -20,6 +20,7 @@ mod error;
 mod fenced;
 mod lease;
 mod limits;
+mod proposal;
 mod table;
 
 pub use acl::{
@@ -31,6 +32,7 @@ pub use error::LockError;
 pub use fenced::{FencedStore, StoredValue};
 pub use lease::{DueCheckpoint, LeaseTracker, RenewError};
 pub use limits::{validate_key, validate_lock_name, validate_ttl, validate_value, Limits};
+pub use proposal::{Answer, Proposal, WrongOutcome};
 pub use table::{LockInfo, LockTable, SessionInfo, SessionLease, SessionSecret};
 
 use serde::{Deserialize, Serialize};

@@ -11,8 +11,7 @@ use crate::metrics::Call;
 use crate::node::{ApiError, Health, Node, OwnedSession};
 use crate::secret::SecretSource;
 use deadbolt_core::{
-    AclCommand, AuditKind, Command, Grant, LockInfo, Outcome, Permission, SessionId, StoredValue,
-    Token,
+    AclCommand, AuditKind, Grant, LockInfo, Permission, Proposal, SessionId, StoredValue, Token,
 };
 use deadbolt_proto::v1::*;
 use deadbolt_proto::ErrorKind;
@@ -308,16 +307,14 @@ impl Api {
             let _caller = self
                 .caller(credentials, Permission::StoreWrite, key)
                 .await?;
-            let command = Command::StorePut {
-                key: request.key,
-                value: request.value,
-                token: Token(request.token),
-                lock: request.lock,
-            };
-            match self.node.store_change(command).await? {
-                Outcome::Stored { fence } => Ok(StorePutResponse { fence: fence.0 }),
-                other => unreachable!("store put answered {other:?}"),
-            }
+            let put = Proposal::store_put(
+                request.key,
+                request.value,
+                Token(request.token),
+                request.lock,
+            );
+            let fence = self.node.store_change(put).await?;
+            Ok(StorePutResponse { fence: fence.0 })
         })
         .await
     }
@@ -333,15 +330,8 @@ impl Api {
             let read = match request.token {
                 None => self.node.store_get(&request.key).await?,
                 Some(token) => {
-                    let command = Command::StoreRead {
-                        key: request.key,
-                        token: Token(token),
-                        lock: request.lock,
-                    };
-                    match self.node.store_change(command).await? {
-                        Outcome::Read(read) => Some(read),
-                        other => unreachable!("store read answered {other:?}"),
-                    }
+                    let read = Proposal::store_read(request.key, Token(token), request.lock);
+                    Some(self.node.store_change(read).await?)
                 }
             };
             Ok(match read {
@@ -366,15 +356,9 @@ impl Api {
             let _caller = self
                 .caller(credentials, Permission::StoreWrite, key)
                 .await?;
-            let command = Command::StoreDelete {
-                key: request.key,
-                token: Token(request.token),
-                lock: request.lock,
-            };
-            match self.node.store_change(command).await? {
-                Outcome::Deleted { existed } => Ok(StoreDeleteResponse { existed }),
-                other => unreachable!("store delete answered {other:?}"),
-            }
+            let delete = Proposal::store_delete(request.key, Token(request.token), request.lock);
+            let existed = self.node.store_change(delete).await?;
+            Ok(StoreDeleteResponse { existed })
         })
         .await
     }

@@ -4,10 +4,11 @@
 //!
 //! An [`EmbeddedNode`] is the same [`Node`] that `deadbolt server` serves:
 //! the same Raft, storage, proposer, leases and operations. Only three
-//! things are handed in instead of taken from the host: the disk (a redb
-//! storage backend), the network (an openraft network factory), and the
-//! [`Clock`]; and the [`Api`] over it takes its session secrets from a
-//! [`SecretSource`] the program chooses (the simulation seeds it).
+//! things are handed in instead of taken from the host: the disk (a
+//! [`SimulatedDisk`]: a redb storage backend), the network (an openraft
+//! network factory), and the [`Clock`]; and the [`Api`] over it takes its
+//! session secrets from a [`SecretSource`] the program chooses (the
+//! simulation seeds it).
 
 pub use crate::api::Api;
 pub use crate::auth::{Credentials, InFlight};
@@ -16,8 +17,8 @@ pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{NodeId, Raft, TypeConfig};
 pub use crate::runtime::seed_raft_rng;
 pub use crate::secret::SecretSource;
-pub use crate::store::SimulatedDisks;
 use crate::store::StorageIo;
+pub use crate::store::{SimulatedDisk, SimulatedDisks};
 use crate::{open_node, raft_config, spawn_duties, NodeRun, QueueLimits, RaftTiming};
 use anyhow::Context;
 use openraft::network::RaftNetworkFactory;
@@ -33,7 +34,7 @@ pub struct EmbeddedNode {
 impl EmbeddedNode {
     /// Opens the node's data on `disks` (refused like a data directory if
     /// it is not ours, damaged or behind its witness) and starts it.
-    pub async fn start<N: RaftNetworkFactory<TypeConfig>, D: redb::StorageBackend + Clone>(
+    pub async fn start<N: RaftNetworkFactory<TypeConfig>, D: SimulatedDisk>(
         id: NodeId,
         timing: RaftTiming,
         snapshot_every: u64,

@@ -1,5 +1,5 @@
 //! Acquires whose callers went away, on tokio's paused clock: what a node
-//! gives up after the 3 s grace (`ABANDON_GRACE` in `node.rs`), what it
+//! gives up after the 3 s grace (`ABANDON_GRACE` in `node/acquire.rs`), what it
 //! keeps for a retry, and that it waits the whole grace and no more.
 //!
 //! Why: these used to be wall-clock tests of real processes

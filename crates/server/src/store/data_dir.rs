@@ -218,6 +218,13 @@ impl Disk for DirDisk {
     }
 }
 
+/// One simulated disk: a redb storage backend whose clones share its
+/// bytes. The name lets the embedding API (`embedded.rs`) take a disk
+/// without naming redb itself: only `store/` knows the database.
+pub trait SimulatedDisk: StorageBackend + Clone {}
+
+impl<D: StorageBackend + Clone> SimulatedDisk for D {}
+
 /// A node's simulated disks, one per file of a data directory.
 #[derive(Debug, Clone, Default)]
 pub struct SimulatedDisks<D> {

@@ -23,7 +23,8 @@ mod verify;
 mod witness;
 
 pub use data_dir::{
-    check_data_dir, open_data_dir, open_simulated_disk, DataDirError, OpenedData, SimulatedDisks,
+    check_data_dir, open_data_dir, open_simulated_disk, DataDirError, OpenedData, SimulatedDisk,
+    SimulatedDisks,
 };
 pub use log_store::{LogStore, StorageIo};
 pub use seed::seed_data_dir;

@@ -1,0 +1,291 @@
+//! The acquire call, and the giving up of what its caller never learned of.
+//!
+//! Why a module of its own: an acquire is the one operation that outlives
+//! its request. It may wait in a queue, and when its caller goes away (a
+//! dropped connection, a cancelled `Calls` entry, an outage answer, or a
+//! new leader whose queued waiters were connected elsewhere), what it
+//! holds, a queue place or a grant nobody received, must be given back, but
+//! only after a grace period in which a retry can claim it. [`AcquireCall`]
+//! is the guard whose drop starts that, and [`abandon_unless_claimed`] the
+//! task that waits out the grace and proposes `Abandon` (with the attempt
+//! id, so the state machine keeps a grant a later retry already has) or
+//! `CancelWait` (only the queue place).
+
+use super::{ApiError, Node, OwnedSession};
+use crate::proposer::Admission;
+use crate::waits::{Subscription, WaitEnd};
+use deadbolt_core::{validate_lock_name, AcquireOutcome, Proposal, SessionId, Token};
+use deadbolt_proto::ErrorKind;
+use std::time::Duration;
+
+impl Node {
+    /// Called when this node starts leading. The callers of the queued waits
+    /// were connected to the old leader, or to this node before it
+    /// restarted, and every one of them lost its call: each wait gets the
+    /// grace of any acquire whose caller went away, so that the places of
+    /// callers that do not come back are given up instead of being granted
+    /// to sessions nobody waits in. Only the queue place: a grant made
+    /// meanwhile may already be known to its caller (through a retry that
+    /// reused its attempt id), and stays.
+    pub fn give_up_unclaimed_waits(&self) {
+        let queued: Vec<(SessionId, String)> = {
+            let state = self.table.read().expect("state lock poisoned");
+            state
+                .table
+                .waits()
+                .map(|(session, lock)| (session, lock.to_owned()))
+                .collect()
+        };
+        for (session, lock) in queued {
+            tokio::spawn(abandon_unless_claimed(
+                self.clone(),
+                session,
+                lock,
+                Claim::QueuePlace,
+            ));
+        }
+    }
+
+    /// Takes `lock`. With `wait`, blocks until granted or until `timeout`
+    /// passes. If the returned future is dropped first (the caller went
+    /// away), the wait or grant is abandoned after a grace period, unless a
+    /// retry of the acquire has come since (see [`AcquireCall`]).
+    pub async fn acquire(
+        &self,
+        session: OwnedSession,
+        lock: &str,
+        wait: bool,
+        timeout: Option<Duration>,
+        attempt: u64,
+        lock_delay: Duration,
+    ) -> Result<Token, ApiError> {
+        validate_lock_name(lock)?;
+        let mut call = AcquireCall {
+            node: self.clone(),
+            session: session.id(),
+            lock: lock.to_owned(),
+            attempt,
+            lock_delay_ms: u64::try_from(lock_delay.as_millis()).unwrap_or(u64::MAX),
+            subscription: None,
+            answered: false,
+        };
+        let answer = call.run(wait, timeout).await;
+        // An outage answer leaves the request's effect unknown to the caller,
+        // who may never retry: treat it like a caller that went away. (A
+        // `not_leader` answer means the acquire never reached the log: there
+        // is nothing to give back.)
+        call.answered = !answer
+            .as_ref()
+            .is_err_and(|err| matches!(err.kind, ErrorKind::Unavailable | ErrorKind::Internal));
+        answer
+    }
+
+    /// Leaves the queue of `lock`; returns the token if the grant came first.
+    async fn cancel_wait(&self, session: SessionId, lock: &str) -> Result<Option<Token>, ApiError> {
+        self.propose(Proposal::cancel_wait(session, lock.to_owned()))
+            .await
+    }
+}
+
+/// One acquire request in progress. Dropped before it has an answer (the
+/// client disconnected or gave up), it hands its wait or grant back.
+struct AcquireCall {
+    node: Node,
+    session: SessionId,
+    lock: String,
+    attempt: u64,
+    lock_delay_ms: u64,
+    subscription: Option<Subscription>,
+    answered: bool,
+}
+
+impl AcquireCall {
+    async fn run(&mut self, wait: bool, timeout: Option<Duration>) -> Result<Token, ApiError> {
+        let proposal = Proposal::acquire(
+            self.session,
+            self.lock.clone(),
+            wait,
+            self.attempt,
+            self.lock_delay_ms,
+        );
+        // A retry of an acquire that already has its queue place (or grant)
+        // is never refused as overloaded: refused for longer than the
+        // abandonment grace, it would lose that place.
+        let retry = (self.node.table.read().expect("state lock poisoned").table)
+            .holds_or_waits(self.session, &self.lock);
+        let admission = match retry {
+            true => Admission::Always,
+            false => Admission::Refusable,
+        };
+        match self.node.propose_with(proposal, admission).await? {
+            AcquireOutcome::Granted { token } => Ok(token),
+            AcquireOutcome::Queued { .. } => {
+                self.subscription = Some(self.node.waits.subscribe(self.session, &self.lock));
+                self.wait(timeout).await
+            }
+        }
+    }
+
+    async fn wait(&mut self, timeout: Option<Duration>) -> Result<Token, ApiError> {
+        let started = std::time::Instant::now();
+        let answer = self.wait_for_grant(timeout).await;
+        self.node
+            .metrics
+            .acquire_waited(started.elapsed(), answer.is_ok());
+        answer
+    }
+
+    async fn wait_for_grant(&mut self, timeout: Option<Duration>) -> Result<Token, ApiError> {
+        let subscription = self.subscription.as_mut().expect("subscribed");
+        let ended = match timeout {
+            Some(limit) => tokio::time::timeout(limit, &mut subscription.ended)
+                .await
+                .ok(),
+            None => Some((&mut subscription.ended).await),
+        };
+        let subscription = self.subscription.take().expect("subscribed");
+        let others_waiting = self.node.waits.unsubscribe(&subscription);
+        match ended {
+            Some(Ok(WaitEnd::Granted(token))) => Ok(token),
+            Some(Ok(WaitEnd::Dropped)) | Some(Err(_)) => Err(self.ended_without_grant()),
+            None if others_waiting => Err(timed_out(&self.lock)),
+            // The wait is in the log; a cancel that does not get there leaves
+            // it unknown to the caller whether it is still queued.
+            None => match self
+                .node
+                .cancel_wait(self.session, &self.lock)
+                .await
+                .map_err(not_leader_is_unavailable)?
+            {
+                // The grant won the race with the timeout: it stands.
+                Some(token) => Ok(token),
+                None => Err(timed_out(&self.lock)),
+            },
+        }
+    }
+
+    /// Why a wait ended without a grant, as the caller should hear it.
+    fn ended_without_grant(&self) -> ApiError {
+        let session_alive = self
+            .node
+            .table
+            .read()
+            .expect("state lock poisoned")
+            .table
+            .has_session(self.session);
+        if !session_alive {
+            return ApiError::new(
+                ErrorKind::UnknownSession,
+                format!(
+                    "unknown session {}: it ended (closed or expired) while waiting for lock {:?}",
+                    self.session, self.lock
+                ),
+            );
+        }
+        if self.node.waits.is_closed() || !self.node.leases.is_leading() {
+            return ApiError::new(
+                ErrorKind::Unavailable,
+                "this node stopped leading or is shutting down; retry the acquire to keep the queue place",
+            );
+        }
+        ApiError::new(
+            ErrorKind::WaitCancelled,
+            format!("the wait for lock {:?} was cancelled", self.lock),
+        )
+    }
+}
+
+/// A `not_leader` refusal of a follow-up command, after the request already
+/// changed something: for the caller, the outcome is unknown.
+fn not_leader_is_unavailable(err: ApiError) -> ApiError {
+    if err.kind == ErrorKind::NotLeader {
+        ApiError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "leadership changed while the request was in progress: {}",
+                err.message
+            ),
+        )
+    } else {
+        err
+    }
+}
+
+fn timed_out(lock: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::WaitTimeout,
+        format!("timed out waiting for lock {lock:?}"),
+    )
+}
+
+/// How long an abandoned acquire keeps its queue place (or grant). A client
+/// whose connection dropped retries within this time (its backoff is capped
+/// at 1s) and finds its place, instead of being sent to the back of the queue.
+const ABANDON_GRACE: Duration = Duration::from_secs(3);
+
+impl Drop for AcquireCall {
+    fn drop(&mut self) {
+        if let Some(subscription) = self.subscription.take() {
+            self.node.waits.unsubscribe(&subscription);
+        }
+        if self.answered {
+            return;
+        }
+        let lock = std::mem::take(&mut self.lock);
+        // With an attempt id the state machine knows whether a later
+        // acquire took over, and can release a grant nobody received.
+        // Without one, only the queue place can safely be given up.
+        let claim = match self.attempt {
+            0 => Claim::QueuePlace,
+            attempt => Claim::Attempt(attempt),
+        };
+        tokio::spawn(abandon_unless_claimed(
+            self.node.clone(),
+            self.session,
+            lock,
+            claim,
+        ));
+    }
+}
+
+/// What of an acquire whose caller went away may be given up.
+enum Claim {
+    /// The queue place, or a grant no later attempt took over.
+    Attempt(u64),
+    /// Only the queue place.
+    QueuePlace,
+}
+
+/// Gives up `session`'s `claim` on `lock` after [`ABANDON_GRACE`], unless an
+/// acquire call watches the wait again by then: its caller went away.
+async fn abandon_unless_claimed(node: Node, session: SessionId, lock: String, claim: Claim) {
+    tokio::time::sleep(ABANDON_GRACE).await;
+    if node.waits.is_watched(session, &lock) {
+        return;
+    }
+    let released = match claim {
+        Claim::Attempt(attempt) => {
+            let abandon = Proposal::abandon(session, lock.clone(), attempt);
+            node.propose(abandon).await
+        }
+        // A grant that came before the cancel stays: it is not released.
+        Claim::QueuePlace => {
+            let cancel = Proposal::cancel_wait(session, lock.clone());
+            node.propose(cancel).await.map(|_| None)
+        }
+    };
+    match released {
+        Ok(Some(token)) => {
+            tracing::info!(
+                session = session.0,
+                lock,
+                token = token.0,
+                "released a grant whose requester went away"
+            )
+        }
+        Ok(None) => {}
+        Err(err) => {
+            tracing::debug!(session = session.0, lock, message = %err.message, "abandoned acquire not cleaned up")
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! [`Node`]: the lock service's operations, independent of the wire.
+//!
+//! The gRPC and HTTP front ends both call these methods and only translate
+//! requests and [`ApiError`]s. Every change goes through the [`Proposer`]
+//! (Raft) as a typed [`Proposal`], whose answer is read in one place
+//! ([`Node::propose_with`]); reads that decide anything pass a linearizable
+//! barrier first.
+//!
+//! The parts with reasons of their own live beside this: `error.rs`
+//! ([`ApiError`]), `acquire.rs` (the acquire call, which outlives its
+//! request, and the abandonment of what its caller never learned of) and
+//! `observers.rs` (what the store's apply path tells the rest of the node).
+
+mod acquire;
+mod error;
+mod observers;
+
+pub use error::ApiError;
+pub(crate) use observers::Observers;
+
+use crate::auth::Caller;
+use crate::leases::{KeepAliveError, Leases};
+use crate::metrics::Metrics;
+use crate::proposer::{Admission, Proposer};
+use crate::raft_types::{NodeId, Raft};
+use crate::store::SharedTable;
+use crate::waits::Waits;
+use deadbolt_core::{
+    validate_key, validate_lock_name, validate_ttl, AccessControl, AclCommand, AuditRecord,
+    Command, LockError, LockInfo, LockTable, Proposal, SecretHash, SessionId, SessionSecret,
+    StoredValue, Token,
+};
+use deadbolt_proto::ErrorKind;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Node state for the health endpoint.
+#[derive(Debug, Clone)]
+pub struct Health {
+    pub node_id: NodeId,
+    pub leader: bool,
+    pub term: u64,
+    pub last_applied_index: u64,
+    pub sessions: usize,
+    pub locks: usize,
+    pub next_token: Token,
+    pub snapshot_index: u64,
+    pub purged_index: u64,
+}
+
+/// A session whose caller presented its secret (see `secret.rs`): the
+/// operations on a session take this rather than a bare id, so that none of
+/// them can skip the check. Only [`Node::authorize`] makes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnedSession(SessionId);
+
+impl OwnedSession {
+    pub fn id(self) -> SessionId {
+        self.0
+    }
+}
+
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) id: NodeId,
+    pub(crate) raft: Raft,
+    pub(crate) proposer: Proposer,
+    pub(crate) table: SharedTable,
+    pub(crate) waits: Arc<Waits>,
+    pub(crate) leases: Arc<Leases>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Forming a cluster: this node found no formed cluster among its peers
+    /// and waits to be taken in (see `cluster::form`).
+    pub(crate) ready_to_join: Arc<std::sync::atomic::AtomicBool>,
+    /// The node's TLS settings, which its peer connections use too.
+    pub(crate) tls: Option<Arc<crate::tls::NodeTls>>,
+}
+
+/// How long a read or keepalive waits for a quorum to confirm this node still
+/// leads, before answering `unavailable` (e.g. on the minority side of a
+/// partition, where it would otherwise wait until the partition heals).
+const QUORUM_WAIT: Duration = Duration::from_secs(2);
+const QUORUM_RETRY: Duration = Duration::from_millis(50);
+
+/// Default and largest page of `list_locks`.
+pub const LIST_PAGE: usize = 1000;
+
+impl Node {
+    /// Commits `proposal` and reads its answer; refused as overloaded
+    /// when the queue is full and [`Admission::of`] the command allows.
+    async fn propose<A>(&self, proposal: Proposal<A>) -> Result<A, ApiError> {
+        let admission = Admission::of(proposal.command());
+        self.propose_with(proposal, admission).await
+    }
+
+    /// [`propose`](Self::propose), with the caller deciding whether the
+    /// command may be refused. The one place an outcome is read: one of
+    /// another command (a bug in the table) is an `internal` error.
+    async fn propose_with<A>(
+        &self,
+        proposal: Proposal<A>,
+        admission: Admission,
+    ) -> Result<A, ApiError> {
+        let (command, answer) = proposal.into_parts();
+        let outcome = self.proposer.propose_with(command, admission).await??;
+        answer.read(outcome).map_err(|wrong| {
+            tracing::error!(%wrong, "the state machine answered the wrong outcome");
+            ApiError::from(wrong)
+        })
+    }
+
+    /// Opens a session owned by `owner` (an identity; `None`: anonymous)
+    /// and whoever knows the secret `secret` is the hash of.
+    pub async fn open_session(
+        &self,
+        ttl: Duration,
+        secret: SecretHash,
+        owner: Option<String>,
+    ) -> Result<(SessionId, Duration), ApiError> {
+        validate_ttl(ttl)?;
+        let ttl_ms = ttl.as_millis() as u64;
+        let opening = Proposal::open_session(ttl_ms, secret, owner);
+        let (session, ttl_ms) = self.propose(opening).await?;
+        Ok((session, Duration::from_millis(ttl_ms)))
+    }
+
+    /// Checks that `secret` is the secret `session` was opened with. Checked
+    /// against this node's applied table, which is sound: ids are never
+    /// reused and a session's secret never changes, so a session that is
+    /// live here has the same secret on every replica, and one that ended
+    /// never comes back. Only an id this node has not seen opened needs the
+    /// log: its opening may be committed but not yet applied here (say, on a
+    /// new leader), so it is looked up again after a linearizable barrier,
+    /// and if it is still not there, no session has that id yet and a call
+    /// on it must not reach the log (it could be applied after the opening
+    /// of that id by someone else).
+    ///
+    /// The session must also belong to `caller`'s identity: a secret that
+    /// leaked to another identity (a shared log, a copied environment) does
+    /// not let that identity act on the session.
+    pub async fn authorize(
+        &self,
+        caller: &Caller,
+        session: SessionId,
+        secret: &str,
+    ) -> Result<OwnedSession, ApiError> {
+        if let Some(checked) = self.check_secret(caller, session, secret) {
+            return checked;
+        }
+        self.linearizable().await?;
+        self.check_secret(caller, session, secret)
+            .unwrap_or_else(|| Err(LockError::UnknownSession(session).into()))
+    }
+
+    /// [`authorize`](Self::authorize) on the applied table; `None` if the
+    /// session has not been opened as far as this node knows.
+    fn check_secret(
+        &self,
+        caller: &Caller,
+        session: SessionId,
+        secret: &str,
+    ) -> Option<Result<OwnedSession, ApiError>> {
+        let state = self.table.read().expect("state lock poisoned");
+        match state.table.session_secret(session) {
+            SessionSecret::Live { owner, .. } if owner != caller.identity() => {
+                let owner = owner.unwrap_or("an anonymous client");
+                Some(Err(ApiError::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "session {session} belongs to identity {owner:?}; only the identity \
+                         that opened a session may use it"
+                    ),
+                )))
+            }
+            SessionSecret::Live { secret: hash, .. } if crate::secret::matches(secret, hash) => {
+                Some(Ok(OwnedSession(session)))
+            }
+            SessionSecret::Live { .. } => {
+                tracing::debug!(
+                    session = session.0,
+                    "refused a call without the session's secret"
+                );
+                let why = if secret.is_empty() {
+                    format!(
+                        "session {session} needs its secret: send the session_secret that \
+                         opening the session returned"
+                    )
+                } else {
+                    format!(
+                        "session {session} belongs to another client: the session secret \
+                         does not match"
+                    )
+                };
+                Some(Err(ApiError::new(
+                    ErrorKind::PermissionDenied,
+                    format!("{why} (only the client that opened a session may use it)"),
+                )))
+            }
+            SessionSecret::Ended => Some(Err(LockError::UnknownSession(session).into())),
+            SessionSecret::NotYetOpened => None,
+        }
+    }
+
+    /// Renews a lease. Not written to the log: only the leader's deadline
+    /// moves. But the leader must still *be* the leader when it renews: a
+    /// deposed leader cut off from the others would otherwise go on renewing
+    /// leases that the new leader is free to expire. The barrier below gets a
+    /// quorum's acknowledgement of a heartbeat sent after this keepalive
+    /// arrived, so any later leader was elected after the renewal and gives
+    /// the session a full TTL from its own (later) start.
+    pub async fn keep_alive(&self, session: OwnedSession) -> Result<Duration, ApiError> {
+        let session = session.id();
+        if !self.leases.is_leading() {
+            return Err(self.not_leader("this node is not (yet) the leader"));
+        }
+        self.linearizable().await?;
+        let renewed = match self.leases.renew(session) {
+            Err(KeepAliveError::Checkpointed) => {
+                // The log says this lease may be short; say otherwise there
+                // before telling the client it was renewed.
+                self.propose(Proposal::lease_renewed(session)).await?;
+                self.leases.renewed_through_log(session)
+            }
+            other => other,
+        };
+        if renewed.is_ok() {
+            self.metrics.lease_renewed();
+        }
+        renewed.map_err(|err| match err {
+            KeepAliveError::NotLeader => self.not_leader("this node is not (yet) the leader"),
+            KeepAliveError::Unknown => LockError::UnknownSession(session).into(),
+            KeepAliveError::Expiring => ApiError::new(
+                ErrorKind::SessionExpiring,
+                format!("session {session} has expired and is being closed"),
+            ),
+            KeepAliveError::Checkpointed => unreachable!("renewed through the log"),
+        })
+    }
+
+    pub async fn close_session(&self, session: OwnedSession) -> Result<(), ApiError> {
+        self.propose(Proposal::close_session(session.id())).await
+    }
+
+    pub async fn release(
+        &self,
+        session: OwnedSession,
+        lock: &str,
+        token: Token,
+    ) -> Result<(), ApiError> {
+        validate_lock_name(lock)?;
+        self.propose(Proposal::release(session.id(), lock.to_owned(), token))
+            .await
+    }
+
+    /// Waits until this node's state machine reflects every write committed
+    /// before the call (a read-index barrier through openraft): proof from a
+    /// quorum that this node still leads.
+    pub(crate) async fn linearizable(&self) -> Result<(), ApiError> {
+        use openraft::error::{CheckIsLeaderError, RaftError};
+        let give_up = tokio::time::Instant::now() + QUORUM_WAIT;
+        loop {
+            let barrier = tokio::time::timeout_at(give_up, self.raft.ensure_linearizable());
+            let failure = match barrier.await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
+                    return Err(self.not_leader("cannot serve a linearizable read here"))
+                }
+                Ok(Err(RaftError::Fatal(fatal))) => {
+                    return Err(ApiError::new(
+                        ErrorKind::Internal,
+                        format!("raft has stopped: {fatal}"),
+                    ))
+                }
+                // Peers that did not answer this round (one slow, one just
+                // reconnecting) may answer the next.
+                Ok(Err(RaftError::APIError(err @ CheckIsLeaderError::QuorumNotEnough(_)))) => {
+                    err.to_string()
+                }
+                Err(_) => "no answer".to_owned(),
+            };
+            if tokio::time::Instant::now() + QUORUM_RETRY >= give_up {
+                return Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "no quorum confirmed this node's leadership within {QUORUM_WAIT:?} \
+                         (it may be cut off from the cluster): {failure}"
+                    ),
+                ));
+            }
+            tokio::time::sleep(QUORUM_RETRY).await;
+        }
+    }
+
+    /// A `not_leader` refusal that names the leader, when this node knows it.
+    pub(crate) fn not_leader(&self, what: &str) -> ApiError {
+        let metrics = self.raft.metrics().borrow().clone();
+        let leader = metrics.current_leader.filter(|id| *id != self.id);
+        let address = leader.and_then(|id| {
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&id)
+                .map(|node| node.addr.clone())
+        });
+        let message = match (leader, &address) {
+            (Some(id), Some(address)) => format!("{what}; the leader is node {id} at {address}"),
+            _ => format!("{what}; no leader is known yet, retry"),
+        };
+        ApiError {
+            leader: address,
+            ..ApiError::new(ErrorKind::NotLeader, message)
+        }
+    }
+
+    /// Reads the table after a linearizable barrier.
+    async fn read_linearizable<T>(
+        &self,
+        read: impl FnOnce(&LockTable) -> T,
+    ) -> Result<T, ApiError> {
+        self.linearizable().await?;
+        Ok(read(&self.table.read().expect("state lock poisoned").table))
+    }
+
+    pub async fn lock_status(&self, lock: &str) -> Result<Option<LockInfo>, ApiError> {
+        validate_lock_name(lock)?;
+        self.read_linearizable(|table| table.lock(lock)).await
+    }
+
+    /// Up to `limit` locks after `after` in name order, and whether more follow.
+    pub async fn list_locks(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<(Vec<LockInfo>, bool), ApiError> {
+        let limit = if limit == 0 {
+            LIST_PAGE
+        } else {
+            limit.min(LIST_PAGE)
+        };
+        let mut locks: Vec<LockInfo> = self
+            .read_linearizable(|table| table.locks_after(after).take(limit + 1).collect())
+            .await?;
+        let more = locks.len() > limit;
+        locks.truncate(limit);
+        Ok((locks, more))
+    }
+
+    /// The kept audit trail of `lock`, oldest first.
+    pub async fn lock_history(&self, lock: &str) -> Result<Vec<AuditRecord>, ApiError> {
+        validate_lock_name(lock)?;
+        self.read_linearizable(|table| table.history(lock)).await
+    }
+
+    /// Whether `token` is the current grant of `lock`, and the current
+    /// grant's token if the lock is held.
+    pub async fn check_token(
+        &self,
+        lock: &str,
+        token: Token,
+    ) -> Result<(bool, Option<Token>), ApiError> {
+        // A lock in lock-delay has no current grant: its holder expired.
+        let current = self
+            .lock_status(lock)
+            .await?
+            .filter(|info| !info.delayed)
+            .map(|info| info.token);
+        Ok((current == Some(token), current))
+    }
+
+    /// A fenced-store change (put, fenced read, delete), through the log.
+    pub async fn store_change<A>(&self, change: Proposal<A>) -> Result<A, ApiError> {
+        debug_assert!(matches!(
+            change.command(),
+            Command::StorePut { .. } | Command::StoreRead { .. } | Command::StoreDelete { .. }
+        ));
+        self.propose(change).await
+    }
+
+    /// Changes who may do what, through the log like everything else.
+    pub async fn change_acl(&self, change: AclCommand) -> Result<(), ApiError> {
+        self.propose(Proposal::acl(change)).await
+    }
+
+    /// The access-control rules as this node has applied them, read after a
+    /// linearizable barrier so a change just made shows.
+    pub async fn acl(&self) -> Result<AccessControl, ApiError> {
+        self.read_linearizable(|table| table.acl().clone()).await
+    }
+
+    /// A plain (unfenced) linearizable read of a fenced-store key.
+    pub async fn store_get(&self, key: &str) -> Result<Option<StoredValue>, ApiError> {
+        validate_key(key)?;
+        self.read_linearizable(|table| table.store().get(key)).await
+    }
+
+    /// The Prometheus scrape (see `metrics.rs`).
+    pub fn metrics_text(&self) -> String {
+        (self.metrics).render(&self.raft, &self.table, self.proposer.queued_commands())
+    }
+
+    pub fn health(&self) -> Health {
+        let metrics = self.raft.metrics().borrow().clone();
+        let applied = self.table.read().expect("state lock poisoned");
+        Health {
+            node_id: self.id,
+            leader: self.leases.is_leading(),
+            term: metrics.current_term,
+            last_applied_index: metrics.last_applied.map_or(0, |id| id.index),
+            sessions: applied.table.session_count(),
+            locks: applied.table.lock_count(),
+            next_token: applied.table.next_token(),
+            snapshot_index: metrics.snapshot.map_or(0, |id| id.index),
+            purged_index: metrics.purged.map_or(0, |id| id.index),
+        }
+    }
+}
