@@ -8,7 +8,7 @@
 //! leadership watcher that (re)starts every session with a full TTL.
 
 use crate::clock::Clock;
-use crate::proposer::Proposer;
+use crate::proposer::{Proposer, BACKGROUND_PROPOSALS_IN_FLIGHT};
 use crate::raft_types::Raft;
 use crate::store::SharedTable;
 use crate::waits::Waits;
@@ -30,11 +30,6 @@ const TIMER_TICK: Duration = Duration::from_millis(1);
 /// Pause before retrying an expiry that could not be committed, so a broken
 /// Raft log does not turn into a busy loop.
 const EXPIRY_RETRY: Duration = Duration::from_millis(500);
-/// Timer commands (expiries, checkpoints, ends of lock-delay) of one sweep
-/// in flight at once. A sweep runs as one task whatever its size (a mass
-/// expiry of 100,000 sessions is one task, not 100,000); the proposer still
-/// groups these into few log entries.
-const TIMER_PROPOSALS_IN_FLIGHT: usize = 256;
 
 pub struct Leases {
     clock: Clock,
@@ -255,7 +250,7 @@ pub async fn expire_sessions(
             .chain(expired.into_iter().map(TimerJob::Expire));
         let (leases, proposer) = (leases.clone(), proposer.clone());
         let sweep = futures::stream::iter(jobs)
-            .for_each_concurrent(TIMER_PROPOSALS_IN_FLIGHT, move |job| {
+            .for_each_concurrent(BACKGROUND_PROPOSALS_IN_FLIGHT, move |job| {
                 job.run(leases.clone(), proposer.clone(), term)
             });
         tokio::spawn(sweep);

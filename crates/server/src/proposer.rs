@@ -35,6 +35,12 @@ const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// commits, and its callers should try another node.
 const COMMIT_WAIT: Duration = Duration::from_secs(5);
 
+/// Proposals the node makes on its own (a sweep of expired leases, the
+/// waits a new leader gives up) in flight at once. Each such job runs as one
+/// task whatever its size (a mass expiry of 100,000 sessions is one task,
+/// not 100,000); the proposer still groups them into few log entries.
+pub const BACKGROUND_PROPOSALS_IN_FLIGHT: usize = 256;
+
 /// How much may wait in the proposal queue (not counting the batch being
 /// written). Every node's own choice, not replicated: it only decides what
 /// this node accepts, never what a command does.

@@ -12,10 +12,11 @@
 //! `CancelWait` (only the queue place).
 
 use super::{ApiError, Node, OwnedSession};
-use crate::proposer::Admission;
+use crate::proposer::{Admission, BACKGROUND_PROPOSALS_IN_FLIGHT};
 use crate::waits::{Subscription, WaitEnd};
 use deadbolt_core::{validate_lock_name, AcquireOutcome, Proposal, SessionId, Token};
 use deadbolt_proto::ErrorKind;
+use futures::StreamExt;
 use std::time::Duration;
 
 impl Node {
@@ -36,14 +37,20 @@ impl Node {
                 .map(|(session, lock)| (session, lock.to_owned()))
                 .collect()
         };
-        for (session, lock) in queued {
-            tokio::spawn(abandon_unless_claimed(
-                self.clone(),
-                session,
-                lock,
-                Claim::QueuePlace,
-            ));
+        if queued.is_empty() {
+            return;
         }
+        // One task for them all (a million queued waits are not a million
+        // tasks), with a bounded number of proposals in flight.
+        let node = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ABANDON_GRACE).await;
+            futures::stream::iter(queued)
+                .for_each_concurrent(BACKGROUND_PROPOSALS_IN_FLIGHT, |(session, lock)| {
+                    give_up_unless_claimed(node.clone(), session, lock, Claim::QueuePlace)
+                })
+                .await;
+        });
     }
 
     /// Takes `lock`. With `wait`, blocks until granted or until `timeout`
@@ -260,6 +267,11 @@ enum Claim {
 /// acquire call watches the wait again by then: its caller went away.
 async fn abandon_unless_claimed(node: Node, session: SessionId, lock: String, claim: Claim) {
     tokio::time::sleep(ABANDON_GRACE).await;
+    give_up_unless_claimed(node, session, lock, claim).await;
+}
+
+/// What [`abandon_unless_claimed`] does once the grace is over.
+async fn give_up_unless_claimed(node: Node, session: SessionId, lock: String, claim: Claim) {
     if node.waits.is_watched(session, &lock) {
         return;
     }
