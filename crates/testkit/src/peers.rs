@@ -115,6 +115,11 @@ impl Server {
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
+
+    /// The running process's id (to SIGSTOP it), if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
 }
 
 impl Drop for Server {
@@ -125,6 +130,13 @@ impl Drop for Server {
 
 /// A Redis server without persistence, as the seeds' lock assumes.
 pub fn redis() -> Option<Server> {
+    redis_with(&[])
+}
+
+/// A Redis server without persistence, with `extra` arguments after the
+/// defaults (which they override: `--appendonly yes --appendfsync always`
+/// for a server that keeps its keys across a restart).
+pub fn redis_with(extra: &[&str]) -> Option<Server> {
     let program = binary("DEADBOLT_REDIS_SERVER", "redis-server", "redis-server")?;
     let dir = tempfile::tempdir().unwrap();
     let port = crate::free_port();
@@ -140,8 +152,10 @@ pub fn redis() -> Option<Server> {
         "--dir",
         dir.path().to_str().unwrap(),
     ]
+    .into_iter()
+    .chain(extra.iter().copied())
     .map(str::to_owned)
-    .to_vec();
+    .collect();
     Some(Server::start(program, args, port, dir))
 }
 

@@ -1,0 +1,427 @@
+//! The lock services `deadbolt-nemesis run --backend` runs against, started
+//! here as real processes so that the run can break them, and the faults
+//! that matter to each (docs/backends.md, "The seeds' table, measured"):
+//!
+//! - Redis, one server (`redis`, `redis-counter`): kill -9 and restart,
+//!   without persistence or with `--aof` (appendonly, appendfsync always);
+//!   failover to a replica, promoted by a script (`REPLICAOF NO ONE`, as
+//!   Sentinel would after noticing), the clients following through a TCP
+//!   proxy repointed at the new primary (as a virtual IP or HAProxy would),
+//!   optionally with the replica's link cut `--lag` before the primary dies;
+//! - Redlock (`redlock`, `--masters N`): kill -9 and restart of 2 masters at
+//!   once, right away or after one TTL (`restart-delayed`, the Redis docs'
+//!   remedy), with or without `--aof`;
+//! - etcd (`etcd`, 3 members): kill -9 of the leader, restarted after a
+//!   while;
+//! - PostgreSQL (`postgres`): `scripts/postgres.sh`'s server; only the
+//!   client pause applies (the holder hung with its socket open), with the
+//!   backend's `idle_session_timeout` or, `--no-idle-timeout`, without;
+//! - Deadbolt (`deadbolt`, through the adapter): a local cluster; only the
+//!   client pause here (its own faults are `deadbolt-nemesis run` without
+//!   `--backend`).
+//!
+//! The client pause (SIGSTOP of a worker holding a lock, for 1.5 to 3 TTLs)
+//! applies to every backend and lives with the workers, in run.rs.
+
+use deadbolt_testkit::peers::{self, Server};
+use deadbolt_testkit::TestCluster;
+use rand::rngs::StdRng;
+use rand::Rng;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Which lock service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// The Deadbolt server, through deadbolt-backends' adapter.
+    Deadbolt,
+    /// One Redis server, no token.
+    Redis,
+    /// One Redis server with `?fence=counter` (an INCR counter as token).
+    RedisCounter,
+    /// Redlock over `--masters` independent Redis masters.
+    Redlock,
+    /// etcd (3 members for leader-kill, else 1).
+    Etcd,
+    /// PostgreSQL advisory locks (`--postgres-url` or
+    /// $DEADBOLT_TEST_POSTGRES_URL, as scripts/postgres.sh exports).
+    Postgres,
+}
+
+/// Which fault the run injects, over and over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// SIGSTOP a worker that holds a lock for 1.5 to 3 TTLs (every backend).
+    Pause,
+    /// kill -9 and restart: the Redis server, or 2 Redlock masters.
+    Restart,
+    /// Redlock: 2 masters killed and kept down for one TTL before restarting.
+    RestartDelayed,
+    /// Redis: kill -9 the primary, promote its replica, clients follow.
+    Failover,
+    /// etcd: kill -9 the leader, restart it after 0.5 to 2 s.
+    LeaderKill,
+}
+
+/// Everything a fault may need to know.
+pub struct Options<'a> {
+    pub kind: Kind,
+    pub fault: Fault,
+    pub aof: bool,
+    pub masters: usize,
+    pub lag: Duration,
+    pub ttl: Duration,
+    pub postgres_url: Option<String>,
+    /// PostgreSQL without `idle_session_timeout` (unsafe: to measure it).
+    pub no_idle_timeout: bool,
+    pub deadbolt: &'a Path,
+    pub dir: &'a Path,
+}
+
+/// The most Redlock masters a run starts (the URL's own limit is 15).
+const MAX_MASTERS: usize = 9;
+/// How many Redlock masters restart at once: a minority of 5.
+const RESTARTED_MASTERS: usize = 2;
+
+/// The running service; dropping it stops every process it started.
+pub enum Servers {
+    /// Kept only to be stopped when dropped.
+    Deadbolt(#[allow(dead_code)] TestCluster),
+    Redis(Server),
+    Failover {
+        primary: Server,
+        replica: Server,
+        proxy: Proxy,
+    },
+    Redlock(Vec<Server>),
+    Etcd(Vec<Server>),
+    Postgres,
+}
+
+fn refuse(what: &str) -> anyhow::Error {
+    anyhow::anyhow!("{what} is missing: install it (scripts/backends.sh, scripts/postgres.sh)")
+}
+
+impl Servers {
+    /// Starts the service; returns it and the lock URL for the workers.
+    pub async fn start(options: &Options<'_>) -> anyhow::Result<(Servers, String)> {
+        use Fault::*;
+        use Kind::*;
+        let fits = match options.fault {
+            Pause => true,
+            Restart => matches!(options.kind, Redis | RedisCounter | Redlock),
+            RestartDelayed => options.kind == Redlock,
+            Failover => matches!(options.kind, Redis | RedisCounter),
+            LeaderKill => options.kind == Etcd,
+        };
+        anyhow::ensure!(
+            fits,
+            "fault {:?} does not apply to backend {:?}: pause applies to all; restart to redis, \
+             redis-counter and redlock; restart-delayed to redlock; failover to redis and \
+             redis-counter; leader-kill to etcd",
+            options.fault,
+            options.kind
+        );
+        let persistence: &[&str] = if options.aof {
+            &["--appendonly", "yes", "--appendfsync", "always"]
+        } else {
+            &[]
+        };
+        let query = if options.kind == RedisCounter {
+            "?fence=counter"
+        } else {
+            ""
+        };
+        let started = match options.kind {
+            Deadbolt => {
+                anyhow::ensure!(
+                    options.deadbolt.exists(),
+                    "no deadbolt binary at {} (build it, or pass --deadbolt)",
+                    options.deadbolt.display()
+                );
+                let cluster =
+                    TestCluster::start(options.deadbolt, &options.dir.join("cluster"), 1).await;
+                let hosts: Vec<String> = cluster
+                    .endpoints()
+                    .iter()
+                    .map(|e| e.trim_start_matches("http://").to_owned())
+                    .collect();
+                let url = format!("http://{}", hosts.join(","));
+                (Servers::Deadbolt(cluster), url)
+            }
+            Redis | RedisCounter if options.fault == Failover => {
+                let primary = peers::redis_with(persistence).ok_or_else(|| refuse("redis"))?;
+                let replica = peers::redis_with(persistence).ok_or_else(|| refuse("redis"))?;
+                replicate(&replica, &primary).await?;
+                let proxy = Proxy::start(primary_address(&primary)).await?;
+                let url = format!("redis://{}{query}", proxy.address);
+                (
+                    Servers::Failover {
+                        primary,
+                        replica,
+                        proxy,
+                    },
+                    url,
+                )
+            }
+            Redis | RedisCounter => {
+                let server = peers::redis_with(persistence).ok_or_else(|| refuse("redis"))?;
+                let url = format!("redis://{}{query}", server.address());
+                (Servers::Redis(server), url)
+            }
+            Redlock => {
+                anyhow::ensure!(
+                    (3..=MAX_MASTERS).contains(&options.masters),
+                    "--masters {}: Redlock runs here take 3 to {MAX_MASTERS} masters",
+                    options.masters
+                );
+                let masters = (0..options.masters)
+                    .map(|_| peers::redis_with(persistence).ok_or_else(|| refuse("redis")))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let addresses: Vec<String> = masters.iter().map(Server::address).collect();
+                let url = format!("redlock://{}", addresses.join(","));
+                (Servers::Redlock(masters), url)
+            }
+            Etcd => {
+                let size = if options.fault == LeaderKill { 3 } else { 1 };
+                let members = peers::etcd_cluster(size).ok_or_else(|| refuse("etcd"))?;
+                let addresses: Vec<String> = members.iter().map(Server::address).collect();
+                let url = format!("etcd://{}", addresses.join(","));
+                (Servers::Etcd(members), url)
+            }
+            Postgres => {
+                let url = match &options.postgres_url {
+                    Some(url) => url.clone(),
+                    None => peers::postgres_url().ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "no PostgreSQL: pass --postgres-url or run `eval \"$(scripts/postgres.sh)\"`"
+                        )
+                    })?,
+                };
+                let url = if options.no_idle_timeout {
+                    let join = if url.contains('?') { '&' } else { '?' };
+                    format!("{url}{join}idle_session_timeout=off")
+                } else {
+                    url
+                };
+                (Servers::Postgres, url)
+            }
+        };
+        Ok(started)
+    }
+
+    /// Injects one fault of the service (not the client pause), waits its
+    /// length and undoes it. Returns what it did.
+    pub async fn inject(
+        &mut self,
+        options: &Options<'_>,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<String> {
+        match self {
+            Servers::Redis(server) => {
+                tokio::task::block_in_place(|| server.restart());
+                Ok(format!("kill -9 redis-server, restarted{}", aof(options)))
+            }
+            Servers::Redlock(masters) => {
+                let mut chosen = Vec::new();
+                while chosen.len() < RESTARTED_MASTERS.min(masters.len() / 2) {
+                    let index = rng.gen_range(0..masters.len());
+                    if !chosen.contains(&index) {
+                        chosen.push(index);
+                    }
+                }
+                for &index in &chosen {
+                    masters[index].kill();
+                }
+                let down = match options.fault {
+                    Fault::RestartDelayed => options.ttl + Duration::from_millis(100),
+                    _ => Duration::ZERO,
+                };
+                tokio::time::sleep(down).await;
+                for &index in &chosen {
+                    tokio::task::block_in_place(|| masters[index].restart());
+                }
+                Ok(format!(
+                    "kill -9 Redlock masters {chosen:?} of {}, restarted after {down:?}{}",
+                    masters.len(),
+                    aof(options)
+                ))
+            }
+            Servers::Failover {
+                primary,
+                replica,
+                proxy,
+            } => {
+                if !options.lag.is_zero() {
+                    // Replication stops here (a port nobody listens on):
+                    // what the primary does from now on, the replica misses.
+                    let nowhere = deadbolt_testkit::free_port().to_string();
+                    command(&replica.address(), &["REPLICAOF", "127.0.0.1", &nowhere]).await?;
+                    tokio::time::sleep(options.lag).await;
+                }
+                primary.kill();
+                command(&replica.address(), &["REPLICAOF", "NO", "ONE"]).await?;
+                proxy.point(primary_address(replica));
+                // The old primary comes back (empty without persistence) as
+                // the new one's replica, ready for the next failover.
+                tokio::task::block_in_place(|| primary.restart());
+                replicate(primary, replica).await?;
+                std::mem::swap(primary, replica);
+                Ok(format!(
+                    "kill -9 the Redis primary, replica promoted (REPLICAOF NO ONE){}{}",
+                    if options.lag.is_zero() {
+                        String::new()
+                    } else {
+                        format!(" after its link was cut for {:?}", options.lag)
+                    },
+                    aof(options)
+                ))
+            }
+            Servers::Etcd(members) => {
+                let mut leader = None;
+                for (index, member) in members.iter().enumerate() {
+                    if etcd_is_leader(&member.address()).await.unwrap_or(false) {
+                        leader = Some(index);
+                    }
+                }
+                let Some(leader) = leader else {
+                    return Ok("no etcd leader to kill (an election is under way)".to_owned());
+                };
+                members[leader].kill();
+                let down = Duration::from_millis(rng.gen_range(500..2000));
+                tokio::time::sleep(down).await;
+                tokio::task::block_in_place(|| members[leader].restart());
+                Ok(format!(
+                    "kill -9 etcd leader (member {leader}), restarted after {down:?}"
+                ))
+            }
+            Servers::Deadbolt(_) | Servers::Postgres => {
+                anyhow::bail!("no server fault for this backend (only pause)")
+            }
+        }
+    }
+}
+
+fn aof(options: &Options<'_>) -> &'static str {
+    if options.aof {
+        " (appendonly, appendfsync always)"
+    } else {
+        " (no persistence)"
+    }
+}
+
+fn primary_address(server: &Server) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], server.port))
+}
+
+/// Makes `replica` replicate `primary` and waits until it has synced.
+async fn replicate(replica: &Server, primary: &Server) -> anyhow::Result<()> {
+    let port = primary.port.to_string();
+    command(&replica.address(), &["REPLICAOF", "127.0.0.1", &port]).await?;
+    for _ in 0..200 {
+        let info = command(&replica.address(), &["INFO", "replication"]).await?;
+        if info.contains("master_link_status:up") {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    anyhow::bail!(
+        "the Redis replica on {} did not sync within 5s",
+        replica.address()
+    )
+}
+
+/// One Redis command (RESP), its reply as text: a status, an error (as an
+/// error) or a bulk string. Enough for REPLICAOF and INFO.
+async fn command(address: &str, args: &[&str]) -> anyhow::Result<String> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(address).await?;
+        let mut request = format!("*{}\r\n", args.len());
+        for arg in args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
+        stream.write_all(request.as_bytes()).await?;
+        let mut reply = Vec::new();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            let read = stream.read(&mut chunk).await?;
+            anyhow::ensure!(read > 0, "redis-server on {address} closed the connection");
+            reply.extend_from_slice(&chunk[..read]);
+            anyhow::ensure!(reply.len() <= 1 << 20, "reply over 1 MiB from {address}");
+            let text = String::from_utf8_lossy(&reply).into_owned();
+            let Some((head, body)) = text.split_once("\r\n") else {
+                continue;
+            };
+            match head.as_bytes().first() {
+                Some(b'+') => return Ok(head[1..].to_owned()),
+                Some(b'-') => anyhow::bail!("{address}: {} {args:?}", &head[1..]),
+                Some(b'$') => {
+                    let len: usize = head[1..].parse()?;
+                    if body.len() >= len {
+                        return Ok(body[..len].to_owned());
+                    }
+                }
+                _ => anyhow::bail!("{address}: unexpected reply {head:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .map_err(|_| anyhow::anyhow!("redis-server on {address} did not answer {args:?} in 5s"))?
+}
+
+/// Whether the etcd member at `address` leads (its gRPC gateway's status).
+async fn etcd_is_leader(address: &str) -> anyhow::Result<bool> {
+    let address: SocketAddr = address.parse()?;
+    let (status, body) = tokio::time::timeout(
+        Duration::from_secs(2),
+        crate::worker::http(address, "POST", "/v3/maintenance/status", None, "{}"),
+    )
+    .await??;
+    anyhow::ensure!(status == 200, "etcd status: {status} {body}");
+    let status: serde_json::Value = serde_json::from_str(&body)?;
+    let member = &status["header"]["member_id"];
+    Ok(!member.is_null() && *member == status["leader"])
+}
+
+/// A TCP proxy to whichever server is the primary: what clients of a
+/// failed-over Redis reach through a virtual IP or HAProxy. Repointing it
+/// cuts every open connection, so clients reconnect to the new primary.
+pub struct Proxy {
+    pub address: SocketAddr,
+    target: tokio::sync::watch::Sender<SocketAddr>,
+}
+
+impl Proxy {
+    async fn start(target: SocketAddr) -> anyhow::Result<Proxy> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let address = listener.local_addr()?;
+        let (sender, receiver) = tokio::sync::watch::channel(target);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut receiver = receiver.clone();
+                tokio::spawn(async move {
+                    let target = *receiver.borrow_and_update();
+                    let Ok(mut outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = receiver.changed() => {}
+                    }
+                });
+            }
+        });
+        Ok(Proxy {
+            address,
+            target: sender,
+        })
+    }
+
+    fn point(&self, target: SocketAddr) {
+        self.target.send_replace(target);
+    }
+}
