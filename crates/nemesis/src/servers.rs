@@ -8,9 +8,9 @@
 //!   Sentinel would after noticing), the clients following through a TCP
 //!   proxy repointed at the new primary (as a virtual IP or HAProxy would),
 //!   optionally with the replica's link cut `--lag` before the primary dies;
-//! - Redlock (`redlock`, `--masters N`): kill -9 and restart of 2 masters at
-//!   once, right away or after one TTL (`restart-delayed`, the Redis docs'
-//!   remedy), with or without `--aof`;
+//! - Redlock (`redlock`, `--masters N`): a rolling restart, 2 masters of 5
+//!   at a time (kill -9, restart right away or after one TTL:
+//!   `restart-delayed`, the Redis docs' remedy), with or without `--aof`;
 //! - etcd (`etcd`, 3 members): kill -9 of the leader, restarted after a
 //!   while;
 //! - PostgreSQL (`postgres`): `scripts/postgres.sh`'s server; only the
@@ -26,6 +26,7 @@
 use deadbolt_testkit::peers::{self, Server};
 use deadbolt_testkit::TestCluster;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::Rng;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -56,9 +57,10 @@ pub enum Kind {
 pub enum Fault {
     /// SIGSTOP a worker that holds a lock for 1.5 to 3 TTLs (every backend).
     Pause,
-    /// kill -9 and restart: the Redis server, or 2 Redlock masters.
+    /// kill -9 and restart: the Redis server, or every Redlock master, a
+    /// minority at a time.
     Restart,
-    /// Redlock: 2 masters killed and kept down for one TTL before restarting.
+    /// Redlock: the rolling restart, each minority kept down for one TTL.
     RestartDelayed,
     /// Redis: kill -9 the primary, promote its replica, clients follow.
     Failover,
@@ -83,7 +85,7 @@ pub struct Options<'a> {
 
 /// The most Redlock masters a run starts (the URL's own limit is 15).
 const MAX_MASTERS: usize = 9;
-/// How many Redlock masters restart at once: a minority of 5.
+/// How many Redlock masters restart at once (a minority of 5; 1 of 3 or 4).
 const RESTARTED_MASTERS: usize = 2;
 
 /// The running service; dropping it stops every process it started.
@@ -153,8 +155,11 @@ impl Servers {
                 (Servers::Deadbolt(cluster), url)
             }
             Redis | RedisCounter if options.fault == Failover => {
-                let primary = peers::redis_with(persistence).ok_or_else(|| refuse("redis"))?;
-                let replica = peers::redis_with(persistence).ok_or_else(|| refuse("redis"))?;
+                // A new replica syncs at once (Redis 7 waits 5 s by default
+                // for more replicas to share the transfer).
+                let args: Vec<&str> = [persistence, &["--repl-diskless-sync-delay", "0"]].concat();
+                let primary = peers::redis_with(&args).ok_or_else(|| refuse("redis"))?;
+                let replica = peers::redis_with(&args).ok_or_else(|| refuse("redis"))?;
                 replicate(&replica, &primary).await?;
                 let proxy = Proxy::start(primary_address(&primary)).await?;
                 let url = format!("redis://{}{query}", proxy.address);
@@ -226,26 +231,30 @@ impl Servers {
                 Ok(format!("kill -9 redis-server, restarted{}", aof(options)))
             }
             Servers::Redlock(masters) => {
-                let mut chosen = Vec::new();
-                while chosen.len() < RESTARTED_MASTERS.min(masters.len() / 2) {
-                    let index = rng.gen_range(0..masters.len());
-                    if !chosen.contains(&index) {
-                        chosen.push(index);
-                    }
-                }
-                for &index in &chosen {
-                    masters[index].kill();
-                }
+                // A rolling restart, a minority at a time: each pair is
+                // killed, kept down (not at all, or one TTL), restarted,
+                // and the next pair goes at once. A holder granted while a
+                // pair was down holds only a bare majority, which the next
+                // pair's restart can take from it.
+                let mut order: Vec<usize> = (0..masters.len()).collect();
+                order.shuffle(rng);
                 let down = match options.fault {
                     Fault::RestartDelayed => options.ttl + Duration::from_millis(100),
                     _ => Duration::ZERO,
                 };
-                tokio::time::sleep(down).await;
-                for &index in &chosen {
-                    tokio::task::block_in_place(|| masters[index].restart());
+                let at_once = RESTARTED_MASTERS.min((masters.len() - 1) / 2).max(1);
+                for group in order.chunks(at_once) {
+                    for &index in group {
+                        masters[index].kill();
+                    }
+                    tokio::time::sleep(down).await;
+                    for &index in group {
+                        tokio::task::block_in_place(|| masters[index].restart());
+                    }
                 }
                 Ok(format!(
-                    "kill -9 Redlock masters {chosen:?} of {}, restarted after {down:?}{}",
+                    "rolling restart of the {} Redlock masters, {at_once} at a time (kill -9, \
+                     restarted after {down:?}), order {order:?}{}",
                     masters.len(),
                     aof(options)
                 ))

@@ -5,13 +5,13 @@
 //! [`crate::checker::check`] says whether a history is correct; this says
 //! how wrong it is, in three numbers the seeds' table is about:
 //!
-//! - **double grants**: the lock service granted a lock while it had
-//!   promised an earlier holder the lock for longer. A grant counts when its
-//!   whole acquire (invocation to acknowledgement, when the grant happened)
-//!   lies inside another client's certain holding interval ([`Held`]: from
-//!   its acknowledgement to the earlier of its release and the lease deadline
-//!   it knew last). A paused holder whose lease ran out is not one: the
-//!   service kept its word; what it does next is a stale write.
+//! - **double grants**: two clients held one lock at once by the service's
+//!   own promises. Each grant is certainly held ([`Held`]) from its
+//!   acknowledgement to the earlier of its release and the lease deadline
+//!   its client knew last (a lower bound of the server's); a grant counts
+//!   when it was acknowledged inside another client's such interval. A
+//!   paused holder whose lease ran out is not one: the service kept its
+//!   word; what the holder does next is a stale write.
 //! - **stale writes**: writes the resource took although, before they were
 //!   sent, a client granted the lock later had already read the resource
 //!   ([`Write`]: so the resource had seen the newer holder, and a fence had
@@ -104,28 +104,23 @@ pub fn tally(
         }
     }
 
-    // Double grants: a grant whose acquire began after another client's
-    // grant of the lock and was acknowledged before that grant's end. A
-    // sweep in order of acquire invocation, keeping the latest-ending
-    // earlier grants of two different clients per lock.
+    // Double grants: a grant acknowledged while another client's earlier
+    // grant of the lock was certainly still held (so both were, at once).
+    // A sweep in order of acknowledgement, keeping the latest ends of
+    // earlier grants (of two different clients) per lock.
     let mut by_grant: Vec<&Held> = held.iter().collect();
     by_grant.sort_by_key(|h| h.granted);
-    let mut by_invoke: Vec<&Held> = held.iter().collect();
-    by_invoke.sort_by_key(|h| h.invoked);
     let mut ends: HashMap<&str, Top2> = HashMap::new();
-    let mut next = 0;
-    for later in by_invoke {
-        while next < by_grant.len() && by_grant[next].granted <= later.invoked {
-            let earlier = by_grant[next];
-            ends.entry(&earlier.lock)
-                .or_default()
-                .offer(earlier.until, earlier.client);
-            next += 1;
-        }
+    for later in by_grant {
         let latest_end = ends
             .get(later.lock.as_str())
             .and_then(|top| top.best_not_of(later.client));
-        tally.double_grants += u64::from(latest_end.is_some_and(|end| later.granted < end));
+        tally.double_grants += u64::from(
+            later.granted < later.until && latest_end.is_some_and(|end| later.granted < end),
+        );
+        ends.entry(&later.lock)
+            .or_default()
+            .offer(later.until, later.client);
     }
 
     // Stale: some other client under a newer grant had read the resource
@@ -303,10 +298,15 @@ mod tests {
         // Its lease had run out (paused holder): not the service's fault.
         let after = [held(0, 5, 10, 18), held(1, 20, 25, 60)];
         assert_eq!(tally(&[], &after, &[], &BTreeMap::new()).double_grants, 0);
-        // The acquire began before the first grant was acknowledged: the
-        // grants may have been in the other order.
-        let unclear = [held(0, 5, 10, 50), held(1, 8, 25, 60)];
-        assert_eq!(tally(&[], &unclear, &[], &BTreeMap::new()).double_grants, 0);
+        // Acknowledged after the first had been released.
+        let released = [held(0, 5, 10, 20), held(1, 8, 25, 60)];
+        assert_eq!(
+            tally(&[], &released, &[], &BTreeMap::new()).double_grants,
+            0
+        );
+        // One client's own grants never overlap another's count.
+        let own = [held(0, 5, 10, 50), held(0, 20, 25, 60)];
+        assert_eq!(tally(&[], &own, &[], &BTreeMap::new()).double_grants, 0);
     }
 
     #[test]
