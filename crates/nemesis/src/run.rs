@@ -327,6 +327,10 @@ pub(crate) fn spawn_worker(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
+        // A group of its own: were the runner's group orphaned (its
+        // launcher gone) while a worker is SIGSTOPped, the kernel would
+        // SIGHUP the whole group, runner included.
+        .process_group(0)
         .spawn()?;
     let stdout = child.stdout.take().expect("piped");
     let reader = tokio::spawn(async move {

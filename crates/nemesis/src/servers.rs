@@ -12,7 +12,7 @@
 //!   at a time (kill -9, restart right away or after one TTL:
 //!   `restart-delayed`, the Redis docs' remedy), with or without `--aof`;
 //! - etcd (`etcd`, 3 members): kill -9 of the leader, restarted after a
-//!   while;
+//!   while, and one TTL of calm once a leader is back;
 //! - PostgreSQL (`postgres`): `scripts/postgres.sh`'s server; only the
 //!   client pause applies (the holder hung with its socket open), with the
 //!   backend's `idle_session_timeout` or, `--no-idle-timeout`, without;
@@ -303,8 +303,27 @@ impl Servers {
                 let down = Duration::from_millis(rng.gen_range(500..2000));
                 tokio::time::sleep(down).await;
                 tokio::task::block_in_place(|| members[leader].restart());
+                // One fault at a time: the next leader must be elected and
+                // the clients' leases renewed (one TTL) before another kill,
+                // else the cluster spends the run electing.
+                let restarted = std::time::Instant::now();
+                let mut elected = None;
+                while elected.is_none() && restarted.elapsed() < Duration::from_secs(10) {
+                    for member in members.iter() {
+                        if etcd_is_leader(&member.address()).await.unwrap_or(false) {
+                            elected = Some(restarted.elapsed());
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                tokio::time::sleep(options.ttl).await;
                 Ok(format!(
-                    "kill -9 etcd leader (member {leader}), restarted after {down:?}"
+                    "kill -9 etcd leader (member {leader}), restarted after {down:?}; a leader \
+                     {} then one TTL of calm",
+                    match elected {
+                        Some(after) => format!("{after:.1?} after the restart"),
+                        None => "not seen within 10 s".to_owned(),
+                    }
                 ))
             }
             Servers::Deadbolt(_) | Servers::Postgres => {
