@@ -188,8 +188,10 @@ async fn backend_round(
     );
     let fence = if args.unfenced { None } else { token };
     let mut timing = Timing::default();
+    // Longer than the longest pause (3 TTLs): a worker paused mid-write
+    // must make its late write when it wakes, not time out on the spot.
     let outcome = tokio::time::timeout(
-        REQUEST_TIMEOUT + args.hold,
+        REQUEST_TIMEOUT + args.hold + args.ttl * 3,
         resource_increment(args.resource, lock, fence, args.hold, &mut timing),
     )
     .await;

@@ -18,7 +18,10 @@ fn run(extra: &[&str]) -> std::process::Child {
         .args(["run", "--backend", "etcd", "--fault", "pause"])
         // etcd grants at least 2 s; pauses last 3 to 6 s.
         .args(["--ttl", "2s", "--duration", "15s", "--seed", "7"])
-        .args(["--clients", "4", "--locks", "1"])
+        // Each holder works 100 ms between its read and its write: the
+        // window a pause lands in (with the default 5 ms, a pause often
+        // came a moment after the write, and no write was late).
+        .args(["--clients", "4", "--locks", "1", "--hold", "100ms"])
         .args(extra)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -37,6 +40,7 @@ fn summary(output: &Output) -> (HashMap<String, String>, String) {
         .lines()
         .rfind(|line| line.starts_with("backend="))
         .unwrap_or_else(|| panic!("no summary line in:\n{text}"));
+    println!("{last}");
     let pairs = last
         .split_whitespace()
         .filter_map(|pair| pair.split_once('='))
