@@ -64,6 +64,8 @@ scenarios=(
     "redis-failover-lag-unfenced redis --fault failover --lag 500ms --unfenced"
     "counter-failover-fenced     redis-counter --fault failover"
     "counter-failover-lag-fenced redis-counter --fault failover --lag 500ms"
+    "redis-sentinel-unfenced     redis --fault failover --sentinel --unfenced"
+    "counter-sentinel-fenced     redis-counter --fault failover --sentinel"
     "redlock-restart-unfenced    redlock --fault restart --unfenced"
     "redlock-restart-aof-unfenced redlock --fault restart --aof --unfenced"
     "redlock-delayed-unfenced    redlock --fault restart-delayed --unfenced"

@@ -54,6 +54,10 @@ pub struct BackendArgs {
     /// before the primary dies (a lagging replica); 0 = in sync.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration, requires = "backend")]
     pub lag: Duration,
+    /// Redis failover: a Redis Sentinel detects and promotes (quorum 1,
+    /// down after 1 s) instead of a scripted REPLICAOF NO ONE.
+    #[arg(long, requires = "backend")]
+    pub sentinel: bool,
     /// PostgreSQL's URL (default: $DEADBOLT_TEST_POSTGRES_URL).
     #[arg(long, requires = "backend")]
     pub postgres_url: Option<String>,
@@ -99,6 +103,7 @@ pub async fn main(
         ttl: args.ttl,
         postgres_url: backend.postgres_url.clone(),
         no_idle_timeout: backend.no_idle_timeout,
+        sentinel: backend.sentinel,
         deadbolt,
         dir: out,
     };
@@ -238,7 +243,9 @@ pub async fn main(
         (_, true) => " idle_session_timeout=off",
         _ => "",
     };
-    let lag = if backend.lag.is_zero() {
+    let lag = if backend.sentinel {
+        " sentinel".to_owned()
+    } else if backend.lag.is_zero() {
         String::new()
     } else {
         format!(" lag={}", humantime::format_duration(backend.lag))

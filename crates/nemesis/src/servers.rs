@@ -8,6 +8,8 @@
 //!   Sentinel would after noticing), the clients following through a TCP
 //!   proxy repointed at the new primary (as a virtual IP or HAProxy would),
 //!   optionally with the replica's link cut `--lag` before the primary dies;
+//!   or, `--sentinel`, promoted by a Redis Sentinel (quorum 1, down after
+//!   1 s), the proxy following the primary Sentinel names;
 //! - Redlock (`redlock`, `--masters N`): a rolling restart, 2 masters of 5
 //!   at a time (kill -9, restart right away or after one TTL:
 //!   `restart-delayed`, the Redis docs' remedy), with or without `--aof`;
@@ -77,6 +79,8 @@ pub struct Options<'a> {
     pub lag: Duration,
     pub ttl: Duration,
     pub postgres_url: Option<String>,
+    /// Redis failover by Sentinel rather than a scripted promotion.
+    pub sentinel: bool,
     /// PostgreSQL without `idle_session_timeout` (unsafe: to measure it).
     pub no_idle_timeout: bool,
     pub deadbolt: &'a Path,
@@ -97,6 +101,8 @@ pub enum Servers {
         primary: Server,
         replica: Server,
         proxy: Proxy,
+        /// Sentinel promotes (the proxy follows it); else a script does.
+        sentinel: Option<Box<Server>>,
     },
     Redlock(Vec<Server>),
     Etcd(Vec<Server>),
@@ -162,12 +168,26 @@ impl Servers {
                 let replica = peers::redis_with(&args).ok_or_else(|| refuse("redis"))?;
                 replicate(&replica, &primary).await?;
                 let proxy = Proxy::start(primary_address(&primary)).await?;
+                let sentinel = if options.sentinel {
+                    anyhow::ensure!(
+                        options.lag.is_zero(),
+                        "--lag cuts the replica's link by hand, which Sentinel would repair: \
+                         use it without --sentinel"
+                    );
+                    let sentinel = peers::redis_sentinel(primary.port)
+                        .ok_or_else(|| refuse("redis-server (for Sentinel)"))?;
+                    proxy.follow(sentinel.address());
+                    Some(Box::new(sentinel))
+                } else {
+                    None
+                };
                 let url = format!("redis://{}{query}", proxy.address);
                 (
                     Servers::Failover {
                         primary,
                         replica,
                         proxy,
+                        sentinel,
                     },
                     url,
                 )
@@ -262,7 +282,39 @@ impl Servers {
             Servers::Failover {
                 primary,
                 replica,
+                sentinel: Some(sentinel),
+                ..
+            } => {
+                // Sentinel notices (1 s without an answer), promotes the
+                // replica, and the proxy follows what it names.
+                let killed = std::time::Instant::now();
+                primary.kill();
+                let mut promoted = None;
+                while killed.elapsed() < Duration::from_secs(15) {
+                    if sentinel_master(&sentinel.address()).await.ok() == Some(replica.port) {
+                        promoted = Some(killed.elapsed());
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let Some(promoted) = promoted else {
+                    anyhow::bail!("Sentinel promoted no replica within 15 s of the primary's kill")
+                };
+                // Rejoined as the new primary's replica at once (Sentinel
+                // would do it too, at its next look, up to 10 s later).
+                tokio::task::block_in_place(|| primary.restart());
+                replicate(primary, replica).await?;
+                std::mem::swap(primary, replica);
+                Ok(format!(
+                    "kill -9 the Redis primary; Sentinel promoted the replica {promoted:.1?} later{}",
+                    aof(options)
+                ))
+            }
+            Servers::Failover {
+                primary,
+                replica,
                 proxy,
+                sentinel: None,
             } => {
                 if !options.lag.is_zero() {
                     // Replication stops here (a port nobody listens on):
@@ -349,17 +401,40 @@ fn primary_address(server: &Server) -> SocketAddr {
 async fn replicate(replica: &Server, primary: &Server) -> anyhow::Result<()> {
     let port = primary.port.to_string();
     command(&replica.address(), &["REPLICAOF", "127.0.0.1", &port]).await?;
-    for _ in 0..200 {
-        let info = command(&replica.address(), &["INFO", "replication"]).await?;
-        if info.contains("master_link_status:up") {
-            return Ok(());
+    wait_synced(replica, Duration::from_secs(5)).await
+}
+
+/// Waits until `replica` has a live link to its primary.
+async fn wait_synced(replica: &Server, within: Duration) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    while started.elapsed() < within {
+        // A server still starting refuses commands for a moment.
+        if let Ok(info) = command(&replica.address(), &["INFO", "replication"]).await {
+            if info.contains("master_link_status:up") {
+                return Ok(());
+            }
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     anyhow::bail!(
-        "the Redis replica on {} did not sync within 5s",
+        "the Redis replica on {} did not sync within {within:?}",
         replica.address()
     )
+}
+
+/// The port of the primary the Sentinel at `address` names now.
+async fn sentinel_master(address: &str) -> anyhow::Result<u16> {
+    let reply = command(
+        address,
+        &["SENTINEL", "get-master-addr-by-name", "deadbolt"],
+    )
+    .await?;
+    let port = reply
+        .lines()
+        .rev()
+        .find_map(|line| line.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("Sentinel names no primary: {reply:?}"))?;
+    Ok(port)
 }
 
 /// One Redis command (RESP), its reply as text: a status, an error (as an
@@ -392,6 +467,14 @@ async fn command(address: &str, args: &[&str]) -> anyhow::Result<String> {
                         return Ok(body[..len].to_owned());
                     }
                 }
+                // An array of N bulk strings (Sentinel's answers): complete
+                // with 2N more lines; returned as they are.
+                Some(b'*') => {
+                    let items: usize = head[1..].parse()?;
+                    if body.matches("\r\n").count() >= 2 * items {
+                        return Ok(body.to_owned());
+                    }
+                }
                 _ => anyhow::bail!("{address}: unexpected reply {head:?}"),
             }
         }
@@ -420,7 +503,7 @@ async fn etcd_is_leader(address: &str) -> anyhow::Result<bool> {
 /// cuts every open connection, so clients reconnect to the new primary.
 pub struct Proxy {
     pub address: SocketAddr,
-    target: tokio::sync::watch::Sender<SocketAddr>,
+    target: std::sync::Arc<tokio::sync::watch::Sender<SocketAddr>>,
 }
 
 impl Proxy {
@@ -445,11 +528,36 @@ impl Proxy {
         });
         Ok(Proxy {
             address,
-            target: sender,
+            target: std::sync::Arc::new(sender),
         })
     }
 
+    /// Points at `target`; cuts the open connections if that is a change.
     fn point(&self, target: SocketAddr) {
-        self.target.send_replace(target);
+        point(&self.target, target);
     }
+
+    /// Follows the primary the Sentinel at `sentinel` names (asked every
+    /// 20 ms, as a client library's Sentinel support would), until the
+    /// proxy is dropped.
+    fn follow(&self, sentinel: String) {
+        let target = std::sync::Arc::downgrade(&self.target);
+        tokio::spawn(async move {
+            while let Some(target) = target.upgrade() {
+                if let Ok(port) = sentinel_master(&sentinel).await {
+                    point(&target, SocketAddr::from(([127, 0, 0, 1], port)));
+                }
+                drop(target);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+    }
+}
+
+fn point(sender: &tokio::sync::watch::Sender<SocketAddr>, target: SocketAddr) {
+    sender.send_if_modified(|current| {
+        let changed = *current != target;
+        *current = target;
+        changed
+    });
 }

@@ -159,6 +159,30 @@ pub fn redis_with(extra: &[&str]) -> Option<Server> {
     Some(Server::start(program, args, port, dir))
 }
 
+/// A Redis Sentinel (`redis-server CONF --sentinel`, the same binary Debian's
+/// redis-sentinel package runs) watching the primary on `primary_port` as
+/// master `deadbolt`, alone (quorum 1): it calls the primary down after
+/// 1 s without an answer and promotes a replica.
+pub fn redis_sentinel(primary_port: u16) -> Option<Server> {
+    let program = binary("DEADBOLT_REDIS_SERVER", "redis-server", "redis-server")?;
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::free_port();
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\n\
+             sentinel monitor deadbolt 127.0.0.1 {primary_port} 1\n\
+             sentinel down-after-milliseconds deadbolt 1000\n\
+             sentinel failover-timeout deadbolt 3000\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let args = vec![conf.to_string_lossy().into_owned(), "--sentinel".to_owned()];
+    Some(Server::start(program, args, port, dir))
+}
+
 /// A single-member etcd cluster.
 pub fn etcd() -> Option<Server> {
     etcd_cluster(1).map(|mut members| members.remove(0))
