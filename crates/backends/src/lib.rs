@@ -126,8 +126,8 @@ impl Locker {
                 LockerKind::Etcd(etcd::Locker::new(endpoints)),
                 Backend::Etcd,
             ),
-            Target::Postgres { url } => (
-                LockerKind::Postgres(Box::new(postgres::Locker::new(&url)?)),
+            Target::Postgres { url, idle_timeout } => (
+                LockerKind::Postgres(Box::new(postgres::Locker::new(&url, idle_timeout)?)),
                 Backend::Postgres,
             ),
         };

@@ -51,6 +51,8 @@ const ALREADY_EXISTS: [&str; 2] = ["42P07", "23505"];
 pub(crate) struct Locker {
     config: Config,
     server: String,
+    /// Sets `idle_session_timeout` (off only to measure what it prevents).
+    idle_timeout: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -78,7 +80,7 @@ impl Drop for Inner {
 }
 
 impl Locker {
-    pub(crate) fn new(url: &str) -> Result<Locker, Error> {
+    pub(crate) fn new(url: &str, idle_timeout: bool) -> Result<Locker, Error> {
         let mut config: Config = url
             .parse()
             .map_err(|err| Error::invalid(format!("lock URL {url:?}: {err}")))?;
@@ -94,6 +96,7 @@ impl Locker {
                 if hosts == 1 { "" } else { "s" }
             ),
             config,
+            idle_timeout,
         })
     }
 
@@ -120,7 +123,12 @@ impl Locker {
             }
         })
         .abort_handle();
-        let ms = ttl.as_millis().max(1);
+        // 0 is PostgreSQL's "never" (`?idle_session_timeout=off`).
+        let ms = if self.idle_timeout {
+            ttl.as_millis().max(1)
+        } else {
+            0
+        };
         if let Err(err) = client
             .batch_execute(&format!("SET idle_session_timeout = {ms}"))
             .await

@@ -10,7 +10,8 @@
 //!   Redis masters;
 //! - `etcd://HOST:PORT[,…]`: an etcd cluster's client endpoints;
 //! - `postgres://…` or `postgresql://…`: a PostgreSQL database, in
-//!   libpq's URL form.
+//!   libpq's URL form (plus `idle_session_timeout=off`, unsafe, to measure
+//!   what the hung-holder protection prevents).
 
 use crate::Error;
 
@@ -33,8 +34,12 @@ pub enum Target {
     Redlock { nodes: Vec<String> },
     /// etcd's client endpoints, as `http://HOST:PORT`.
     Etcd { endpoints: Vec<String> },
-    /// A PostgreSQL connection URL.
-    Postgres { url: String },
+    /// A PostgreSQL connection URL (libpq's form, without our option).
+    /// `idle_timeout: false` (`?idle_session_timeout=off`) leaves
+    /// PostgreSQL's `idle_session_timeout` unset: a holder hung with its
+    /// socket open then keeps its locks forever. Unsafe; it exists to
+    /// measure what the timeout prevents (docs/backends.md).
+    Postgres { url: String, idle_timeout: bool },
 }
 
 const SCHEMES: &str = "http(s)://, redis://, redlock://, etcd://, postgres://";
@@ -110,17 +115,37 @@ impl Target {
                 })
             }
             "postgres" | "postgresql" => {
+                let (url, idle_timeout) = match take_param(url, IDLE_TIMEOUT_OFF) {
+                    Some(rest) => (rest, false),
+                    None => (url.to_owned(), true),
+                };
                 url.parse::<tokio_postgres::Config>()
                     .map_err(|err| refuse(err.to_string()))?;
-                Ok(Target::Postgres {
-                    url: url.to_owned(),
-                })
+                Ok(Target::Postgres { url, idle_timeout })
             }
             other => Err(Error::invalid(format!(
                 "lock URL {url:?}: unknown scheme {other:?} (want one of {SCHEMES})"
             ))),
         }
     }
+}
+
+/// The PostgreSQL URL option that turns the hung-holder protection off.
+const IDLE_TIMEOUT_OFF: &str = "idle_session_timeout=off";
+
+/// `url` without the query parameter `param` (exactly `name=value`), if it
+/// has it.
+fn take_param(url: &str, param: &str) -> Option<String> {
+    let (base, query) = url.split_once('?')?;
+    let kept: Vec<&str> = query.split('&').filter(|p| *p != param).collect();
+    if kept.len() == query.split('&').count() {
+        return None;
+    }
+    Some(if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    })
 }
 
 /// A comma-separated list of `HOST:PORT`, at most [`MAX_NODES`] of them,
@@ -197,8 +222,19 @@ mod tests {
         );
         assert!(matches!(
             Target::parse("postgresql://u:p@h:5432/db").unwrap(),
-            Target::Postgres { .. }
+            Target::Postgres {
+                idle_timeout: true,
+                ..
+            }
         ));
+        assert_eq!(
+            Target::parse("postgres://u@h:1/db?connect_timeout=3&idle_session_timeout=off")
+                .unwrap(),
+            Target::Postgres {
+                url: "postgres://u@h:1/db?connect_timeout=3".into(),
+                idle_timeout: false
+            }
+        );
     }
 
     #[test]

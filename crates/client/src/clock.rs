@@ -29,15 +29,18 @@ impl BootInstant {
         self.0.checked_sub(duration).map(BootInstant)
     }
 
-    pub(crate) fn saturating_duration_since(self, earlier: BootInstant) -> Duration {
-        self.0.saturating_sub(earlier.0)
-    }
-
     /// The monotonic `Instant` at which this point is reached, unless the
-    /// machine suspends in between: for tokio timers and for callers.
+    /// machine suspends in between: for tokio timers and for callers. A
+    /// point already passed stays in the past (by as much as it has passed),
+    /// so that a lease deadline read after it never looks like "now": the
+    /// nemesis's double-grant count caught a client paused past its lease
+    /// whose `lease_deadline()` said the lease lasted until it woke.
     pub(crate) fn to_instant(self) -> Instant {
         let (boot_now, now) = (BootInstant::now(), Instant::now());
-        now + self.saturating_duration_since(boot_now)
+        match self.0.checked_sub(boot_now.0) {
+            Some(ahead) => now + ahead,
+            None => now.checked_sub(boot_now.0 - self.0).unwrap_or(now),
+        }
     }
 }
 
@@ -46,5 +49,19 @@ impl Add<Duration> for BootInstant {
 
     fn add(self, duration: Duration) -> BootInstant {
         BootInstant(self.0 + duration)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_passed_point_stays_in_the_past() {
+        let second = Duration::from_secs(1);
+        let passed = BootInstant::now().checked_sub(second).unwrap();
+        assert!(passed.to_instant() + second / 2 < Instant::now());
+        let ahead = BootInstant::now() + second;
+        assert!(ahead.to_instant() > Instant::now() + second / 2);
     }
 }

@@ -97,12 +97,41 @@ fn show(record: &Record) -> String {
     serde_json::to_string(record).expect("serializable")
 }
 
+/// Over what a token must be unique.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenScope {
+    /// Every grant of every lock (Deadbolt's one counter; etcd's revision;
+    /// PostgreSQL's sequence).
+    Global,
+    /// Each lock's grants (Redis's counter, one per lock).
+    PerLock,
+}
+
 pub fn check(
     history: &[Record],
     accepted: &[Accepted],
     finals: &Finals,
     healed_at: u64,
     liveness_bound_ns: u64,
+) -> Vec<Violation> {
+    check_scoped(
+        history,
+        accepted,
+        finals,
+        healed_at,
+        liveness_bound_ns,
+        TokenScope::Global,
+    )
+}
+
+/// [`check`], with tokens unique over `scope`.
+pub fn check_scoped(
+    history: &[Record],
+    accepted: &[Accepted],
+    finals: &Finals,
+    healed_at: u64,
+    liveness_bound_ns: u64,
+    scope: TokenScope,
 ) -> Vec<Violation> {
     let mut violations = Vec::new();
     let done = completed(history);
@@ -111,11 +140,18 @@ pub fn check(
         .filter(|c| c.done.op == Op::Acquire && c.done.phase == Phase::Ok)
         .collect();
 
-    // Token uniqueness.
-    let mut owners: HashMap<u64, &Record> = HashMap::new();
+    // Token uniqueness. (A grant without a token comes from a lock service
+    // that issues none, Redlock or plain Redis: nothing to check.)
+    let mut owners: HashMap<(u64, &str), &Record> = HashMap::new();
     for grant in &grants {
-        let token = grant.done.token.expect("a grant has a token");
-        if let Some(first) = owners.get(&token) {
+        let Some(token) = grant.done.token else {
+            continue;
+        };
+        let key = match scope {
+            TokenScope::Global => (token, ""),
+            TokenScope::PerLock => (token, grant.done.lock.as_str()),
+        };
+        if let Some(first) = owners.get(&key) {
             if (first.client, &first.lock) != (grant.done.client, &grant.done.lock) {
                 violations.push(Violation {
                     what: format!("token {token} was granted twice"),
@@ -123,7 +159,7 @@ pub fn check(
                 });
             }
         } else {
-            owners.insert(token, &grant.done);
+            owners.insert(key, &grant.done);
         }
     }
 
@@ -133,7 +169,9 @@ pub fn check(
     let mut by_ack: Vec<&Completed> = grants.clone();
     by_ack.sort_by_key(|c| c.done.at);
     for later in &grants {
-        let token = later.done.token.expect("a grant has a token");
+        let Some(token) = later.done.token else {
+            continue;
+        };
         let earlier = by_ack
             .iter()
             .take_while(|c| c.done.at < later.invoked)
@@ -268,7 +306,9 @@ pub fn check(
             .map(|e| e.token)
             .collect();
         for grant in grants.iter().filter(|g| g.done.lock == *lock) {
-            let token = grant.done.token.expect("a grant has a token");
+            let Some(token) = grant.done.token else {
+                continue;
+            };
             if oldest.is_some_and(|oldest| token >= oldest) && !in_trail.contains(&token) {
                 violations.push(Violation {
                     what: format!("acknowledged grant of {lock} with token {token} is missing from the service's audit trail"),

@@ -61,6 +61,53 @@ pub struct Accepted {
     pub value: u64,
 }
 
+/// One grant as its holder saw it, for lock services whose grants the
+/// run cannot read back (the backends of `deadbolt-backends`): the lock
+/// was certainly held from `granted` until `until`, the earlier of the
+/// release's invocation and the lease deadline the client knew last (the
+/// latest instant the service promised to keep the grant). A worker writes
+/// one per grant, as a line `{"held": {...}}` beside its records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    pub client: usize,
+    pub lock: String,
+    /// The acquire's invocation and acknowledgement: the grant happened
+    /// between the two.
+    pub invoked: u64,
+    pub granted: u64,
+    pub until: u64,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub token: Option<u64>,
+}
+
+/// When a resource increment wrote, for lock services whose grants the run
+/// cannot read back: `read` is when the read came back (the resource had
+/// seen this holder by then), `sent` when the write went out (after the
+/// holder's work: a pause there makes the write late). A worker writes one
+/// per increment that got as far as its write, as `{"write": {...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Write {
+    pub client: usize,
+    pub lock: String,
+    /// When the grant it was made under was acknowledged.
+    pub granted: u64,
+    pub read: u64,
+    pub sent: u64,
+    /// `ok`: the resource took it; `fail`: it refused (stale); `info`:
+    /// unknown.
+    pub outcome: Phase,
+}
+
+/// A worker's output line: a record, a grant's holding interval, or a
+/// write's timing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Line {
+    Held { held: Held },
+    Write { write: Write },
+    Record(Record),
+}
+
 /// CLOCK_MONOTONIC now, in nanoseconds.
 pub fn now() -> u64 {
     let mut time = libc::timespec {
@@ -71,4 +118,15 @@ pub fn now() -> u64 {
     let result = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut time) };
     assert_eq!(result, 0, "clock_gettime(CLOCK_MONOTONIC) failed");
     time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
+}
+
+/// A `std::time::Instant` (CLOCK_MONOTONIC on Linux) on the history's
+/// clock, to within the microseconds between the two readings.
+pub fn at(instant: std::time::Instant) -> u64 {
+    let (history_now, instant_now) = (now(), std::time::Instant::now());
+    if instant >= instant_now {
+        history_now + (instant - instant_now).as_nanos() as u64
+    } else {
+        history_now.saturating_sub((instant_now - instant).as_nanos() as u64)
+    }
 }

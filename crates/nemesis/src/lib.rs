@@ -1,7 +1,9 @@
 //! The history format and its checker, shared by the fault-injection runner
 //! (`deadbolt-nemesis run`, real processes) and the deterministic simulation
 //! (`deadbolt-sim`, one process): both record the same operations and are
-//! judged by the same rules.
+//! judged by the same rules; and the tally of how many times a run broke
+//! mutual exclusion (`deadbolt-nemesis run --backend`, docs/backends.md).
 
 pub mod checker;
 pub mod history;
+pub mod tally;

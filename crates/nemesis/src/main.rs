@@ -3,14 +3,17 @@
 //!
 //! `run` starts everything and injects faults; `worker` and `resource` are
 //! the client and resource processes it starts (hidden subcommands of this
-//! same binary). See docs/safety.md.
+//! same binary). See docs/safety.md; `run --backend` runs the same against
+//! Redis, Redlock, etcd or PostgreSQL (docs/backends.md).
 
+mod backend_run;
 mod resource;
 mod run;
+mod servers;
 mod worker;
 
 use clap::{Parser, Subcommand};
-use deadbolt_nemesis::{checker, history};
+use deadbolt_nemesis::{checker, history, tally};
 
 #[derive(Parser)]
 #[command(

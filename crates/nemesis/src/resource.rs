@@ -6,6 +6,10 @@
 //! check and write are one step. Every accepted write is appended to the
 //! `--accepted` file, which the checker reads. `GET /final/{lock}` reads
 //! without a token, for the end of the run.
+//!
+//! With `--unfenced` it is the resource most code writes to: reads and
+//! writes need no token and nothing is checked (a token sent is only
+//! logged), so the same run counts what fencing prevents.
 
 use crate::history::{now, Accepted};
 use axum::extract::{Path, State};
@@ -25,9 +29,13 @@ pub struct ResourceArgs {
     /// Where accepted writes are appended, one JSON line each.
     #[arg(long)]
     accepted: PathBuf,
+    /// Check no token: accept every read and write.
+    #[arg(long)]
+    unfenced: bool,
 }
 
 struct Resource {
+    unfenced: bool,
     gates: FenceGates<String>,
     counters: Mutex<HashMap<String, u64>>,
     accepted: Mutex<std::fs::File>,
@@ -37,6 +45,7 @@ type Reply = (StatusCode, String);
 
 pub async fn main(args: ResourceArgs) -> anyhow::Result<()> {
     let resource = Arc::new(Resource {
+        unfenced: args.unfenced,
         gates: FenceGates::new(),
         counters: Mutex::default(),
         accepted: Mutex::new(std::fs::File::create(&args.accepted)?),
@@ -59,6 +68,14 @@ fn token(headers: &HeaderMap) -> Result<u64, Reply> {
 }
 
 impl Resource {
+    /// The request's token; unfenced, any (0 for none).
+    fn token(&self, headers: &HeaderMap) -> Result<u64, Reply> {
+        match token(headers) {
+            Err(_) if self.unfenced => Ok(0),
+            token => token,
+        }
+    }
+
     fn value(&self, lock: &str) -> u64 {
         self.counters
             .lock()
@@ -74,10 +91,13 @@ async fn read(
     Path(lock): Path<String>,
     headers: HeaderMap,
 ) -> Reply {
-    let token = match token(&headers) {
+    let token = match resource.token(&headers) {
         Ok(token) => token,
         Err(reply) => return reply,
     };
+    if resource.unfenced {
+        return (StatusCode::OK, resource.value(&lock).to_string());
+    }
     match resource.gates.admit(lock.as_str(), token) {
         Ok(()) => (StatusCode::OK, resource.value(&lock).to_string()),
         Err(stale) => (StatusCode::CONFLICT, stale.to_string()),
@@ -90,15 +110,14 @@ async fn write(
     headers: HeaderMap,
     body: String,
 ) -> Reply {
-    let token = match token(&headers) {
+    let token = match resource.token(&headers) {
         Ok(token) => token,
         Err(reply) => return reply,
     };
     let Ok(value) = body.trim().parse::<u64>() else {
         return (StatusCode::BAD_REQUEST, "the body must be a number".into());
     };
-    let gate = resource.gates.gate(lock.as_str());
-    let written = gate.admit_with(token, || {
+    let store = || {
         resource
             .counters
             .lock()
@@ -116,7 +135,13 @@ async fn write(
             "{}",
             serde_json::to_string(&record).expect("serializable")
         )
-    });
+    };
+    let written = if resource.unfenced {
+        Ok(store())
+    } else {
+        let gate = resource.gates.gate(lock.as_str());
+        gate.admit_with(token, store)
+    };
     match written {
         Ok(Ok(())) => (StatusCode::OK, value.to_string()),
         Ok(Err(err)) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),

@@ -4,7 +4,7 @@
 //! history. The last line printed is `ops=N faults=N violations=N`.
 
 use crate::checker::{check, Finals};
-use crate::history::{now, Accepted, Op, Phase, Record};
+use crate::history::{now, Accepted, Line, Op, Phase, Record};
 use crate::worker::http;
 use deadbolt_client::{AclGrant, Client};
 use deadbolt_testkit::{free_port, signal, TestCluster, TestPki};
@@ -23,31 +23,33 @@ use tokio::process::{Child, Command};
 pub struct RunArgs {
     /// How long faults are injected (the run takes about 20 s more).
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
-    duration: Duration,
+    pub(crate) duration: Duration,
     /// Seeds the choice and timing of faults, and the clients.
     #[arg(long, default_value_t = 1)]
-    seed: u64,
+    pub(crate) seed: u64,
     #[arg(long, default_value_t = 3)]
-    nodes: u64,
+    pub(crate) nodes: u64,
     #[arg(long, default_value_t = 6)]
-    clients: usize,
+    pub(crate) clients: usize,
     #[arg(long, default_value_t = 2)]
-    locks: usize,
+    pub(crate) locks: usize,
     /// The clients' session TTL; client pauses last 1.5 to 3 times this.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    ttl: Duration,
+    pub(crate) ttl: Duration,
     /// The `deadbolt` binary (default: next to this one).
     #[arg(long)]
-    deadbolt: Option<PathBuf>,
+    pub(crate) deadbolt: Option<PathBuf>,
     /// Keep the history, the resource's log and the node logs here.
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Run the cluster over mutual TLS with access control on: the clients
     /// use a least-privilege token, so every fault also exercises the
     /// certificates and the replicated rules (a token made before a leader
     /// change must keep working after it).
-    #[arg(long)]
-    secure: bool,
+    #[arg(long, conflicts_with = "backend")]
+    pub(crate) secure: bool,
+    #[command(flatten)]
+    pub backend: crate::backend_run::BackendArgs,
 }
 
 /// After the faults stop, each lock must see a completed round within this.
@@ -59,17 +61,20 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         .deadbolt
         .clone()
         .unwrap_or_else(|| me.with_file_name("deadbolt"));
-    anyhow::ensure!(
-        deadbolt.exists(),
-        "no deadbolt binary at {} (build it, or pass --deadbolt)",
-        deadbolt.display()
-    );
     let scratch = tempfile::tempdir()?;
     let out = args
         .out
         .clone()
         .unwrap_or_else(|| scratch.path().to_owned());
     std::fs::create_dir_all(&out)?;
+    if args.backend.backend.is_some() {
+        return crate::backend_run::main(&args, &me, &deadbolt, &out, scratch).await;
+    }
+    anyhow::ensure!(
+        deadbolt.exists(),
+        "no deadbolt binary at {} (build it, or pass --deadbolt)",
+        deadbolt.display()
+    );
     println!(
         "nemesis: seed {}, {} nodes, {} clients, {} locks, faults for {}",
         args.seed,
@@ -89,19 +94,8 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         Some(pki) => Some(secure(&cluster, pki).await?),
         None => None,
     };
-    let resource_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let accepted_path = out.join("accepted.jsonl");
-    let mut resource = Command::new(&me)
-        .args([
-            "resource",
-            "--listen",
-            &resource_addr.to_string(),
-            "--accepted",
-        ])
-        .arg(&accepted_path)
-        .kill_on_drop(true)
-        .spawn()?;
-    wait_for_port(resource_addr).await?;
+    let resource = Resource::start(&me, &out, false).await?;
+    let resource_addr = resource.address;
 
     let history = Arc::new(Mutex::new(Vec::<Record>::new()));
     // How workers reach the cluster: its endpoints, and under --secure
@@ -120,6 +114,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
             resource_addr,
             &args,
             history.clone(),
+            None,
         )?);
     }
 
@@ -149,20 +144,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         LIVENESS_BOUND.as_secs()
     );
     tokio::time::sleep(LIVENESS_BOUND).await;
-    for worker in &mut workers {
-        drop(worker.child.stdin.take());
-    }
-    for worker in &mut workers {
-        if tokio::time::timeout(Duration::from_secs(15), worker.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = worker.child.start_kill();
-        }
-        if let Some(reader) = worker.reader.take() {
-            let _ = reader.await;
-        }
-    }
+    stop_workers(&mut workers).await;
 
     let client = match &access {
         Some(access) => access.admin.clone(),
@@ -177,17 +159,12 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         let stored = client.store_get(&format!("counter:{lock}"), None).await?;
         let value = stored.value.as_deref().unwrap_or("0").parse()?;
         finals.store.insert(lock.clone(), value);
-        let (_, body) = http(resource_addr, "GET", &format!("/final/{lock}"), None, "").await?;
-        finals.resource.insert(lock.clone(), body.trim().parse()?);
         finals
             .audit
             .insert(lock.clone(), client.lock_history(lock).await?);
     }
-    let _ = resource.start_kill();
-    let accepted: Vec<Accepted> = std::fs::read_to_string(&accepted_path)?
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
+    finals.resource = resource.finals(&locks).await?;
+    let accepted = resource.stop()?;
 
     let mut history = std::mem::take(&mut *history.lock().expect("poisoned"));
     history.sort_by_key(|r| r.at);
@@ -217,9 +194,78 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     Ok(violations.is_empty())
 }
 
-struct Worker {
-    child: Child,
+pub(crate) struct Worker {
+    pub(crate) child: Child,
     reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Closes the workers' stdin (they finish their round and exit), kills
+/// those still running 15 s later, and waits for their last records.
+pub(crate) async fn stop_workers(workers: &mut [Worker]) {
+    for worker in workers.iter_mut() {
+        drop(worker.child.stdin.take());
+    }
+    for worker in workers.iter_mut() {
+        if tokio::time::timeout(Duration::from_secs(15), worker.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = worker.child.start_kill();
+        }
+        if let Some(reader) = worker.reader.take() {
+            let _ = reader.await;
+        }
+    }
+}
+
+/// The resource process (`deadbolt-nemesis resource`) and its log of
+/// accepted writes.
+pub(crate) struct Resource {
+    child: Child,
+    pub(crate) address: SocketAddr,
+    accepted: PathBuf,
+}
+
+impl Resource {
+    pub(crate) async fn start(me: &Path, out: &Path, unfenced: bool) -> anyhow::Result<Resource> {
+        let address = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let accepted = out.join("accepted.jsonl");
+        let mut command = Command::new(me);
+        command
+            .args(["resource", "--listen", &address.to_string(), "--accepted"])
+            .arg(&accepted)
+            .kill_on_drop(true);
+        if unfenced {
+            command.arg("--unfenced");
+        }
+        let child = command.spawn()?;
+        wait_for_port(address).await?;
+        Ok(Resource {
+            child,
+            address,
+            accepted,
+        })
+    }
+
+    /// Each lock's counter, read without a token.
+    pub(crate) async fn finals(&self, locks: &[String]) -> anyhow::Result<BTreeMap<String, u64>> {
+        let mut finals = BTreeMap::new();
+        for lock in locks {
+            let (_, body) = http(self.address, "GET", &format!("/final/{lock}"), None, "").await?;
+            finals.insert(lock.clone(), body.trim().parse()?);
+        }
+        Ok(finals)
+    }
+
+    /// Stops it; returns the writes it accepted, in order.
+    pub(crate) fn stop(mut self) -> anyhow::Result<Vec<Accepted>> {
+        let _ = self.child.start_kill();
+        let accepted = std::fs::read_to_string(&self.accepted)?
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?;
+        Ok(accepted)
+    }
 }
 
 /// What `--secure` gives the run: a client with the root token, for the
@@ -258,7 +304,10 @@ async fn secure(cluster: &TestCluster, pki: &TestPki) -> anyhow::Result<Access> 
     })
 }
 
-fn spawn_worker(
+/// Starts worker `id`; its records go to `history`, and its holding
+/// intervals and write timings (backend runs) to `extra`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn spawn_worker(
     me: &Path,
     id: usize,
     connect: &[String],
@@ -266,6 +315,7 @@ fn spawn_worker(
     resource: SocketAddr,
     args: &RunArgs,
     history: Arc<Mutex<Vec<Record>>>,
+    extra: Option<Arc<Mutex<Vec<Line>>>>,
 ) -> anyhow::Result<Worker> {
     let mut child = Command::new(me)
         .args(["worker", "--id", &id.to_string()])
@@ -277,13 +327,23 @@ fn spawn_worker(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
+        // A group of its own: were the runner's group orphaned (its
+        // launcher gone) while a worker is SIGSTOPped, the kernel would
+        // SIGHUP the whole group, runner included.
+        .process_group(0)
         .spawn()?;
     let stdout = child.stdout.take().expect("piped");
     let reader = tokio::spawn(async move {
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         while let Ok(Some(line)) = lines.next_line().await {
-            if let Ok(record) = serde_json::from_str::<Record>(&line) {
-                history.lock().expect("poisoned").push(record);
+            match serde_json::from_str::<Line>(&line) {
+                Ok(Line::Record(record)) => history.lock().expect("poisoned").push(record),
+                Ok(line) => {
+                    if let Some(extra) = &extra {
+                        extra.lock().expect("poisoned").push(line);
+                    }
+                }
+                Err(_) => {}
             }
         }
     });
@@ -293,10 +353,9 @@ fn spawn_worker(
     })
 }
 
-/// Injects one fault, waits its length, and undoes it. Returns what it did.
 /// Clients that hold a lock right now, as far as their records tell: they
 /// have been granted and not yet asked to release.
-fn holding_clients(history: &[Record]) -> Vec<usize> {
+pub(crate) fn holding_clients(history: &[Record]) -> Vec<usize> {
     let mut holding = BTreeMap::new();
     for record in history {
         match (record.op, record.phase) {
@@ -316,6 +375,7 @@ fn holding_clients(history: &[Record]) -> Vec<usize> {
         .collect()
 }
 
+/// Injects one fault, waits its length, and undoes it. Returns what it did.
 async fn inject(
     cluster: &mut TestCluster,
     workers: &mut [Worker],
@@ -375,23 +435,32 @@ async fn inject(
             cluster.start_node(victim);
             format!("clock: node {victim}{role} restarted with its clocks running {rate:.2}x fast for {fast:?}")
         }
-        _ => {
-            // Preferably one that holds a lock: the paused-holder scenario.
-            let index = if holding.is_empty() {
-                rng.gen_range(0..workers.len())
-            } else {
-                holding[rng.gen_range(0..holding.len())]
-            };
-            let pause = ttl.mul_f64(rng.gen_range(1.5..3.0));
-            let Some(pid) = workers[index].child.id() else {
-                return format!("client {index} has exited; nothing to pause");
-            };
-            signal(pid as i32, libc::SIGSTOP);
-            tokio::time::sleep(pause).await;
-            signal(pid as i32, libc::SIGCONT);
-            format!("SIGSTOP client {index} for {pause:?} (its lease is {ttl:?})")
-        }
+        _ => pause_client(workers, holding, rng, ttl).await,
     }
+}
+
+/// SIGSTOPs a client for 1.5 to 3 times its lease, preferably one that
+/// holds a lock (the paused-holder scenario), as a GC pause or a stalled
+/// VM freezes a process with its sockets open.
+pub(crate) async fn pause_client(
+    workers: &mut [Worker],
+    holding: &[usize],
+    rng: &mut StdRng,
+    ttl: Duration,
+) -> String {
+    let index = if holding.is_empty() {
+        rng.gen_range(0..workers.len())
+    } else {
+        holding[rng.gen_range(0..holding.len())]
+    };
+    let pause = ttl.mul_f64(rng.gen_range(1.5..3.0));
+    let Some(pid) = workers[index].child.id() else {
+        return format!("client {index} has exited; nothing to pause");
+    };
+    signal(pid as i32, libc::SIGSTOP);
+    tokio::time::sleep(pause).await;
+    signal(pid as i32, libc::SIGCONT);
+    format!("SIGSTOP client {index} for {pause:?} (its lease is {ttl:?})")
 }
 
 /// libfaketime's multi-threaded build, where Debian's package puts it.
@@ -400,7 +469,7 @@ fn faketime_library() -> Option<PathBuf> {
     path.exists().then_some(path)
 }
 
-async fn wait_for_port(address: SocketAddr) -> anyhow::Result<()> {
+pub(crate) async fn wait_for_port(address: SocketAddr) -> anyhow::Result<()> {
     for _ in 0..200 {
         if tokio::net::TcpStream::connect(address).await.is_ok() {
             return Ok(());
@@ -410,7 +479,7 @@ async fn wait_for_port(address: SocketAddr) -> anyhow::Result<()> {
     anyhow::bail!("nothing listens on {address}")
 }
 
-fn write_history(path: &Path, history: &[Record]) -> anyhow::Result<()> {
+pub(crate) fn write_history(path: &Path, history: &[Record]) -> anyhow::Result<()> {
     let lines: Vec<String> = history
         .iter()
         .map(|r| serde_json::to_string(r).expect("serializable"))

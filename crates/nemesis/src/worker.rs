@@ -5,8 +5,14 @@
 //!
 //! The worker is deliberately not careful: it never checks its lease before
 //! writing. Safety must come from the fences, which is what the run tests.
+//!
+//! With `--backend URL` it locks through `deadbolt-backends` instead (any
+//! lock service: Redis, Redlock, etcd, PostgreSQL, Deadbolt), skips the
+//! Deadbolt fenced store, and reports each grant's holding interval
+//! ([`Held`]) so the run can count double grants. With `--unfenced` it
+//! sends the resource no token, as code that ignores its lock's token would.
 
-use crate::history::{now, Op, Phase, Record};
+use crate::history::{self, at, now, Held, Line, Op, Phase, Record};
 use deadbolt_client::{Client, ErrorKind, Session, TlsOptions};
 use rand::{Rng, SeedableRng};
 use std::io::Write;
@@ -19,8 +25,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub struct WorkerArgs {
     #[arg(long)]
     id: usize,
-    #[arg(long, value_delimiter = ',')]
+    /// The Deadbolt cluster (its endpoints), or `--backend`.
+    #[arg(long, value_delimiter = ',', required_unless_present = "backend")]
     endpoints: Vec<String>,
+    /// Lock through `deadbolt-backends` at this lock URL instead.
+    #[arg(long, conflicts_with = "endpoints")]
+    backend: Option<String>,
+    /// Send the resource no fencing token (only with --backend).
+    #[arg(long, requires = "backend")]
+    unfenced: bool,
+    /// The work between an increment's read and its write (only with
+    /// --backend): the window in which a pause makes a write late.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration, requires = "backend")]
+    hold: Duration,
     #[arg(long, value_delimiter = ',')]
     locks: Vec<String>,
     #[arg(long)]
@@ -48,6 +65,9 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn main(args: WorkerArgs) -> anyhow::Result<()> {
+    if let Some(url) = &args.backend {
+        return backend_main(url, &args).await;
+    }
     let tls = TlsOptions::from_files(
         args.ca.as_deref(),
         args.cert.as_deref(),
@@ -57,13 +77,7 @@ pub async fn main(args: WorkerArgs) -> anyhow::Result<()> {
     let client = Client::connect_with_token(args.endpoints.clone(), &tls, token).await?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let mut log = Log { client: args.id };
-    // Ends the loop when the runner closes our stdin.
-    let (stop_tx, stop) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        let mut sink = Vec::new();
-        let _ = tokio::io::stdin().read_to_end(&mut sink).await;
-        let _ = stop_tx.send(true);
-    });
+    let stop = stop_on_stdin_close();
     let mut session: Option<Session> = None;
     while !*stop.borrow() {
         let current = match &session {
@@ -86,6 +100,132 @@ pub async fn main(args: WorkerArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A watch that turns true when the runner closes our stdin.
+fn stop_on_stdin_close() -> tokio::sync::watch::Receiver<bool> {
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let mut sink = Vec::new();
+        let _ = tokio::io::stdin().read_to_end(&mut sink).await;
+        let _ = stop_tx.send(true);
+    });
+    stop
+}
+
+/// The loop over `deadbolt-backends`: a session per holder (opened again
+/// once its lease is lost), and rounds of acquire, resource increment,
+/// release.
+async fn backend_main(url: &str, args: &WorkerArgs) -> anyhow::Result<()> {
+    let locker = deadbolt_backends::Locker::connect(url).await?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let mut log = Log { client: args.id };
+    let stop = stop_on_stdin_close();
+    let mut session: Option<deadbolt_backends::Session> = None;
+    while !*stop.borrow() {
+        let current = match session.take() {
+            Some(current) => current,
+            None => {
+                match tokio::time::timeout(REQUEST_TIMEOUT, locker.open_session(args.ttl)).await {
+                    Ok(Ok(opened)) => opened,
+                    _ => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                }
+            }
+        };
+        let lock = args.locks[rng.gen_range(0..args.locks.len())].clone();
+        let keep = backend_round(&current, &lock, args, &mut log).await;
+        if keep {
+            session = Some(current);
+        }
+    }
+    Ok(())
+}
+
+/// One round over a backend; false if its session is lost (or may be) and
+/// a new one is due.
+async fn backend_round(
+    session: &deadbolt_backends::Session,
+    lock: &str,
+    args: &WorkerArgs,
+    log: &mut Log,
+) -> bool {
+    use deadbolt_backends::{ErrorKind as Kind, Token};
+    let invoked = log.record(Op::Acquire, Phase::Invoke, lock, None, None, None);
+    let guard = match session.lock_timeout(lock, ACQUIRE_TIMEOUT).await {
+        Ok(guard) => guard,
+        Err(err) => {
+            // A timeout granted nothing (the backends undo a late grant);
+            // anything else may have.
+            let phase = match err.kind() {
+                Kind::WaitTimeout | Kind::Busy | Kind::InvalidArgument | Kind::Refused => {
+                    Phase::Fail
+                }
+                _ => Phase::Info,
+            };
+            log.record(Op::Acquire, phase, lock, None, None, Some(err.to_string()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return phase == Phase::Fail;
+        }
+    };
+    // Redis's counter is no fencing token, but it is all plain Redis has:
+    // the run shows what checking it buys.
+    let token = match guard.token() {
+        Token::Fencing(token) | Token::Counter(token) => Some(token),
+        Token::None => None,
+    };
+    let granted = log.record(Op::Acquire, Phase::Ok, lock, token, None, None);
+
+    log.record(
+        Op::ResourceIncrement,
+        Phase::Invoke,
+        lock,
+        token,
+        None,
+        None,
+    );
+    let fence = if args.unfenced { None } else { token };
+    let mut timing = Timing::default();
+    // Longer than the longest pause (3 TTLs): a worker paused mid-write
+    // must make its late write when it wakes, not time out on the spot.
+    let outcome = tokio::time::timeout(
+        REQUEST_TIMEOUT + args.hold + args.ttl * 3,
+        resource_increment(args.resource, lock, fence, args.hold, &mut timing),
+    )
+    .await;
+    let outcome = log.resource_outcome(lock, token, outcome);
+    if let (Some(read), Some(sent)) = (timing.read, timing.sent) {
+        log.line(&Line::Write {
+            write: history::Write {
+                client: args.id,
+                lock: lock.to_owned(),
+                granted,
+                read,
+                sent,
+                outcome,
+            },
+        });
+    }
+
+    let releasing = log.record(Op::Release, Phase::Invoke, lock, token, None, None);
+    log.held(Held {
+        client: args.id,
+        lock: lock.to_owned(),
+        invoked,
+        granted,
+        until: releasing.min(at(guard.lease_deadline())),
+        token,
+    });
+    let (phase, error) = match tokio::time::timeout(REQUEST_TIMEOUT, guard.release()).await {
+        Ok(Ok(())) => (Phase::Ok, None),
+        Ok(Err(err)) => (Phase::Fail, Some(err.to_string())),
+        Err(_) => (Phase::Info, Some("timed out".to_owned())),
+    };
+    let lost = phase != Phase::Ok;
+    log.record(Op::Release, phase, lock, token, None, error);
+    !lost
 }
 
 /// Acquire, two increments, release.
@@ -169,7 +309,7 @@ async fn round(
                 Some(token),
                 None,
                 Some(error),
-            );
+            )
         }
         Err(_) => log.record(
             Op::StoreIncrement,
@@ -179,7 +319,7 @@ async fn round(
             None,
             Some("timed out".into()),
         ),
-    }
+    };
 
     log.record(
         Op::ResourceIncrement,
@@ -189,42 +329,18 @@ async fn round(
         None,
         None,
     );
-    let outcome =
-        tokio::time::timeout(REQUEST_TIMEOUT, resource_increment(resource, lock, token)).await;
-    match outcome {
-        Ok(Ok(Ok(value))) => log.record(
-            Op::ResourceIncrement,
-            Phase::Ok,
+    let outcome = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        resource_increment(
+            resource,
             lock,
             Some(token),
-            Some(value),
-            None,
+            Duration::ZERO,
+            &mut Timing::default(),
         ),
-        Ok(Ok(Err(refusal))) => log.record(
-            Op::ResourceIncrement,
-            Phase::Fail,
-            lock,
-            Some(token),
-            None,
-            Some(refusal),
-        ),
-        Ok(Err(err)) => log.record(
-            Op::ResourceIncrement,
-            Phase::Info,
-            lock,
-            Some(token),
-            None,
-            Some(err.to_string()),
-        ),
-        Err(_) => log.record(
-            Op::ResourceIncrement,
-            Phase::Info,
-            lock,
-            Some(token),
-            None,
-            Some("timed out".into()),
-        ),
-    }
+    )
+    .await;
+    log.resource_outcome(lock, Some(token), outcome);
 
     log.record(Op::Release, Phase::Invoke, lock, Some(token), None, None);
     match tokio::time::timeout(REQUEST_TIMEOUT, guard.release()).await {
@@ -245,33 +361,39 @@ async fn round(
             None,
             Some("timed out".into()),
         ),
-    }
+    };
 }
 
-/// A fenced read then a fenced write of value + 1 on the resource process.
+/// A fenced read then a fenced write of value + 1 on the resource process
+/// (without a token: unfenced, for a resource run with `--unfenced`).
 /// `Ok(Err(_))`: the resource refused (stale); `Err(_)`: the outcome is unknown.
+/// `timing` learns when the read came back and the write went out (for a
+/// refused read, when the read went out, as both).
 async fn resource_increment(
     resource: SocketAddr,
     lock: &str,
-    token: u64,
+    token: Option<u64>,
+    hold: Duration,
+    timing: &mut Timing,
 ) -> anyhow::Result<Result<u64, String>> {
-    let (status, body) = http(
-        resource,
-        "GET",
-        &format!("/counter/{lock}"),
-        Some(token),
-        "",
-    )
-    .await?;
+    let asked = now();
+    let (status, body) = http(resource, "GET", &format!("/counter/{lock}"), token, "").await?;
     if status != 200 {
+        // The late access was the read: counted as a write refused then.
+        (timing.read, timing.sent) = (Some(asked), Some(asked));
         return Ok(Err(format!("read refused: {status} {body}")));
     }
+    timing.read = Some(now());
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
+    }
+    timing.sent = Some(now());
     let next = body.trim().parse::<u64>()? + 1;
     let (status, body) = http(
         resource,
         "PUT",
         &format!("/counter/{lock}"),
-        Some(token),
+        token,
         &next.to_string(),
     )
     .await?;
@@ -279,6 +401,13 @@ async fn resource_increment(
         return Ok(Err(format!("write refused: {status} {body}")));
     }
     Ok(Ok(next))
+}
+
+/// When an increment's read came back and its write went out.
+#[derive(Default)]
+struct Timing {
+    read: Option<u64>,
+    sent: Option<u64>,
 }
 
 /// One HTTP/1.1 exchange on a fresh connection: status and body.
@@ -316,6 +445,7 @@ struct Log {
 }
 
 impl Log {
+    /// Writes a record; returns its time.
     fn record(
         &mut self,
         op: Op,
@@ -324,7 +454,7 @@ impl Log {
         token: Option<u64>,
         value: Option<u64>,
         error: Option<String>,
-    ) {
+    ) -> u64 {
         let record = Record {
             at: now(),
             client: self.client,
@@ -335,13 +465,40 @@ impl Log {
             value,
             error,
         };
+        let at = record.at;
+        self.line(&Line::Record(record));
+        at
+    }
+
+    fn held(&mut self, held: Held) {
+        self.line(&Line::Held { held });
+    }
+
+    fn line(&mut self, line: &Line) {
         let mut out = std::io::stdout().lock();
         // The runner reads every line; a broken pipe means it is gone.
         let _ = writeln!(
             out,
             "{}",
-            serde_json::to_string(&record).expect("serializable")
+            serde_json::to_string(line).expect("serializable")
         );
         let _ = out.flush();
+    }
+
+    /// Records how a resource increment ended; returns that.
+    fn resource_outcome(
+        &mut self,
+        lock: &str,
+        token: Option<u64>,
+        outcome: Result<anyhow::Result<Result<u64, String>>, tokio::time::error::Elapsed>,
+    ) -> Phase {
+        let (phase, value, error) = match outcome {
+            Ok(Ok(Ok(value))) => (Phase::Ok, Some(value), None),
+            Ok(Ok(Err(refusal))) => (Phase::Fail, None, Some(refusal)),
+            Ok(Err(err)) => (Phase::Info, None, Some(err.to_string())),
+            Err(_) => (Phase::Info, None, Some("timed out".to_owned())),
+        };
+        self.record(Op::ResourceIncrement, phase, lock, token, value, error);
+        phase
     }
 }

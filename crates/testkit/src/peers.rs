@@ -115,6 +115,11 @@ impl Server {
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
+
+    /// The running process's id (to SIGSTOP it), if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
 }
 
 impl Drop for Server {
@@ -125,6 +130,13 @@ impl Drop for Server {
 
 /// A Redis server without persistence, as the seeds' lock assumes.
 pub fn redis() -> Option<Server> {
+    redis_with(&[])
+}
+
+/// A Redis server without persistence, with `extra` arguments after the
+/// defaults (which they override: `--appendonly yes --appendfsync always`
+/// for a server that keeps its keys across a restart).
+pub fn redis_with(extra: &[&str]) -> Option<Server> {
     let program = binary("DEADBOLT_REDIS_SERVER", "redis-server", "redis-server")?;
     let dir = tempfile::tempdir().unwrap();
     let port = crate::free_port();
@@ -140,8 +152,34 @@ pub fn redis() -> Option<Server> {
         "--dir",
         dir.path().to_str().unwrap(),
     ]
+    .into_iter()
+    .chain(extra.iter().copied())
     .map(str::to_owned)
-    .to_vec();
+    .collect();
+    Some(Server::start(program, args, port, dir))
+}
+
+/// A Redis Sentinel (`redis-server CONF --sentinel`, the same binary Debian's
+/// redis-sentinel package runs) watching the primary on `primary_port` as
+/// master `deadbolt`, alone (quorum 1): it calls the primary down after
+/// 1 s without an answer and promotes a replica.
+pub fn redis_sentinel(primary_port: u16) -> Option<Server> {
+    let program = binary("DEADBOLT_REDIS_SERVER", "redis-server", "redis-server")?;
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::free_port();
+    let conf = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {port}\nbind 127.0.0.1\ndir {}\n\
+             sentinel monitor deadbolt 127.0.0.1 {primary_port} 1\n\
+             sentinel down-after-milliseconds deadbolt 1000\n\
+             sentinel failover-timeout deadbolt 3000\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let args = vec![conf.to_string_lossy().into_owned(), "--sentinel".to_owned()];
     Some(Server::start(program, args, port, dir))
 }
 
