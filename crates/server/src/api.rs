@@ -434,7 +434,10 @@ impl Api {
             let change = crate::limits::change_of(&request);
             let limits = self.node.set_limits(change).await?;
             tracing::info!(by = caller.identity(), %change, ?limits, "limits changed");
-            Ok(self.node.limits())
+            // The limits right after this change, not as a later one left them.
+            let mut response = self.node.limits();
+            response.limits = Some(crate::limits::to_proto(limits));
+            Ok(response)
         })
         .await
     }

@@ -61,7 +61,7 @@ pub(crate) fn change_of(request: &SetLimitsRequest) -> LimitsChange {
     }
 }
 
-fn to_proto(limits: TableLimits) -> proto::TableLimits {
+pub(crate) fn to_proto(limits: TableLimits) -> proto::TableLimits {
     proto::TableLimits {
         max_sessions: limits.max_sessions as u64,
         max_locks: limits.max_locks as u64,
