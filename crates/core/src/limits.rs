@@ -10,7 +10,8 @@
 //! switches at the same index, and snapshots carry them. Each has a floor
 //! (below it the service stops being useful) and a ceiling (above it one
 //! node's memory is no longer bounded by anything we measured:
-//! docs/performance.md has 1 M sessions at about 1 GB of RSS).
+//! docs/performance.md has 1 M idle sessions at about 850 MB of RSS, 1.2 GB
+//! at the peak of a snapshot).
 
 use crate::LockError;
 use serde::{Deserialize, Serialize};
@@ -116,9 +117,11 @@ impl TableLimits {
     };
 
     /// The highest values allowed. Memory per entry (measured, release
-    /// build): about 1 KB per session with its lease, 400 B per held
-    /// lock; so the ceilings together stay within a few GB of RSS and of
-    /// snapshot. Raise them only with a new measurement.
+    /// build, docs/performance.md): about 850 B of RSS per idle session
+    /// with its lease (90 B of snapshot), about 550 B per held lock; a
+    /// snapshot's copy adds up to half again at its peak. So 2 M sessions
+    /// are about 1.7 GB and 5 M locks about 2.8 GB: a few GB at the
+    /// ceilings. Raise them only with a new measurement.
     pub const CEILING: TableLimits = TableLimits {
         max_sessions: 2_000_000,
         max_locks: 5_000_000,
