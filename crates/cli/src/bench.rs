@@ -12,6 +12,9 @@
 //!
 //! `--fill N` first takes N more locks and holds them while measuring, to
 //! see what a big table costs (snapshots of it, above all).
+//! `--fill-sessions N` first opens N idle sessions (no keepalives, a 1 h
+//! TTL) and leaves them open, to see what many sessions cost: raise
+//! `max_sessions` first (`deadbolt cluster limits --max-sessions N`).
 //!
 //! Every client has its own session and, by default, its own connection, as
 //! in lockbench; `--connections N` spreads the sessions over N connections
@@ -82,6 +85,13 @@ pub struct BenchArgs {
     /// sessions in all, so 990000 fills the table.
     #[arg(long, default_value_t = 0)]
     pub(crate) fill: u64,
+    /// `uncontended` and `contended`: first open this many idle sessions,
+    /// with a 1 h TTL and no keepalives, and leave them open when done
+    /// (they expire an hour later, so a restart or a second bench finds
+    /// them). The server allows 100,000 sessions unless `deadbolt cluster
+    /// limits --max-sessions` raised it.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) fill_sessions: u64,
     /// `overload`: locks the waiters queue on (waiter i on lock i mod N).
     #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     locks: usize,
@@ -102,6 +112,44 @@ const FILL_LOCKS_PER_SESSION: u64 = 12;
 const FILL_TTL: Duration = Duration::from_secs(600);
 /// Fill requests in flight at once.
 const FILL_CONCURRENCY: usize = 256;
+
+/// The TTL of `--fill-sessions`' sessions: long enough to measure, restart
+/// and measure again without keepalives.
+const FILL_SESSIONS_TTL: Duration = Duration::from_secs(3600);
+
+/// Opens `count` idle sessions and leaves them (see
+/// [`BenchArgs::fill_sessions`]).
+async fn fill_sessions(endpoints: &Endpoints, count: u64) -> Result<(), Error> {
+    use futures::{StreamExt, TryStreamExt};
+    if count == 0 {
+        return Ok(());
+    }
+    let mut clients = Vec::new();
+    for _ in 0..16.min(count) {
+        clients.push(endpoints.connect().await?);
+    }
+    let started = Instant::now();
+    futures::stream::iter(0..count)
+        .map(|i| {
+            let client = &clients[i as usize % clients.len()];
+            async move {
+                client.open_session_raw(FILL_SESSIONS_TTL).await?;
+                if (i + 1) % 100_000 == 0 {
+                    eprintln!("[fill] {} sessions open", i + 1);
+                }
+                Ok::<_, Error>(())
+            }
+        })
+        .buffer_unordered(FILL_CONCURRENCY)
+        .try_collect::<()>()
+        .await?;
+    eprintln!(
+        "[fill] {count} idle sessions opened in {:.1}s (left open: they expire in {}s)",
+        started.elapsed().as_secs_f64(),
+        FILL_SESSIONS_TTL.as_secs()
+    );
+    Ok(())
+}
 
 /// What `--fill` holds: its sessions, and the guards of their locks (kept
 /// until the sessions are closed, which releases them all at once).
@@ -207,6 +255,7 @@ pub(crate) struct Round {
 }
 
 async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Result<(), Error> {
+    fill_sessions(endpoints, args.fill_sessions).await?;
     let filled = fill(endpoints, args.fill).await?;
     let connections = args.connections.unwrap_or(args.clients).min(args.clients);
     let mut clients = Vec::new();

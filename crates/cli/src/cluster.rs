@@ -1,9 +1,12 @@
-//! `deadbolt cluster status|add|remove`: the members of a cluster and each
-//! one's state, and membership changes at runtime.
+//! `deadbolt cluster status|add|remove|limits`: the members of a cluster and
+//! each one's state, membership changes at runtime, and the table's limits
+//! (replicated, so one change applies on every node).
 
 use crate::exit;
 use crate::Endpoints;
-use deadbolt_client::{Client, ClusterStatusResponse, Error};
+use deadbolt_client::{
+    Client, ClusterStatusResponse, Error, LimitsResponse, SetLimitsRequest, TableLimits,
+};
 use std::collections::BTreeMap;
 
 #[derive(clap::Subcommand)]
@@ -29,6 +32,31 @@ pub enum ClusterCommand {
         /// The node's id.
         id: u64,
     },
+    /// Show the limits on sessions, locks, waiters and the fenced store, or
+    /// change them (needs `admin`; every node applies the change at the same
+    /// log entry, and it survives restarts and snapshots). Lowering a limit
+    /// below what the cluster holds takes nothing away: new ones are refused
+    /// until enough have gone.
+    Limits {
+        /// Live sessions at once.
+        #[arg(long, value_name = "N")]
+        max_sessions: Option<u64>,
+        /// Locks held or waited for at once.
+        #[arg(long, value_name = "N")]
+        max_locks: Option<u64>,
+        /// Waiters queued on one lock.
+        #[arg(long, value_name = "N")]
+        max_waiters_per_lock: Option<u64>,
+        /// Keys in the fenced store (deleted ones keep their fence and count).
+        #[arg(long, value_name = "N")]
+        max_keys: Option<u64>,
+        /// Bytes of keys and values in the fenced store.
+        #[arg(long, value_name = "BYTES")]
+        max_store_bytes: Option<u64>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub async fn main(endpoints: &Endpoints, command: ClusterCommand) -> i32 {
@@ -42,7 +70,81 @@ pub async fn main(endpoints: &Endpoints, command: ClusterCommand) -> i32 {
             changed(client.add_member(id, &address).await, "added", id)
         }
         ClusterCommand::Remove { id } => changed(client.remove_member(id).await, "removed", id),
+        ClusterCommand::Limits {
+            max_sessions,
+            max_locks,
+            max_waiters_per_lock,
+            max_keys,
+            max_store_bytes,
+            json,
+        } => {
+            let change = SetLimitsRequest {
+                max_sessions,
+                max_locks,
+                max_waiters_per_lock,
+                max_keys,
+                max_store_bytes,
+            };
+            limits(&client, change, json).await
+        }
     }
+}
+
+/// Shows the limits, after changing them if `change` sets any.
+async fn limits(client: &Client, change: SetLimitsRequest, json: bool) -> i32 {
+    let is_change = change != SetLimitsRequest::default();
+    let answer = match is_change {
+        true => client.set_limits(change).await,
+        false => client.limits().await,
+    };
+    let limits = match answer {
+        Ok(limits) => limits,
+        Err(err) => return exit::report(&err),
+    };
+    if json {
+        println!("{}", serde_json::to_string(&limits).expect("serializable"));
+        return exit::OK;
+    }
+    let LimitsResponse {
+        limits: Some(now),
+        floor: Some(floor),
+        ceiling: Some(ceiling),
+        ..
+    } = &limits
+    else {
+        eprintln!("deadbolt: the server's answer has no limits (is it older than this client?)");
+        return exit::FAILURE;
+    };
+    let in_use = |name: &str| match name {
+        "max_sessions" => limits.sessions.to_string(),
+        "max_locks" => limits.locks.to_string(),
+        "max_keys" => limits.keys.to_string(),
+        "max_store_bytes" => limits.store_bytes.to_string(),
+        _ => "-".to_owned(),
+    };
+    println!(
+        "{:22}  {:>12}  {:>12}  {:>10}  {:>12}",
+        "LIMIT", "IN FORCE", "IN USE", "FLOOR", "CEILING"
+    );
+    for (((name, value), (_, min)), (_, max)) in
+        named(now).into_iter().zip(named(floor)).zip(named(ceiling))
+    {
+        println!(
+            "{name:22}  {value:>12}  {:>12}  {min:>10}  {max:>12}",
+            in_use(name)
+        );
+    }
+    exit::OK
+}
+
+fn named(limits: &TableLimits) -> [(&'static str, u64); 5] {
+    [
+        ("max_sessions", limits.max_sessions),
+        ("max_locks", limits.max_locks),
+        ("max_waiters_per_lock", limits.max_waiters_per_lock),
+        ("max_keys", limits.max_keys),
+        ("max_store_bytes", limits.max_store_bytes),
+    ]
 }
 
 fn changed(result: Result<ClusterStatusResponse, Error>, what: &str, id: u64) -> i32 {

@@ -4,14 +4,20 @@
 //! is refused rather than silently changing its meaning; a full proposal
 //! queue refuses new work with `overloaded` and recovers once drained.
 //!
+//! The table's limits are set by an admin (`deadbolt cluster limits`),
+//! through the log: they hold after a restart and a snapshot, a non-admin
+//! is refused, and a value out of range is refused with its range.
+//!
 //! These need real sockets and a real server, so they run on the wall
 //! clock, with timeouts set low by flags and generous deadlines.
 
 mod common;
 
-use common::{http, TestServer};
+use common::{deadbolt, http, post, TestServer};
+use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 fn server_with(flags: &[&str]) -> (tempfile::TempDir, TestServer) {
@@ -235,4 +241,193 @@ async fn a_calls_stream_read_slowly_answers_every_call_once() {
         );
     }
     assert_eq!(answered.len() as u64, CALLS);
+}
+
+/// `deadbolt cluster limits ARGS --json`, which must succeed: its answer.
+fn limits(endpoint: &str, token: Option<&str>, args: &[&str]) -> Value {
+    let out = limits_cli(endpoint, token, args);
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn limits_cli(endpoint: &str, token: Option<&str>, args: &[&str]) -> Output {
+    let mut command = std::process::Command::new(common::BIN);
+    command
+        .args(["cluster", "limits", "--json"])
+        .args(args)
+        .env("DEADBOLT_ENDPOINT", endpoint);
+    if let Some(token) = token {
+        command.env("DEADBOLT_ACCESS_TOKEN", token);
+    }
+    command.output().expect("run deadbolt")
+}
+
+/// Opens a session over HTTP: `Ok(id)`, or the error's kind and message.
+fn open_session(server: &TestServer) -> Result<u64, (String, String)> {
+    let (status, body) = post(server.addr, "/v1/session/open", json!({"ttl_ms": 600_000}));
+    match status {
+        200 => Ok(body["session_id"].as_u64().unwrap()),
+        _ => Err((
+            body["error"]["kind"].as_str().unwrap().to_owned(),
+            body["error"]["message"].as_str().unwrap().to_owned(),
+        )),
+    }
+}
+
+fn refused_at(server: &TestServer, limit: u64) {
+    let (kind, message) = open_session(server).expect_err("opened past the limit");
+    assert_eq!(kind, "limit_reached");
+    assert_eq!(message, format!("the server already has {limit} sessions"));
+}
+
+#[test]
+fn max_sessions_set_by_an_admin_holds_across_a_restart_and_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let flags = ["--snapshot-every", "10"];
+    let addr = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let mut server = TestServer::start_with(&data, addr, &flags);
+    let endpoint = server.endpoint();
+    let shown = limits(&endpoint, None, &[]);
+    assert_eq!(shown["limits"]["max_sessions"], 100_000, "{shown}");
+    assert_eq!(shown["floor"]["max_sessions"], 10, "{shown}");
+    assert_eq!(shown["ceiling"]["max_sessions"], 2_000_000, "{shown}");
+
+    // Lowered to the floor: the eleventh session is refused.
+    let set = limits(&endpoint, None, &["--max-sessions", "10"]);
+    assert_eq!(set["limits"]["max_sessions"], 10, "{set}");
+    assert_eq!(
+        set["limits"]["max_locks"], 1_000_000,
+        "other limits moved: {set}"
+    );
+    for _ in 0..10 {
+        open_session(&server).unwrap();
+    }
+    refused_at(&server, 10);
+    // The CLI says so too (exit 1, the same message).
+    let acquire = deadbolt(&endpoint, &["acquire", "--lock", "x"]);
+    assert_eq!(acquire.status.code(), Some(1), "{acquire:?}");
+    let stderr = String::from_utf8_lossy(&acquire.stderr);
+    assert!(stderr.contains("already has 10 sessions"), "{stderr}");
+
+    // Raised: two more open, then refused again. Over HTTP this time.
+    let (status, raised) = post(
+        addr,
+        "/v1/cluster/limits",
+        json!({"max_sessions": 12, "max_waiters_per_lock": 5}),
+    );
+    assert_eq!(status, 200, "{raised}");
+    assert_eq!(raised["limits"]["max_sessions"], 12, "{raised}");
+    open_session(&server).unwrap();
+    open_session(&server).unwrap();
+    refused_at(&server, 12);
+
+    // Restarted from a snapshot (more than 10 entries were written): the
+    // limits and the sessions are still there.
+    server.terminate();
+    let server = TestServer::start_with(&data, addr, &flags);
+    let health = http(server.addr, "GET", "/health", None).unwrap().1;
+    let health: Value = serde_json::from_str(&health).unwrap();
+    assert!(health["snapshot_index"].as_u64().unwrap() > 0, "{health}");
+    let shown = limits(&endpoint, None, &[]);
+    assert_eq!(shown["limits"]["max_sessions"], 12, "{shown}");
+    assert_eq!(shown["limits"]["max_waiters_per_lock"], 5, "{shown}");
+    assert_eq!(shown["sessions"], 12, "{shown}");
+    refused_at(&server, 12);
+
+    // Lowered below what is open: nothing is taken away, nothing new comes
+    // in; the human table says both.
+    let lowered = limits(&endpoint, None, &["--max-sessions", "10"]);
+    assert_eq!(lowered["sessions"], 12, "{lowered}");
+    refused_at(&server, 10);
+    let table = deadbolt(&endpoint, &["cluster", "limits"]);
+    assert!(table.status.success(), "{table:?}");
+    let table = String::from_utf8(table.stdout).unwrap();
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("max_sessions"))
+        .unwrap();
+    let row: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        row,
+        ["max_sessions", "10", "12", "10", "2000000"],
+        "{table}"
+    );
+}
+
+#[test]
+fn limits_need_admin_to_change_and_a_value_out_of_range_is_refused_with_its_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+
+    let low = limits_cli(&endpoint, None, &["--max-sessions", "5"]);
+    assert_eq!(low.status.code(), Some(1), "{low:?}");
+    let stderr = String::from_utf8_lossy(&low.stderr);
+    assert!(
+        stderr.contains("max_sessions 5 is out of range: must be between 10 and 2000000"),
+        "{stderr}"
+    );
+    let high = limits_cli(
+        &endpoint,
+        None,
+        &["--max-locks", "10", "--max-keys", "5000000"],
+    );
+    let stderr = String::from_utf8_lossy(&high.stderr);
+    assert!(
+        stderr.contains("max_keys 5000000 is out of range: must be between 10 and 1000000"),
+        "{stderr}"
+    );
+    let typo = limits_cli(&endpoint, None, &["--max-sessions", "lots"]);
+    assert_eq!(typo.status.code(), Some(2), "{typo:?}");
+    // Nothing changed, max_locks included.
+    let shown = limits(&endpoint, None, &[]);
+    assert_eq!(shown["limits"]["max_sessions"], 100_000, "{shown}");
+    assert_eq!(shown["limits"]["max_locks"], 1_000_000, "{shown}");
+    // Over HTTP: an empty change, and a misspelt field, are refused.
+    let (status, body) = post(server.addr, "/v1/cluster/limits", json!({}));
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no limit to change"),
+        "{body}"
+    );
+    let (status, body) = post(
+        server.addr,
+        "/v1/cluster/limits",
+        json!({"max_session": 20}),
+    );
+    assert_eq!(status, 400, "{body}");
+
+    // With access control on: reading is open, changing needs admin.
+    let root = deadbolt(&endpoint, &["acl", "bootstrap"]);
+    let root = String::from_utf8(root.stdout).unwrap().trim().to_owned();
+    assert!(root.starts_with("dbt."), "{root}");
+    let admin = |args: &[&str]| {
+        let mut command = std::process::Command::new(common::BIN);
+        command.args(args).env("DEADBOLT_ENDPOINT", &endpoint);
+        let out = command
+            .env("DEADBOLT_ACCESS_TOKEN", &root)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    admin(&["acl", "role", "put", "jobs", "lock:", "read:"]);
+    admin(&["acl", "grant", "ci", "jobs"]);
+    let ci = admin(&["acl", "token", "create", "ci"]);
+    let refused = limits_cli(&endpoint, Some(&ci), &["--max-sessions", "20"]);
+    assert_eq!(refused.status.code(), Some(77), "{refused:?}");
+    let anonymous = limits_cli(&endpoint, None, &["--max-sessions", "20"]);
+    assert_eq!(anonymous.status.code(), Some(77), "{anonymous:?}");
+    let shown = limits(&endpoint, Some(&ci), &[]);
+    assert_eq!(shown["limits"]["max_sessions"], 100_000, "{shown}");
+    let set = limits(&endpoint, Some(&root), &["--max-sessions", "20"]);
+    assert_eq!(set["limits"]["max_sessions"], 20, "{set}");
+    assert!(
+        server.log_text().contains("limits changed"),
+        "the change is not logged with who made it"
+    );
 }

@@ -22,9 +22,9 @@ use deadbolt_proto::v1::{
     AclRevokeTokenRequest, AclRole, AclRoleBinding, AclShowRequest, AclShowResponse,
     AclTokenResponse, AcquireRequest, AddMemberRequest, AuditEntry, CheckTokenRequest,
     CloseSessionRequest, ClusterStatusRequest, ClusterStatusResponse, HealthRequest,
-    KeepAliveRequest, ListLocksRequest, LockHistoryRequest, LockStatusRequest, OpenSessionRequest,
-    ReleaseRequest, RemoveMemberRequest, StoreDeleteRequest, StoreGetRequest, StorePutRequest,
-    WhoAmIRequest, WhoAmIResponse,
+    KeepAliveRequest, LimitsRequest, LimitsResponse, ListLocksRequest, LockHistoryRequest,
+    LockStatusRequest, OpenSessionRequest, ReleaseRequest, RemoveMemberRequest, SetLimitsRequest,
+    StoreDeleteRequest, StoreGetRequest, StorePutRequest, WhoAmIRequest, WhoAmIResponse,
 };
 use std::future::Future;
 use std::path::Path;
@@ -587,6 +587,24 @@ impl Client {
         let request = RemoveMemberRequest { node_id };
         self.call(request, |channel, request| async move {
             ClusterClient::new(channel).remove_member(request).await
+        })
+        .await
+    }
+
+    /// The table's limits in force (as the answering node has applied
+    /// them), their floors and ceilings, and what the table holds.
+    pub async fn limits(&self) -> Result<LimitsResponse, Error> {
+        self.call(LimitsRequest {}, |channel, request| async move {
+            ClusterClient::new(channel).limits(request).await
+        })
+        .await
+    }
+
+    /// Changes the limits `request` sets (the `admin` permission); the
+    /// others keep their values. Returns the limits now in force.
+    pub async fn set_limits(&self, request: SetLimitsRequest) -> Result<LimitsResponse, Error> {
+        self.call(request, |channel, request| async move {
+            ClusterClient::new(channel).set_limits(request).await
         })
         .await
     }

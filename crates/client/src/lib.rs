@@ -119,7 +119,8 @@ pub use backoff::Backoff;
 pub use client::{Client, Stored, TlsOptions};
 pub use deadbolt_proto::v1::{
     AclGrant, AclIdentity, AclRole, AclShowResponse, AclTokenInfo, AclTokenResponse, AuditEntry,
-    ClusterStatusResponse, HealthResponse, LockState, Member, WhoAmIResponse,
+    ClusterStatusResponse, HealthResponse, LimitsResponse, LockState, Member, SetLimitsRequest,
+    TableLimits, WhoAmIResponse,
 };
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;

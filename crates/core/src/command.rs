@@ -5,7 +5,9 @@
 //! absent: they only move a leader-local deadline (see [`crate::LeaseTracker`]),
 //! and writing them to the log would cost an fsync per heartbeat.
 
-use crate::{AclCommand, LockError, SecretHash, SessionId, StoredValue, Token};
+use crate::{
+    AclCommand, LimitsChange, LockError, SecretHash, SessionId, StoredValue, TableLimits, Token,
+};
 use serde::{Deserialize, Serialize};
 
 /// One replicated change to the lock table.
@@ -106,6 +108,10 @@ pub enum Command {
     },
     /// Change who may do what (see [`crate::AccessControl`]).
     Acl(AclCommand),
+    /// An admin changes the table's limits (see [`TableLimits`]): all the
+    /// values it sets, or none if one is out of range. Last in the enum so
+    /// that log entries written before it still decode.
+    SetLimits(LimitsChange),
 }
 
 impl Command {
@@ -137,7 +143,8 @@ impl Command {
             }
             Command::OpenSession { owner, .. } => owner.as_ref().map_or(0, String::len),
             Command::Acl(change) => change.text_bytes(),
-            Command::CloseSession { .. }
+            Command::SetLimits(_)
+            | Command::CloseSession { .. }
             | Command::ExpireSession { .. }
             | Command::CheckpointLease { .. }
             | Command::LeaseRenewed { .. } => 0,
@@ -184,6 +191,8 @@ pub enum Outcome {
     },
     /// The access-control change was made.
     AclChanged,
+    /// The table's limits, as they are now.
+    LimitsSet(TableLimits),
 }
 
 /// Where an acquire left the session.

@@ -80,6 +80,13 @@ pub enum LockError {
          values no longer needed, or keep large data elsewhere and store a reference"
     )]
     StoreFull { bytes: usize, limit: usize },
+    #[error("{limit} {requested} is out of range: must be between {min} and {max}")]
+    LimitOutOfRange {
+        limit: String,
+        requested: u64,
+        min: u64,
+        max: u64,
+    },
 }
 
 fn busy_text(lock: &str, holder_token: Token, lock_delay: bool) -> String {

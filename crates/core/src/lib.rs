@@ -31,9 +31,12 @@ pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};
 pub use error::LockError;
 pub use fenced::{FencedStore, StoredValue};
 pub use lease::{DueCheckpoint, LeaseTracker, RenewError};
-pub use limits::{validate_key, validate_lock_name, validate_ttl, validate_value, Limits};
+pub use limits::{
+    validate_key, validate_lock_name, validate_ttl, validate_value, Limits, LimitsChange,
+    TableLimits,
+};
 pub use proposal::{Answer, Proposal, WrongOutcome};
-pub use table::{LockInfo, LockTable, SessionInfo, SessionLease, SessionSecret};
+pub use table::{LockInfo, LockTable, LockTableV9, SessionInfo, SessionLease, SessionSecret};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

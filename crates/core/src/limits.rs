@@ -1,10 +1,20 @@
 //! Bounds on what one request and the whole table may hold.
 //!
 //! The limits are part of the replicated state machine's behaviour, so they
-//! are constants shared by every node, not per-node configuration: two
-//! replicas with different limits would diverge on the same log.
+//! are never per-node configuration: two replicas with different limits
+//! would diverge on the same log. Most are constants shared by every node
+//! ([`Limits::STANDARD`]). The five that size the table ([`TableLimits`]:
+//! sessions, locks, waiters per lock, store keys and bytes) are replicated
+//! state instead: an admin changes them with [`crate::Command::SetLimits`],
+//! which goes through the log like any other change, so every replica
+//! switches at the same index, and snapshots carry them. Each has a floor
+//! (below it the service stops being useful) and a ceiling (above it one
+//! node's memory is no longer bounded by anything we measured:
+//! docs/performance.md has 1 M idle sessions at about 850 MB of RSS, 1.2 GB
+//! at the peak of a snapshot).
 
 use crate::LockError;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// The bounds enforced by [`crate::LockTable`].
@@ -53,6 +63,168 @@ impl Limits {
         max_lock_delay: Duration::from_secs(60),
         audit_records: 10_000,
     };
+
+    /// These limits with the table's configurable ones in place of the
+    /// standard values.
+    pub fn with(self, table: TableLimits) -> Limits {
+        Limits {
+            max_waiters_per_lock: table.max_waiters_per_lock,
+            max_sessions: table.max_sessions,
+            max_locks: table.max_locks,
+            max_keys: table.max_keys,
+            max_store_bytes: table.max_store_bytes,
+            ..self
+        }
+    }
+}
+
+/// The limits an admin may change ([`crate::Command::SetLimits`]), kept in
+/// the replicated table. Lowering one below what the table holds takes
+/// nothing away: new sessions, locks, waiters or keys are refused until
+/// enough have gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableLimits {
+    /// Live sessions in the whole table.
+    pub max_sessions: usize,
+    /// Locks that exist (held or with waiters).
+    pub max_locks: usize,
+    /// Waiters queued on one lock.
+    pub max_waiters_per_lock: usize,
+    /// Keys in the fenced store, deleted ones included.
+    pub max_keys: usize,
+    /// Bytes of keys and values in the fenced store.
+    pub max_store_bytes: usize,
+}
+
+impl TableLimits {
+    /// A new table's limits: [`Limits::STANDARD`]'s.
+    pub const DEFAULT: TableLimits = TableLimits {
+        max_sessions: Limits::STANDARD.max_sessions,
+        max_locks: Limits::STANDARD.max_locks,
+        max_waiters_per_lock: Limits::STANDARD.max_waiters_per_lock,
+        max_keys: Limits::STANDARD.max_keys,
+        max_store_bytes: Limits::STANDARD.max_store_bytes,
+    };
+
+    /// The lowest values allowed: enough for a handful of clients, and for
+    /// one key with a value of the largest size.
+    pub const FLOOR: TableLimits = TableLimits {
+        max_sessions: 10,
+        max_locks: 10,
+        max_waiters_per_lock: 1,
+        max_keys: 10,
+        max_store_bytes: 1024 * 1024,
+    };
+
+    /// The highest values allowed. Memory per entry (measured, release
+    /// build, docs/performance.md): about 850 B of RSS per idle session
+    /// with its lease (90 B of snapshot), about 550 B per held lock; a
+    /// snapshot's copy adds up to half again at its peak. So 2 M sessions
+    /// are about 1.7 GB and 5 M locks about 2.8 GB: a few GB at the
+    /// ceilings. Raise them only with a new measurement.
+    pub const CEILING: TableLimits = TableLimits {
+        max_sessions: 2_000_000,
+        max_locks: 5_000_000,
+        max_waiters_per_lock: 100_000,
+        max_keys: 1_000_000,
+        max_store_bytes: 1024 * 1024 * 1024,
+    };
+
+    /// The limits by name, as the CLI's flags, the API's fields and the
+    /// errors spell them.
+    pub fn named(&self) -> [(&'static str, usize); 5] {
+        [
+            ("max_sessions", self.max_sessions),
+            ("max_locks", self.max_locks),
+            ("max_waiters_per_lock", self.max_waiters_per_lock),
+            ("max_keys", self.max_keys),
+            ("max_store_bytes", self.max_store_bytes),
+        ]
+    }
+
+    /// These limits with `change` made, if every value it sets is within
+    /// [`FLOOR`](Self::FLOOR) and [`CEILING`](Self::CEILING); else the
+    /// first one that is not, and nothing changes.
+    pub fn changed(&self, change: &LimitsChange) -> Result<TableLimits, LockError> {
+        let mut next = *self;
+        let fields = [
+            (&mut next.max_sessions, change.max_sessions),
+            (&mut next.max_locks, change.max_locks),
+            (&mut next.max_waiters_per_lock, change.max_waiters_per_lock),
+            (&mut next.max_keys, change.max_keys),
+            (&mut next.max_store_bytes, change.max_store_bytes),
+        ];
+        let bounds = Self::FLOOR.named().into_iter().zip(Self::CEILING.named());
+        for ((field, requested), ((name, min), (_, max))) in fields.into_iter().zip(bounds) {
+            let Some(requested) = requested else { continue };
+            if requested < min as u64 || requested > max as u64 {
+                return Err(LockError::LimitOutOfRange {
+                    limit: name.to_owned(),
+                    requested,
+                    min: min as u64,
+                    max: max as u64,
+                });
+            }
+            *field = requested as usize;
+        }
+        Ok(next)
+    }
+
+    /// Whether every limit is within its floor and ceiling.
+    pub fn in_bounds(&self) -> bool {
+        let bounds = Self::FLOOR.named().into_iter().zip(Self::CEILING.named());
+        self.named()
+            .into_iter()
+            .zip(bounds)
+            .all(|((_, value), ((_, min), (_, max)))| (min..=max).contains(&value))
+    }
+}
+
+impl Default for TableLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// A change to [`TableLimits`]: the limits to set (`None`: keep).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitsChange {
+    pub max_sessions: Option<u64>,
+    pub max_locks: Option<u64>,
+    pub max_waiters_per_lock: Option<u64>,
+    pub max_keys: Option<u64>,
+    pub max_store_bytes: Option<u64>,
+}
+
+impl LimitsChange {
+    /// Whether it sets nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == LimitsChange::default()
+    }
+}
+
+impl std::fmt::Display for LimitsChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = [
+            ("max_sessions", self.max_sessions),
+            ("max_locks", self.max_locks),
+            ("max_waiters_per_lock", self.max_waiters_per_lock),
+            ("max_keys", self.max_keys),
+            ("max_store_bytes", self.max_store_bytes),
+        ];
+        let mut first = true;
+        for (name, value) in set {
+            if let Some(value) = value {
+                let sep = if first { "" } else { " " };
+                write!(f, "{sep}{name}={value}")?;
+                first = false;
+            }
+        }
+        if first {
+            write!(f, "nothing")?;
+        }
+        Ok(())
+    }
 }
 
 /// Checks a lock name against [`Limits::STANDARD`]: not empty, not too long,

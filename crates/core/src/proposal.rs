@@ -14,7 +14,8 @@
 //! is the same [`Command`], serialized as before.
 
 use crate::{
-    AclCommand, AcquireOutcome, Command, Outcome, SecretHash, SessionId, StoredValue, Token,
+    AclCommand, AcquireOutcome, Command, LimitsChange, Outcome, SecretHash, SessionId, StoredValue,
+    TableLimits, Token,
 };
 use std::fmt;
 
@@ -153,6 +154,17 @@ impl Proposal<()> {
     }
 }
 
+impl Proposal<TableLimits> {
+    /// [`Command::SetLimits`]: answered with the limits now in force.
+    pub fn set_limits(change: LimitsChange) -> Self {
+        Proposal::new(
+            "limits change",
+            Command::SetLimits(change),
+            answer!(Outcome::LimitsSet(limits) => limits),
+        )
+    }
+}
+
 impl Proposal<AcquireOutcome> {
     /// [`Command::Acquire`] (see there for the fields).
     pub fn acquire(
@@ -286,6 +298,12 @@ mod tests {
         ));
         apply(&mut table, Proposal::release(one, lock(), token));
         apply(&mut table, Proposal::close_session(one));
+        let change = LimitsChange {
+            max_sessions: Some(12),
+            ..LimitsChange::default()
+        };
+        let limits = apply(&mut table, Proposal::set_limits(change));
+        assert_eq!(limits.max_sessions, 12);
         apply(
             &mut table,
             Proposal::acl(AclCommand::Bootstrap {

@@ -20,7 +20,7 @@ use crate::fenced::Change;
 use crate::limits::validate_lock_delay;
 use crate::{
     validate_key, validate_lock_name, validate_ttl, validate_value, AcquireOutcome, Command, Event,
-    FencedStore, Limits, LockError, Outcome, SecretHash, SessionId, Token,
+    FencedStore, Limits, LockError, Outcome, SecretHash, SessionId, TableLimits, Token,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -45,6 +45,42 @@ pub struct LockTable {
     audit: VecDeque<AuditRecord>,
     /// Who may do what; off until bootstrapped.
     acl: AccessControl,
+    /// The limits an admin may change ([`Command::SetLimits`]). Last, so
+    /// that [`LockTableV9`] (the same fields without it) reads the older
+    /// encoding.
+    limits: TableLimits,
+}
+
+/// A [`LockTable`] as data format 9 and backup version 1 encoded it
+/// (bincode has no field names: a struct is its fields in order), before
+/// the table held its limits. Decode the old bytes as this and turn it into
+/// a table with [`TableLimits::DEFAULT`], the limits it ran with.
+#[derive(Debug, Deserialize)]
+pub struct LockTableV9 {
+    sessions: imbl::OrdMap<SessionId, Session>,
+    locks: imbl::OrdMap<String, Lock>,
+    store: FencedStore,
+    next_session: u64,
+    next_token: u64,
+    applied: u64,
+    audit: VecDeque<AuditRecord>,
+    acl: AccessControl,
+}
+
+impl From<LockTableV9> for LockTable {
+    fn from(old: LockTableV9) -> Self {
+        LockTable {
+            sessions: old.sessions,
+            locks: old.locks,
+            store: old.store,
+            next_session: old.next_session,
+            next_token: old.next_token,
+            applied: old.applied,
+            audit: old.audit,
+            acl: old.acl,
+            limits: TableLimits::DEFAULT,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,7 +194,19 @@ impl LockTable {
             applied: 0,
             audit: VecDeque::new(),
             acl: AccessControl::default(),
+            limits: TableLimits::DEFAULT,
         }
+    }
+
+    /// The limits this table enforces: [`Limits::STANDARD`] with the
+    /// configurable ones as last set.
+    pub fn limits(&self) -> Limits {
+        Limits::STANDARD.with(self.limits)
+    }
+
+    /// The configurable limits as last set ([`Command::SetLimits`]).
+    pub fn table_limits(&self) -> TableLimits {
+        self.limits
     }
 
     /// Applies one command. On error nothing changed and `events` is empty.
@@ -231,6 +279,10 @@ impl LockTable {
                 .apply(change)
                 .map(|()| Outcome::AclChanged)
                 .map_err(LockError::from),
+            Command::SetLimits(change) => self.limits.changed(change).map(|limits| {
+                self.limits = limits;
+                Outcome::LimitsSet(limits)
+            }),
             Command::CloseSession { session } => {
                 self.end_session(*session, SessionEnd::Closed, &mut events)
             }
@@ -302,7 +354,7 @@ impl LockTable {
         events: &mut Vec<Event>,
     ) -> Result<Outcome, LockError> {
         validate_ttl(Duration::from_millis(ttl_ms))?;
-        let limit = Limits::STANDARD.max_sessions;
+        let limit = self.limits.max_sessions;
         if self.sessions.len() >= limit {
             return Err(LockError::TooManySessions { limit });
         }
@@ -387,7 +439,7 @@ impl LockTable {
                 });
             }
         }
-        self.store.apply(key, token, change, Limits::STANDARD)
+        self.store.apply(key, token, change, self.limits())
     }
 
     /// The audit trail of `lock` still kept, oldest first.
@@ -467,7 +519,7 @@ impl LockTable {
             return Err(LockError::UnknownSession(session));
         }
         let Some(lock) = self.locks.get_mut(name) else {
-            let limit = Limits::STANDARD.max_locks;
+            let limit = self.limits.max_locks;
             if self.locks.len() >= limit {
                 return Err(LockError::TooManyLocks { limit });
             }
@@ -508,7 +560,7 @@ impl LockTable {
                 position: index + 1,
             });
         }
-        let limit = Limits::STANDARD.max_waiters_per_lock;
+        let limit = self.limits.max_waiters_per_lock;
         if lock.queue.len() >= limit {
             return Err(LockError::TooManyWaiters {
                 lock: name.to_owned(),
@@ -822,6 +874,11 @@ impl LockTable {
     /// Panics if any structural invariant is broken. O(size of the table):
     /// for tests and for checking a snapshot once at load time.
     pub fn check_invariants(&self) {
+        assert!(
+            self.limits.in_bounds(),
+            "limits out of bounds: {:?}",
+            self.limits
+        );
         // The trail never shows two grants of one lock at once, and grant
         // tokens only grow.
         let mut holders: BTreeMap<&str, Option<Token>> = BTreeMap::new();
@@ -877,7 +934,8 @@ impl LockTable {
                 lock.token.0 < self.next_token,
                 "token of {name:?} not below the counter"
             );
-            assert!(lock.queue.len() <= Limits::STANDARD.max_waiters_per_lock);
+            // Not the current limit: lowering it leaves longer queues be.
+            assert!(lock.queue.len() <= TableLimits::CEILING.max_waiters_per_lock);
             let mut seen = BTreeSet::new();
             for waiter in &lock.queue {
                 assert!(

@@ -3,8 +3,8 @@
 //! outcomes and events), not on its internals.
 
 use deadbolt_core::{
-    AcquireOutcome, Command, Event, LockError, LockTable, Outcome, SecretHash, SessionId,
-    SessionSecret, Token,
+    AcquireOutcome, Command, Event, LimitsChange, LockError, LockTable, Outcome, SecretHash,
+    SessionId, SessionSecret, TableLimits, Token,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -27,6 +27,9 @@ enum Step {
     Cancel(usize, usize),
     /// A session that never existed.
     Bogus(u64),
+    /// An admin sets the limits on sessions and on waiters per lock (some
+    /// values below the floor, so refused).
+    SetLimits(Option<u64>, Option<u64>),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -41,6 +44,8 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (0..8usize, 0..3usize, prop::bool::weighted(0.85)).prop_map(|(s, l, ok)| Step::Release(s, l, ok)),
         1 => (0..8usize, 0..3usize).prop_map(|(s, l)| Step::Cancel(s, l)),
         1 => (1000..1010u64).prop_map(Step::Bogus),
+        1 => (prop::option::of(5..14u64), prop::option::of(0..4u64))
+            .prop_map(|(s, w)| Step::SetLimits(s, w)),
     ]
 }
 
@@ -218,6 +223,11 @@ fn command(step: &Step, seen: &Observed) -> Command {
             session: seen.session(s),
             lock: LOCKS[l].into(),
         },
+        Step::SetLimits(sessions, waiters) => Command::SetLimits(LimitsChange {
+            max_sessions: sessions,
+            max_waiters_per_lock: waiters,
+            ..LimitsChange::default()
+        }),
         Step::Bogus(id) => Command::Acquire {
             session: SessionId(id),
             lock: "a".into(),
@@ -225,6 +235,60 @@ fn command(step: &Step, seen: &Observed) -> Command {
             attempt: 1,
             lock_delay_ms: 0,
         },
+    }
+}
+
+/// The limits in force are the last ones set, and every refusal at a limit
+/// (and only those) comes when the table was at that limit.
+fn check_limits(
+    before: &LockTable,
+    after: &LockTable,
+    command: &Command,
+    outcome: &Result<Outcome, LockError>,
+) {
+    let limits = before.table_limits();
+    match (command, outcome) {
+        (Command::SetLimits(change), Ok(Outcome::LimitsSet(set))) => {
+            assert_eq!(*set, after.table_limits());
+            let expect = |old: usize, new: Option<u64>| new.map_or(old, |n| n as usize);
+            assert_eq!(
+                set.max_sessions,
+                expect(limits.max_sessions, change.max_sessions)
+            );
+            assert_eq!(
+                set.max_waiters_per_lock,
+                expect(limits.max_waiters_per_lock, change.max_waiters_per_lock)
+            );
+            assert_eq!(set.max_locks, limits.max_locks);
+        }
+        (Command::SetLimits(change), Err(LockError::LimitOutOfRange { .. })) => {
+            let floor = TableLimits::FLOOR;
+            let low = |value: Option<u64>, min: usize| value.is_some_and(|v| v < min as u64);
+            assert!(
+                low(change.max_sessions, floor.max_sessions)
+                    || low(change.max_waiters_per_lock, floor.max_waiters_per_lock),
+                "{change:?} refused"
+            );
+        }
+        (Command::SetLimits(change), other) => panic!("{change:?} answered {other:?}"),
+        (Command::OpenSession { .. }, Err(LockError::TooManySessions { limit })) => {
+            assert_eq!(*limit, limits.max_sessions);
+            assert!(before.session_count() >= *limit);
+        }
+        (Command::OpenSession { .. }, Ok(_)) => {
+            assert!(before.session_count() < limits.max_sessions);
+        }
+        (Command::Acquire { lock, .. }, Err(LockError::TooManyWaiters { limit, .. })) => {
+            assert_eq!(*limit, limits.max_waiters_per_lock);
+            let waiters = before.lock(lock).map_or(0, |info| info.waiters.len());
+            assert!(waiters >= *limit, "{waiters} waiters refused at {limit}");
+        }
+        (Command::Acquire { lock, .. }, Ok(Outcome::Acquire(AcquireOutcome::Queued { .. }))) => {
+            let waiters = before.lock(lock).map_or(0, |info| info.waiters.len());
+            let already = after.lock(lock).map_or(0, |info| info.waiters.len()) == waiters;
+            assert!(already || waiters < limits.max_waiters_per_lock);
+        }
+        _ => {}
     }
 }
 
@@ -242,6 +306,7 @@ fn run(
     };
     let applied = table.apply(command);
     table.check_invariants();
+    check_limits(&before, table, command, &applied.outcome);
     if keeps_place {
         assert!(
             applied.events.is_empty(),
@@ -335,7 +400,9 @@ proptest! {
                 // Errors are only ever the ones a caller could expect.
                 let expected = matches!(err,
                     LockError::UnknownSession(_) | LockError::Busy { .. }
-                    | LockError::NotHolder { .. } | LockError::StaleToken { .. });
+                    | LockError::NotHolder { .. } | LockError::StaleToken { .. }
+                    | LockError::TooManySessions { .. } | LockError::TooManyWaiters { .. }
+                    | LockError::LimitOutOfRange { .. });
                 prop_assert!(expected, "unexpected error {}", err);
             }
         }
@@ -394,7 +461,11 @@ proptest! {
         let bytes = serde_json::to_vec(&table).unwrap();
         let mut restored: LockTable = serde_json::from_slice(&bytes).unwrap();
         prop_assert_eq!(&restored, &table);
-        // The restored table never re-issues a token.
+        prop_assert_eq!(restored.table_limits(), table.table_limits());
+        // The restored table never re-issues a token (with room for one
+        // more session, whatever the steps set the limit to).
+        let room = LimitsChange { max_sessions: Some(1_000), ..LimitsChange::default() };
+        prop_assert!(restored.apply(&Command::SetLimits(room)).outcome.is_ok());
         let open = restored.apply(&Command::OpenSession { ttl_ms: 1000, secret: secret_of(0), owner: None });
         let Ok(Outcome::SessionOpened { session, .. }) = open.outcome else { panic!() };
         let grant = restored.apply(&Command::Acquire { session, lock: "fresh".into(), wait: false, attempt: 0 , lock_delay_ms: 0 });

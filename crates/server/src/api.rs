@@ -400,6 +400,31 @@ impl Api {
         })
         .await
     }
+
+    /// Open to everyone, like [`cluster_status`](Self::cluster_status):
+    /// limits and counts tell no lock's or session's state.
+    pub fn limits(&self) -> LimitsResponse {
+        self.node.limits()
+    }
+
+    /// Needs `admin`, like membership changes; logged with who made it.
+    pub async fn set_limits(
+        &self,
+        credentials: &Credentials,
+        request: SetLimitsRequest,
+    ) -> Reply<LimitsResponse> {
+        self.timed(Call::SetLimits, async {
+            let caller = self.caller(credentials, Permission::Admin, None).await?;
+            let change = crate::limits::change_of(&request);
+            let limits = self.node.set_limits(change).await?;
+            tracing::info!(by = caller.identity(), %change, ?limits, "limits changed");
+            // The limits right after this change, not as a later one left them.
+            let mut response = self.node.limits();
+            response.limits = Some(crate::limits::to_proto(limits));
+            Ok(response)
+        })
+        .await
+    }
 }
 
 /// Access control (see `auth/` and docs/security.md). Everything but

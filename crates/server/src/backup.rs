@@ -27,7 +27,7 @@ use crate::store::{seed_data_dir, DataReport};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use deadbolt_core::LockTable;
+use deadbolt_core::{LockTable, LockTableV9};
 use deadbolt_proto::ErrorKind;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -35,8 +35,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The first bytes of every backup, followed by the version and a newline.
 const MAGIC: &str = "deadbolt-snapshot/";
-/// Bump when [`Contents`] changes incompatibly.
-const VERSION: u32 = 1;
+/// Bump when [`Contents`] changes incompatibly. Version 2: the table holds
+/// its limits; version 1 (its table a [`LockTableV9`]) is still read.
+const VERSION: u32 = 2;
 /// The largest backup read: above what the table's limits allow (1 M locks
 /// with 512-byte names and their queues, 100 000 store values of 64 KiB).
 pub const MAX_FILE_BYTES: u64 = 8 << 30;
@@ -57,6 +58,7 @@ struct Contents<T> {
 
 /// A backup read back from its file.
 pub struct Backup {
+    version: u32,
     contents: Contents<LockTable>,
     file_bytes: u64,
 }
@@ -158,9 +160,9 @@ impl Backup {
             .ok()
             .and_then(|text| text.parse::<u32>().ok())
             .ok_or_else(|| bad("its version line is damaged".into()))?;
-        if version != VERSION {
+        if version != VERSION && version != 1 {
             return Err(bad(format!(
-                "it is a version {version} snapshot; this build reads version {VERSION}"
+                "it is a version {version} snapshot; this build reads versions 1 to {VERSION}"
             )));
         }
         let body = codec::unseal(&rest[newline + 1..]).map_err(|err| {
@@ -168,12 +170,24 @@ impl Backup {
                 "{err}: the file is truncated or damaged; save a new snapshot"
             ))
         })?;
-        let contents: Contents<LockTable> = bincode::deserialize(body)
-            .map_err(|err| bad(format!("its contents do not decode: {err}")))?;
+        let undecodable = |err: bincode::Error| bad(format!("its contents do not decode: {err}"));
+        let contents: Contents<LockTable> = if version == 1 {
+            let old: Contents<LockTableV9> = bincode::deserialize(body).map_err(undecodable)?;
+            Contents {
+                saved_at_ms: old.saved_at_ms,
+                node_id: old.node_id,
+                term: old.term,
+                index: old.index,
+                table: old.table.into(),
+            }
+        } else {
+            bincode::deserialize(body).map_err(undecodable)?
+        };
         let table = &contents.table;
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| table.check_invariants()))
             .map_err(|_| bad("its lock table breaks the lock invariants".into()))?;
         Ok(Backup {
+            version,
             contents,
             file_bytes: bytes.len() as u64,
         })
@@ -198,7 +212,7 @@ impl Backup {
         let audited = table.audit().map(|record| record.token.0);
         let fenced = table.store().fences().map(|(_, fence)| fence.0);
         Summary {
-            version: VERSION,
+            version: self.version,
             file_bytes: self.file_bytes,
             saved_at_ms,
             node_id,
@@ -255,6 +269,37 @@ mod tests {
             table: &table,
         })
         .unwrap()
+    }
+
+    /// `testdata/before-limits.snap`: saved by the build before the table
+    /// held its limits (commit 00d808a) from a node with two sessions
+    /// holding `fixture/a` and `fixture/b`, a store key and access control
+    /// on; `deadbolt snapshot inspect` of that build read it as 2 sessions,
+    /// 2 locks, 2 audit records, 1 store key.
+    #[test]
+    fn a_version_1_backup_from_before_the_table_held_limits_still_reads() {
+        let file = include_bytes!("../testdata/before-limits.snap");
+        assert!(file.starts_with(b"deadbolt-snapshot/1\n"));
+        let backup = Backup::decode(file).unwrap();
+        let summary = backup.summary();
+        assert_eq!(summary.version, 1);
+        assert_eq!((summary.sessions, summary.locks), (2, 2));
+        assert_eq!((summary.audit_records, summary.store_keys), (2, 1));
+        let table = &backup.contents.table;
+        assert_eq!(table.table_limits(), deadbolt_core::TableLimits::DEFAULT);
+        assert!(table.acl().enabled());
+        assert!(table.lock("fixture/a").is_some());
+        // Restored, it is a current data directory that holds the same.
+        let dir = tempfile::tempdir().unwrap();
+        let report = backup
+            .restore(
+                &dir.path().join("data"),
+                1,
+                "127.0.0.1:7070",
+                Duration::ZERO,
+            )
+            .unwrap();
+        assert_eq!((report.sessions, report.locks), (2, 2));
     }
 
     #[test]

@@ -266,6 +266,18 @@ impl Cluster for GrpcApi {
                 .await?,
         ))
     }
+
+    async fn limits(&self, _request: Request<LimitsRequest>) -> Reply<LimitsResponse> {
+        Ok(Response::new(self.api.limits()))
+    }
+
+    async fn set_limits(&self, request: Request<SetLimitsRequest>) -> Reply<LimitsResponse> {
+        Ok(Response::new(
+            self.api
+                .set_limits(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
 }
 
 #[tonic::async_trait]

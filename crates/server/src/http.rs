@@ -36,6 +36,7 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/cluster/status", get(cluster_status))
         .route("/v1/cluster/add", post(add_member))
         .route("/v1/cluster/remove", post(remove_member))
+        .route("/v1/cluster/limits", get(limits).post(set_limits))
         .route("/v1/acl", get(acl_show))
         .route("/v1/acl/bootstrap", post(acl_bootstrap))
         .route("/v1/acl/whoami", get(acl_whoami))
@@ -370,6 +371,18 @@ async fn remove_member(
     JsonBody(request): JsonBody<RemoveMemberRequest>,
 ) -> Reply<ClusterStatusResponse> {
     Ok(Json(api.remove_member(&credentials, request).await?))
+}
+
+async fn limits(State(api): State<Api>) -> Json<LimitsResponse> {
+    Json(api.limits())
+}
+
+async fn set_limits(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<SetLimitsRequest>,
+) -> Reply<LimitsResponse> {
+    Ok(Json(api.set_limits(&credentials, request).await?))
 }
 
 /// 200 while this node leads and serves; 503 otherwise (for load balancers).

@@ -22,6 +22,7 @@ pub mod embedded;
 mod grpc;
 mod http;
 mod leases;
+mod limits;
 mod listener;
 mod metrics;
 mod network;

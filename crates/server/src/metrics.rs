@@ -97,11 +97,12 @@ pub enum Call {
     StoreDelete,
     AddMember,
     RemoveMember,
+    SetLimits,
 }
 
 impl Call {
     /// Every call, in declaration order: `ALL[call as usize] == call`.
-    const ALL: [Call; 14] = [
+    const ALL: [Call; 15] = [
         Call::OpenSession,
         Call::KeepAlive,
         Call::CloseSession,
@@ -116,6 +117,7 @@ impl Call {
         Call::StoreDelete,
         Call::AddMember,
         Call::RemoveMember,
+        Call::SetLimits,
     ];
 
     fn as_str(self) -> &'static str {
@@ -134,6 +136,7 @@ impl Call {
             Call::StoreDelete => "store_delete",
             Call::AddMember => "add_member",
             Call::RemoveMember => "remove_member",
+            Call::SetLimits => "set_limits",
         }
     }
 }
@@ -170,6 +173,9 @@ pub struct Metrics {
     leader_changes: Counter,
     sessions: Gauge,
     locks_held: Gauge,
+    /// The table's `max_sessions` and `max_locks` (`deadbolt cluster limits`).
+    max_sessions: Gauge,
+    max_locks: Gauge,
     lock_waiters: Gauge,
     term: Gauge,
     is_leader: Gauge,
@@ -367,6 +373,20 @@ impl Metrics {
                 None,
                 Gauge::default(),
             ),
+            max_sessions: register(
+                r,
+                "deadbolt_max_sessions",
+                "The table's limit on live sessions (deadbolt cluster limits)",
+                None,
+                Gauge::default(),
+            ),
+            max_locks: register(
+                r,
+                "deadbolt_max_locks",
+                "The table's limit on locks (deadbolt cluster limits)",
+                None,
+                Gauge::default(),
+            ),
             lock_waiters: register(
                 r,
                 "deadbolt_lock_waiters",
@@ -519,6 +539,10 @@ impl Metrics {
             let table = &applied.table;
             self.sessions.set(gauge_value(table.session_count() as u64));
             self.locks_held.set(gauge_value(table.lock_count() as u64));
+            let limits = table.table_limits();
+            self.max_sessions
+                .set(gauge_value(limits.max_sessions as u64));
+            self.max_locks.set(gauge_value(limits.max_locks as u64));
             self.lock_waiters
                 .set(gauge_value(table.waits().count() as u64));
         }

@@ -100,7 +100,8 @@ impl Admission {
             | Command::StorePut { .. }
             | Command::StoreRead { .. }
             | Command::StoreDelete { .. }
-            | Command::Acl(_) => Admission::Refusable,
+            | Command::Acl(_)
+            | Command::SetLimits(_) => Admission::Refusable,
             Command::ExpireSession { .. }
             | Command::CheckpointLease { .. }
             | Command::EndLockDelay { .. }

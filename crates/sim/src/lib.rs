@@ -10,12 +10,15 @@
 //! same run exactly; [`SeedReport::digest`] proves it.
 //!
 //! The history the clients record is judged by the same checker as the
-//! fault-injection suite on real processes (`deadbolt_nemesis::checker`).
+//! fault-injection suite on real processes (`deadbolt_nemesis::checker`);
+//! an operator changing the table's limits meanwhile is checked on its own
+//! (`operator.rs`).
 
 mod cluster;
 mod disk;
 mod faults;
 mod network;
+mod operator;
 mod workload;
 
 #[cfg(not(tokio_unstable))]
@@ -131,6 +134,12 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     let resource = std::sync::Arc::new(SimResource::new(options.fenced_resource));
     let mut router = Router::new(fabric.clone(), cluster.ids(), 1);
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let initial_limits = router
+        .send(|api, _| async move { Ok(api.limits()) })
+        .await
+        .ok()
+        .and_then(|answer| answer.limits);
+    let (operator, attempts) = operator::spawn(&router, seed, stopped.clone());
     let workers = workload::spawn_clients(
         clients,
         &locks,
@@ -176,6 +185,31 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         {
             continue;
         }
+    }
+    // A change still in flight stays unknown.
+    let _ = tokio::time::timeout(Duration::from_secs(10), operator).await;
+    let attempts = std::mem::take(&mut *attempts.lock().expect("attempts lock"));
+    fault_log.extend(
+        attempts
+            .iter()
+            .map(|attempt| format!("operator: {attempt}")),
+    );
+    let last_limits = router
+        .send(|api, _| async move { Ok(api.limits()) })
+        .await
+        .ok()
+        .and_then(|answer| answer.limits);
+    match (initial_limits, last_limits) {
+        (Some(initial), Some(last)) => {
+            violations.extend(operator::check(&attempts, &initial, &last));
+        }
+        (initial, last) => violations.push(Violation {
+            what: format!(
+                "the cluster did not answer a limits read: {initial:?} at the start, {last:?} at \
+                 the end"
+            ),
+            records: Vec::new(),
+        }),
     }
 
     let (resource_counters, accepted) = resource.finals();

@@ -46,7 +46,8 @@ impl From<LockError> for ApiError {
             LockError::TokenNotIssued { .. }
             | LockError::LockDelayTooLong { .. }
             | LockError::InvalidKey { .. }
-            | LockError::ValueTooLarge { .. } => ErrorKind::InvalidArgument,
+            | LockError::ValueTooLarge { .. }
+            | LockError::LimitOutOfRange { .. } => ErrorKind::InvalidArgument,
             // Only the leader's own timer commands are ever superseded.
             LockError::Superseded { .. } => ErrorKind::Unavailable,
             LockError::Acl(AclError::AlreadyBootstrapped) => ErrorKind::PermissionDenied,

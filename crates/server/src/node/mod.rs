@@ -88,7 +88,7 @@ pub const LIST_PAGE: usize = 1000;
 impl Node {
     /// Commits `proposal` and reads its answer; refused as overloaded
     /// when the queue is full and [`Admission::of`] the command allows.
-    async fn propose<A>(&self, proposal: Proposal<A>) -> Result<A, ApiError> {
+    pub(crate) async fn propose<A>(&self, proposal: Proposal<A>) -> Result<A, ApiError> {
         let admission = Admission::of(proposal.command());
         self.propose_with(proposal, admission).await
     }

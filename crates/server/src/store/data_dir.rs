@@ -20,6 +20,7 @@
 //! - only then is it opened for writing.
 
 use super::overlay::ReadOnlyOverlay;
+use super::state_machine::upgrade_format_9;
 use super::verify::{verify, DataReport, Refusal};
 use super::witness::{Witness, WitnessFile, WITNESS_FILE};
 use super::{
@@ -541,6 +542,9 @@ fn prepare(
                     .map_err(|e| unreadable(e.to_string()))?
                     .map(|v| v.value().to_vec());
                 if let Some(snapshot) = snapshot {
+                    // Format 9's table had no limits: re-encoded on the way.
+                    let snapshot = upgrade_format_9(&snapshot)
+                        .map_err(|e| unreadable(format!("its snapshot: {e}")))?;
                     let moved = || -> Result<(), redb::Error> {
                         let txn = snapshots.begin_write()?;
                         txn.open_table(META)?
@@ -722,22 +726,46 @@ mod tests {
     }
 
     /// A directory of the format before this one (the snapshot inside the
-    /// log database) is read as it is, and moved to the new layout when
-    /// opened for writing: an upgrade loses nothing.
+    /// log database, its table encoded before the table held its limits)
+    /// is read as it is, and moved to the new layout, re-encoded, when
+    /// opened for writing: an upgrade loses nothing. The old table is a
+    /// real format-9 encoding, made by the build before the limits (the
+    /// table inside `testdata/before-limits.snap`, see `backup.rs`).
     #[test]
     fn a_directory_with_the_snapshot_in_the_log_database_is_moved_to_its_own() {
+        use super::super::codec;
+        use super::super::state_machine::{decode_table, StoredSnapshot};
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        let mut table = deadbolt_core::LockTable::default();
-        table.raise_token_floor(1_000);
+        // The backup's body: saved_at_ms, node_id, term and index (a u64
+        // each), then the table as the old build encoded it.
+        let backup = include_bytes!("../../testdata/before-limits.snap");
+        let body = codec::unseal(&backup[b"deadbolt-snapshot/1\n".len()..]).unwrap();
+        let old_table = &body[4 * 8..];
+        let table: deadbolt_core::LockTable =
+            bincode::deserialize::<deadbolt_core::LockTableV9>(old_table)
+                .unwrap()
+                .into();
+        assert_eq!((table.session_count(), table.lock_count()), (2, 2));
         let seeded = super::super::seed_data_dir(&data, 1, "127.0.0.1:7070", &table).unwrap();
-        // Back to the old layout, as format 9 wrote it.
+        // Back to the old layout and the old table encoding, as format 9
+        // wrote them.
         let snapshot = {
             let snapshots = Database::create(data.join(SNAPSHOTS_FILE)).unwrap();
             let txn = snapshots.begin_read().unwrap();
             let meta = txn.open_table(META).unwrap();
             let bytes = meta.get(SNAPSHOT_KEY).unwrap().unwrap().value().to_vec();
-            bytes
+            let stored: StoredSnapshot =
+                bincode::deserialize(codec::unseal(&bytes).unwrap()).unwrap();
+            let old = StoredSnapshot {
+                meta: stored.meta,
+                data: old_table.to_vec(),
+            };
+            assert!(
+                decode_table(&old).is_err(),
+                "the old encoding is not format 10's"
+            );
+            codec::seal(&bincode::serialize(&old).unwrap())
         };
         std::fs::remove_file(data.join(SNAPSHOTS_FILE)).unwrap();
         {
@@ -760,5 +788,14 @@ mod tests {
         assert!(meta.get(SNAPSHOT_KEY).unwrap().is_none());
         drop((meta, txn, db));
         assert_eq!(check_data_dir(&data).unwrap(), seeded);
+        // Moved in format 10's encoding: the same table, default limits.
+        let snapshots = Database::create(data.join(SNAPSHOTS_FILE)).unwrap();
+        let txn = snapshots.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        let bytes = meta.get(SNAPSHOT_KEY).unwrap().unwrap().value().to_vec();
+        let moved: StoredSnapshot = bincode::deserialize(codec::unseal(&bytes).unwrap()).unwrap();
+        let moved = decode_table(&moved).unwrap();
+        assert_eq!(moved, table);
+        assert_eq!(moved.table_limits(), deadbolt_core::TableLimits::DEFAULT);
     }
 }

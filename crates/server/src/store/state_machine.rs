@@ -13,7 +13,7 @@
 
 use super::{read_meta, write_meta, At, OrStorageError, StorageIo, SNAPSHOT_KEY};
 use crate::raft_types::{Batch, BatchOutcome, NodeId, StorageError, TypeConfig};
-use deadbolt_core::{Event, LockTable};
+use deadbolt_core::{Event, LockTable, LockTableV9};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend,
@@ -132,11 +132,41 @@ impl StateMachineStore {
 }
 
 pub(super) fn decode_table(stored: &StoredSnapshot) -> Result<LockTable, StorageError> {
+    decode_table_as::<LockTable>(stored)
+}
+
+/// A format-9 snapshot's table: encoded before the table held its limits
+/// ([`LockTableV9`]); it gets the default limits, the ones it ran with.
+pub(super) fn decode_table_v9(stored: &StoredSnapshot) -> Result<LockTable, StorageError> {
+    decode_table_as::<LockTableV9>(stored)
+}
+
+/// A format-9 snapshot record (sealed, as `META` holds it) in format 10's
+/// encoding: the same snapshot, its table with the default limits.
+pub(super) fn upgrade_format_9(sealed: &[u8]) -> Result<Vec<u8>, StorageError> {
+    let at = At(ErrorSubject::Snapshot(None), ErrorVerb::Read);
+    let old: StoredSnapshot = super::decode(sealed, &at)?;
+    let table = decode_table_v9(&old)?;
+    let at = At(
+        ErrorSubject::Snapshot(Some(old.meta.signature())),
+        ErrorVerb::Write,
+    );
+    let upgraded = StoredSnapshot {
+        data: bincode::serialize(&table).at(&at)?,
+        meta: old.meta,
+    };
+    super::encode(&upgraded, &at)
+}
+
+fn decode_table_as<T>(stored: &StoredSnapshot) -> Result<LockTable, StorageError>
+where
+    T: serde::de::DeserializeOwned + Into<LockTable>,
+{
     let at = At(
         ErrorSubject::Snapshot(Some(stored.meta.signature())),
         ErrorVerb::Read,
     );
-    let table: LockTable = bincode::deserialize(&stored.data).at(&at)?;
+    let table: LockTable = bincode::deserialize::<T>(&stored.data).at(&at)?.into();
     // A snapshot is loaded rarely; checking it whole is cheap insurance
     // against installing a table that breaks the lock invariants.
     table.check_invariants();

@@ -9,7 +9,7 @@
 //! The log is bounded by the snapshot interval, so this is one pass over at
 //! most `--snapshot-every` entries plus one snapshot decode.
 
-use super::state_machine::{apply_entry, decode_table, Applied, StoredSnapshot};
+use super::state_machine::{apply_entry, decode_table, decode_table_v9, Applied, StoredSnapshot};
 use super::witness::Witness;
 use super::{
     decode, At, FORMAT, FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG, INSTANCE_KEY, LOG, META, PURGED_KEY,
@@ -102,8 +102,12 @@ pub fn verify(
 
     let mut state = Applied::default();
     if let Some(snapshot) = &snapshot {
-        state.table = decode_table(snapshot)
-            .map_err(|e| Refusal::SnapshotDamaged(format!("the snapshot: {e}")))?;
+        let decode = match snapshot_in_log {
+            true => decode_table_v9,
+            false => decode_table,
+        };
+        state.table =
+            decode(snapshot).map_err(|e| Refusal::SnapshotDamaged(format!("the snapshot: {e}")))?;
         state.last_applied = snapshot.meta.last_log_id;
         state.membership = snapshot.meta.last_membership.clone();
     }
