@@ -47,7 +47,7 @@ pub const LABELS: [Label; 5] = [
     Label {
         backend: Backend::Redis,
         name: "redis",
-        url: "redis://HOST:PORT[/DB][?fence=counter]",
+        url: "redis[s]://[[USER]:PASSWORD@]HOST:PORT[/DB][?fence=counter&ca=CA.pem]",
         seeds: "Weak; no fencing token built in",
         server_crash:
             "LOST without persistence: a restarted server forgets every lock, so the next \
@@ -63,7 +63,7 @@ pub const LABELS: [Label; 5] = [
     Label {
         backend: Backend::Redlock,
         name: "redlock",
-        url: "redlock://HOST:PORT,HOST:PORT,HOST:PORT[,...]",
+        url: "redlock[s]://[[USER]:PASSWORD@]HOST:PORT,... (3 or more)[?ca=CA.pem]",
         seeds: "Debated; no fencing token",
         server_crash:
             "survives a minority of masters down; a master restarting WITHOUT persistence \

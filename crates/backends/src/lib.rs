@@ -44,7 +44,7 @@ mod target;
 pub use error::{Error, ErrorKind};
 pub use labels::{Backend, Label, LABELS};
 pub use lease::Lost;
-pub use target::{Target, MAX_NODES, MIN_REDLOCK_NODES};
+pub use target::{redact, RedisNode, RedisTls, Secret, Target, MAX_NODES, MIN_REDLOCK_NODES};
 
 use deadbolt_client::Backoff;
 use futures::future::Either;
@@ -115,11 +115,11 @@ impl Locker {
                 Backend::Deadbolt,
             ),
             Target::Redis { node, fence } => (
-                LockerKind::Redis(redis::Locker::single(node, fence)),
+                LockerKind::Redis(redis::Locker::single(node, fence)?),
                 Backend::Redis,
             ),
             Target::Redlock { nodes } => (
-                LockerKind::Redis(redis::Locker::redlock(nodes)),
+                LockerKind::Redis(redis::Locker::redlock(nodes)?),
                 Backend::Redlock,
             ),
             Target::Etcd { endpoints } => (

@@ -81,9 +81,9 @@ impl Drop for Inner {
 
 impl Locker {
     pub(crate) fn new(url: &str, idle_timeout: bool) -> Result<Locker, Error> {
-        let mut config: Config = url
-            .parse()
-            .map_err(|err| Error::invalid(format!("lock URL {url:?}: {err}")))?;
+        let mut config: Config = url.parse().map_err(|err| {
+            Error::invalid(format!("lock URL {:?}: {err}", crate::target::redact(url)))
+        })?;
         config
             .connect_timeout(CONNECT_TIMEOUT)
             .keepalives(true)

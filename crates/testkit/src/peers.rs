@@ -8,7 +8,7 @@
 //! `crates/backends` and of `deadbolt run --backend`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -155,6 +155,44 @@ pub fn redis_with(extra: &[&str]) -> Option<Server> {
     .into_iter()
     .chain(extra.iter().copied())
     .map(str::to_owned)
+    .collect();
+    Some(Server::start(program, args, port, dir))
+}
+
+/// A Redis server without persistence that speaks only TLS (`--port 0
+/// --tls-port PORT`), showing the PEM certificate `cert` with its key `key`
+/// and asking clients for none (`--tls-auth-clients no`); `extra` as in
+/// [`redis_with`] (say `--requirepass`). Debian's redis-server is built
+/// with TLS (OpenSSL on the server's side; the client under test is rustls).
+pub fn redis_tls(cert: &Path, key: &Path, ca: &Path, extra: &[&str]) -> Option<Server> {
+    let program = binary("DEADBOLT_REDIS_SERVER", "redis-server", "redis-server")?;
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::free_port();
+    let path = |path: &Path| path.to_str().expect("UTF-8 path").to_owned();
+    let args = [
+        "--port".to_owned(),
+        "0".to_owned(),
+        "--tls-port".to_owned(),
+        port.to_string(),
+        "--tls-cert-file".to_owned(),
+        path(cert),
+        "--tls-key-file".to_owned(),
+        path(key),
+        "--tls-ca-cert-file".to_owned(),
+        path(ca),
+        "--tls-auth-clients".to_owned(),
+        "no".to_owned(),
+        "--bind".to_owned(),
+        "127.0.0.1".to_owned(),
+        "--save".to_owned(),
+        String::new(),
+        "--appendonly".to_owned(),
+        "no".to_owned(),
+        "--dir".to_owned(),
+        path(dir.path()),
+    ]
+    .into_iter()
+    .chain(extra.iter().map(|arg| (*arg).to_owned()))
     .collect();
     Some(Server::start(program, args, port, dir))
 }
