@@ -90,7 +90,7 @@ pub const LABELS: [Label; 5] = [
     Label {
         backend: Backend::Postgres,
         name: "postgres",
-        url: "postgres://USER:PASSWORD@HOST:PORT/DB",
+        url: "postgres://USER:PASSWORD@HOST:PORT/DB[?sslmode=verify-full&sslrootcert=CA.pem]",
         seeds: "Strong within the DB; token: use DB transactions",
         server_crash: "the locks end with the server's sessions; every holder sees its connection \
                        close (lost) before anyone can lock again",

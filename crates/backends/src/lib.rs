@@ -44,7 +44,9 @@ mod target;
 pub use error::{Error, ErrorKind};
 pub use labels::{Backend, Label, LABELS};
 pub use lease::Lost;
-pub use target::{redact, RedisNode, RedisTls, Secret, Target, MAX_NODES, MIN_REDLOCK_NODES};
+pub use target::{
+    redact, PostgresTls, RedisNode, RedisTls, Secret, SslMode, Target, MAX_NODES, MIN_REDLOCK_NODES,
+};
 
 use deadbolt_client::Backoff;
 use futures::future::Either;
@@ -126,8 +128,12 @@ impl Locker {
                 LockerKind::Etcd(etcd::Locker::new(endpoints)),
                 Backend::Etcd,
             ),
-            Target::Postgres { url, idle_timeout } => (
-                LockerKind::Postgres(Box::new(postgres::Locker::new(&url, idle_timeout)?)),
+            Target::Postgres {
+                url,
+                idle_timeout,
+                tls,
+            } => (
+                LockerKind::Postgres(Box::new(postgres::Locker::new(&url, idle_timeout, tls)?)),
                 Backend::Postgres,
             ),
         };

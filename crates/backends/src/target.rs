@@ -14,8 +14,9 @@
 //!   inherited from another); `redlocks://…[?ca=PATH]`: TLS to every master;
 //! - `etcd://HOST:PORT[,…]`: an etcd cluster's client endpoints;
 //! - `postgres://…` or `postgresql://…`: a PostgreSQL database, in
-//!   libpq's URL form (plus `idle_session_timeout=off`, unsafe, to measure
-//!   what the hung-holder protection prevents).
+//!   libpq's URL form, with `sslmode=require|verify-ca|verify-full` and
+//!   `sslrootcert=PATH` for TLS on rustls (plus `idle_session_timeout=off`,
+//!   unsafe, to measure what the hung-holder protection prevents).
 
 use crate::Error;
 use std::fmt;
@@ -45,7 +46,35 @@ pub enum Target {
     /// PostgreSQL's `idle_session_timeout` unset: a holder hung with its
     /// socket open then keeps its locks forever. Unsafe; it exists to
     /// measure what the timeout prevents (docs/backends.md).
-    Postgres { url: String, idle_timeout: bool },
+    /// `tls`: `sslmode=require|verify-ca|verify-full` (rustls), with
+    /// `sslrootcert=PATH`; both taken out of `url`.
+    Postgres {
+        url: String,
+        idle_timeout: bool,
+        tls: Option<PostgresTls>,
+    },
+}
+
+/// TLS to PostgreSQL, by libpq's `sslmode` and `sslrootcert`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresTls {
+    pub mode: SslMode,
+    /// The PEM CA file to trust (`sslrootcert=PATH`); without it, the
+    /// system's roots.
+    pub ca: Option<PathBuf>,
+}
+
+/// How much of the server's certificate is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    /// Encrypted, the certificate not checked (libpq's `require` without
+    /// `sslrootcert`): no protection from an impostor in the middle.
+    Require,
+    /// The certificate must chain to the CA, for any host name (libpq's
+    /// `verify-ca`, and `require` with `sslrootcert`).
+    VerifyCa,
+    /// The chain and the host name (libpq's `verify-full`).
+    VerifyFull,
 }
 
 impl fmt::Debug for Target {
@@ -65,10 +94,15 @@ impl fmt::Debug for Target {
                 .debug_struct("Etcd")
                 .field("endpoints", endpoints)
                 .finish(),
-            Target::Postgres { url, idle_timeout } => f
+            Target::Postgres {
+                url,
+                idle_timeout,
+                tls,
+            } => f
                 .debug_struct("Postgres")
                 .field("url", &redact(url))
                 .field("idle_timeout", idle_timeout)
+                .field("tls", tls)
                 .finish(),
         }
     }
@@ -239,9 +273,53 @@ impl Target {
                     Some(rest) => (rest, false),
                     None => (url.to_owned(), true),
                 };
+                let (url, sslmode) = take_named(&url, "sslmode");
+                let (url, ca) = take_named(&url, "sslrootcert");
+                let ca = ca
+                    .map(|ca| percent_decode(&ca).map(PathBuf::from))
+                    .transpose()
+                    .map_err(refuse)?;
+                let tls = match (sslmode.as_deref(), ca) {
+                    (None | Some("disable"), None) => None,
+                    (None | Some("disable"), Some(_)) => {
+                        return Err(refuse(
+                            "sslrootcert= is for TLS: add sslmode=verify-full (or verify-ca, \
+                             require)"
+                                .into(),
+                        ))
+                    }
+                    // libpq: `require` with a root CA file checks the chain.
+                    (Some("require"), Some(ca)) => Some(PostgresTls {
+                        mode: SslMode::VerifyCa,
+                        ca: Some(ca),
+                    }),
+                    (Some("require"), None) => Some(PostgresTls {
+                        mode: SslMode::Require,
+                        ca: None,
+                    }),
+                    (Some("verify-ca"), ca) => Some(PostgresTls {
+                        mode: SslMode::VerifyCa,
+                        ca,
+                    }),
+                    (Some("verify-full"), ca) => Some(PostgresTls {
+                        mode: SslMode::VerifyFull,
+                        ca,
+                    }),
+                    (Some(other), _) => {
+                        return Err(refuse(format!(
+                            "sslmode={other:?} is not supported: say disable, require, \
+                             verify-ca or verify-full (prefer and allow would fall back to \
+                             plain TCP unnoticed)"
+                        )))
+                    }
+                };
                 url.parse::<tokio_postgres::Config>()
                     .map_err(|err| refuse(err.to_string()))?;
-                Ok(Target::Postgres { url, idle_timeout })
+                Ok(Target::Postgres {
+                    url,
+                    idle_timeout,
+                    tls,
+                })
             }
             other => Err(Error::invalid(format!(
                 "lock URL {:?}: unknown scheme {other:?} (want one of {SCHEMES})",
@@ -267,6 +345,31 @@ fn take_param(url: &str, param: &str) -> Option<String> {
     } else {
         format!("{base}?{}", kept.join("&"))
     })
+}
+
+/// `url` without its query parameter `name=VALUE` (the last one if
+/// repeated), and VALUE.
+fn take_named(url: &str, name: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut value = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|param| match param.split_once('=') {
+            Some((key, found)) if key == name => {
+                value = Some(found.to_owned());
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (url, value)
 }
 
 /// A comma-separated list of `HOST:PORT`, at most [`MAX_NODES`] of them,
@@ -610,9 +713,45 @@ mod tests {
                 .unwrap(),
             Target::Postgres {
                 url: "postgres://u@h:1/db?connect_timeout=3".into(),
-                idle_timeout: false
+                idle_timeout: false,
+                tls: None
             }
         );
+        assert_eq!(
+            Target::parse("postgres://u:p@h:1/db?sslmode=verify-full&sslrootcert=/ca%20s.pem")
+                .unwrap(),
+            Target::Postgres {
+                url: "postgres://u:p@h:1/db".into(),
+                idle_timeout: true,
+                tls: Some(PostgresTls {
+                    mode: SslMode::VerifyFull,
+                    ca: Some("/ca s.pem".into())
+                })
+            }
+        );
+        for (query, mode, ca) in [
+            ("sslmode=require", SslMode::Require, None),
+            (
+                "sslmode=require&sslrootcert=/c",
+                SslMode::VerifyCa,
+                Some("/c"),
+            ),
+            ("sslmode=verify-ca", SslMode::VerifyCa, None),
+        ] {
+            let Target::Postgres { tls, .. } =
+                Target::parse(&format!("postgres://h:1/db?{query}")).unwrap()
+            else {
+                panic!("{query}")
+            };
+            assert_eq!(
+                tls,
+                Some(PostgresTls {
+                    mode,
+                    ca: ca.map(PathBuf::from)
+                }),
+                "{query}"
+            );
+        }
     }
 
     #[test]
@@ -642,6 +781,11 @@ mod tests {
             ("redlock://a:1,a:1,b:2", "listed twice"),
             ("etcd://", "has no port"),
             ("postgres://h:notaport/db", "lock URL"),
+            ("postgres://h:1/db?sslmode=prefer", "say disable, require"),
+            (
+                "postgres://h:1/db?sslrootcert=/c.pem",
+                "add sslmode=verify-full",
+            ),
         ] {
             let message = refusal(url);
             assert!(message.contains(says), "{url}: {message}");

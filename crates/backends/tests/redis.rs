@@ -329,28 +329,6 @@ async fn an_acl_user_locks_with_its_own_password() {
     assert!(error.to_string().contains("locker:***@"), "{error}");
 }
 
-/// A CA and a certificate for 127.0.0.1 signed by it, as PEM files in a
-/// temporary directory: `ca.pem`, `server.pem`, `server-key.pem`.
-fn test_certificates() -> tempfile::TempDir {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-    let dir = tempfile::tempdir().unwrap();
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "deadbolt-backends test CA");
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let server = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca, &ca_key)
-        .unwrap();
-    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-    std::fs::write(dir.path().join("server.pem"), server.pem()).unwrap();
-    std::fs::write(dir.path().join("server-key.pem"), key.serialize_pem()).unwrap();
-    dir
-}
-
 fn tls_redis(certs: &tempfile::TempDir, extra: &[&str]) -> Option<peers::Server> {
     let file = |name: &str| certs.path().join(name);
     peers::redis_tls(
@@ -366,7 +344,7 @@ fn tls_redis(certs: &tempfile::TempDir, extra: &[&str]) -> Option<peers::Server>
 /// plain `redis://` to the TLS port fails instead of hanging.
 #[tokio::test]
 async fn rediss_locks_over_tls_verified_by_the_ca_of_the_url() {
-    let certs = test_certificates();
+    let certs = common::certificates(&["127.0.0.1", "localhost"]);
     let Some(server) = tls_redis(&certs, &["--requirepass", PASSWORD]) else {
         return;
     };
@@ -413,7 +391,7 @@ async fn rediss_locks_over_tls_verified_by_the_ca_of_the_url() {
 /// `redlocks://`: TLS to every master, each with its own password.
 #[tokio::test]
 async fn redlocks_locks_over_tls_masters_with_their_own_passwords() {
-    let certs = test_certificates();
+    let certs = common::certificates(&["127.0.0.1", "localhost"]);
     let mut servers = Vec::new();
     for password in ["pw-0", "pw-1", "pw-2"] {
         let Some(server) = tls_redis(&certs, &["--requirepass", password]) else {

@@ -50,6 +50,8 @@ pub struct Server {
     args: Vec<String>,
     pub port: u16,
     child: Option<Child>,
+    /// The user (uid, gid) it runs as, if not ours (PostgreSQL refuses root).
+    user: Option<(u32, u32)>,
     _dir: tempfile::TempDir,
 }
 
@@ -66,6 +68,7 @@ impl Server {
             args,
             port,
             child: None,
+            user: None,
             _dir: dir,
         }
     }
@@ -76,7 +79,12 @@ impl Server {
     }
 
     fn spawn_only(&mut self) {
-        let child = Command::new(&self.program)
+        let mut command = Command::new(&self.program);
+        if let Some((uid, gid)) = self.user {
+            use std::os::unix::process::CommandExt;
+            command.uid(uid).gid(gid);
+        }
+        let child = command
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -272,6 +280,115 @@ pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
     members.iter_mut().for_each(Server::spawn_only);
     members.iter().for_each(Server::wait_listening);
     Some(members)
+}
+
+/// A PostgreSQL server of its own (initdb'ed in a temporary directory) that
+/// takes connections over TLS only: `hostssl ... trust` for every user from
+/// 127.0.0.1, plain TCP rejected by pg_hba.conf. It shows the PEM
+/// certificate `cert` with its key `key`. Connect as user `deadbolt` to
+/// database `postgres`. Run as the `postgres` user when we are root (the
+/// server refuses root), as in `scripts/postgres.sh`; `initdb` and
+/// `postgres` from PATH or Debian's `/usr/lib/postgresql/*/bin`.
+pub fn postgres_tls(cert: &Path, key: &Path) -> Option<Server> {
+    let Some(bin) = postgres_bin() else {
+        missing(
+            "PostgreSQL (initdb, postgres)",
+            "install Debian's postgresql",
+        );
+        return None;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let user = if unsafe { libc::geteuid() } == 0 {
+        let id = |flag: &str| -> u32 {
+            let out = Command::new("id")
+                .args([flag, "postgres"])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "no `postgres` user to run PostgreSQL as root"
+            );
+            String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        };
+        Some((id("-u"), id("-g")))
+    } else {
+        None
+    };
+    let own = |path: &Path| {
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+        }
+    };
+    own(dir.path());
+    let mut initdb = Command::new(bin.join("initdb"));
+    if let Some((uid, gid)) = user {
+        use std::os::unix::process::CommandExt;
+        initdb.uid(uid).gid(gid);
+    }
+    let out = initdb
+        .current_dir(dir.path())
+        .args([
+            "-D",
+            data.to_str().unwrap(),
+            "-U",
+            "deadbolt",
+            "--auth=trust",
+        ])
+        .args(["-E", "UTF8", "--no-locale", "--no-sync"])
+        .output()
+        .expect("run initdb");
+    assert!(out.status.success(), "initdb: {out:?}");
+    for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+        let to = data.join(to);
+        std::fs::copy(from, &to).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600)).unwrap();
+        own(&to);
+    }
+    std::fs::write(
+        data.join("pg_hba.conf"),
+        "local all all trust\n\
+         hostssl all all 127.0.0.1/32 trust\n\
+         hostnossl all all 127.0.0.1/32 reject\n",
+    )
+    .unwrap();
+    let port = crate::free_port();
+    let args = [
+        "-D",
+        data.to_str().unwrap(),
+        "-p",
+        &port.to_string(),
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        &format!("unix_socket_directories={}", dir.path().display()),
+        "-c",
+        "ssl=on",
+        "-c",
+        "fsync=off",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let mut server = Server::new(bin.join("postgres"), args, port, dir);
+    server.user = user;
+    server.spawn();
+    Some(server)
+}
+
+/// The directory with `initdb` and `postgres`.
+fn postgres_bin() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).find(|dir| dir.join("initdb").is_file()));
+    on_path.or_else(|| {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|entry| Some(entry.ok()?.path().join("bin")))
+            .filter(|dir| dir.join("initdb").is_file())
+            .collect();
+        dirs.sort();
+        dirs.pop()
+    })
 }
 
 /// The shared PostgreSQL server's URL.
