@@ -77,7 +77,7 @@ pub const LABELS: [Label; 5] = [
     Label {
         backend: Backend::Etcd,
         name: "etcd",
-        url: "etcd://HOST:PORT[,...]",
+        url: "etcd[s]://[USER:PASSWORD@]HOST:PORT[,...][?ca=CA.pem]",
         seeds: "Strong (with fencing); token: revision",
         server_crash: "kept while a majority of members is up: the lease and the lock key are in \
                        etcd's Raft log",

@@ -45,7 +45,8 @@ pub use error::{Error, ErrorKind};
 pub use labels::{Backend, Label, LABELS};
 pub use lease::Lost;
 pub use target::{
-    redact, PostgresTls, RedisNode, RedisTls, Secret, SslMode, Target, MAX_NODES, MIN_REDLOCK_NODES,
+    redact, EtcdTls, PostgresTls, RedisNode, RedisTls, Secret, SslMode, Target, MAX_NODES,
+    MIN_REDLOCK_NODES,
 };
 
 use deadbolt_client::Backoff;
@@ -124,8 +125,12 @@ impl Locker {
                 LockerKind::Redis(redis::Locker::redlock(nodes)?),
                 Backend::Redlock,
             ),
-            Target::Etcd { endpoints } => (
-                LockerKind::Etcd(etcd::Locker::new(endpoints)),
+            Target::Etcd {
+                endpoints,
+                user,
+                tls,
+            } => (
+                LockerKind::Etcd(etcd::Locker::new(endpoints, user, tls)?),
                 Backend::Etcd,
             ),
             Target::Postgres {

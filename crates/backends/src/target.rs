@@ -12,7 +12,9 @@
 //! - `redlock://[[USER]:PASSWORD@]HOST:PORT,…` (3 or more): Redlock over
 //!   independent Redis masters, each entry with its own credentials (none
 //!   inherited from another); `redlocks://…[?ca=PATH]`: TLS to every master;
-//! - `etcd://HOST:PORT[,…]`: an etcd cluster's client endpoints;
+//! - `etcd://[USER:PASSWORD@]HOST:PORT[,…]`: an etcd cluster's client
+//!   endpoints, with one user for the cluster (etcd's users are
+//!   cluster-wide); `etcds://…[?ca=PATH]` over TLS;
 //! - `postgres://…` or `postgresql://…`: a PostgreSQL database, in
 //!   libpq's URL form, with `sslmode=require|verify-ca|verify-full` and
 //!   `sslrootcert=PATH` for TLS on rustls (plus `idle_session_timeout=off`,
@@ -39,8 +41,13 @@ pub enum Target {
     Redis { node: RedisNode, fence: bool },
     /// Redlock over these independent Redis masters.
     Redlock { nodes: Vec<RedisNode> },
-    /// etcd's client endpoints, as `http://HOST:PORT`.
-    Etcd { endpoints: Vec<String> },
+    /// etcd's client endpoints, as `http://HOST:PORT` (`https://` with
+    /// `tls`), and the user to authenticate as.
+    Etcd {
+        endpoints: Vec<String>,
+        user: Option<(String, Secret)>,
+        tls: Option<EtcdTls>,
+    },
     /// A PostgreSQL connection URL (libpq's form, without our option).
     /// `idle_timeout: false` (`?idle_session_timeout=off`) leaves
     /// PostgreSQL's `idle_session_timeout` unset: a holder hung with its
@@ -53,6 +60,14 @@ pub enum Target {
         idle_timeout: bool,
         tls: Option<PostgresTls>,
     },
+}
+
+/// TLS to etcd (`etcds://`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// A PEM file of the CA(s) to trust (`?ca=PATH`), instead of the
+    /// system's roots.
+    pub ca: Option<PathBuf>,
 }
 
 /// TLS to PostgreSQL, by libpq's `sslmode` and `sslrootcert`.
@@ -90,9 +105,15 @@ impl fmt::Debug for Target {
                 .field("fence", fence)
                 .finish(),
             Target::Redlock { nodes } => f.debug_struct("Redlock").field("nodes", nodes).finish(),
-            Target::Etcd { endpoints } => f
+            Target::Etcd {
+                endpoints,
+                user,
+                tls,
+            } => f
                 .debug_struct("Etcd")
                 .field("endpoints", endpoints)
+                .field("user", user)
+                .field("tls", tls)
                 .finish(),
             Target::Postgres {
                 url,
@@ -174,7 +195,7 @@ impl fmt::Display for RedisNode {
     }
 }
 
-const SCHEMES: &str = "http(s)://, redis(s)://, redlock(s)://, etcd://, postgres://";
+const SCHEMES: &str = "http(s)://, redis(s)://, redlock(s)://, etcd(s)://, postgres://";
 
 impl Target {
     pub fn parse(url: &str) -> Result<Target, Error> {
@@ -259,13 +280,23 @@ impl Target {
                 }
                 Ok(Target::Redlock { nodes })
             }
-            "etcd" => {
-                let endpoints = hosts(rest).map_err(refuse)?;
+            "etcd" | "etcds" => {
+                let tls = scheme.eq_ignore_ascii_case("etcds");
+                let (main, query) = rest.split_once('?').unwrap_or((rest, ""));
+                let ca = etcd_options(query, tls).map_err(refuse)?;
+                let (user, list) = match main.rsplit_once('@') {
+                    None => (None, main),
+                    Some((userinfo, list)) => (Some(etcd_user(userinfo).map_err(refuse)?), list),
+                };
+                let endpoints = hosts(list).map_err(refuse)?;
+                let prefix = if tls { "https" } else { "http" };
                 Ok(Target::Etcd {
                     endpoints: endpoints
                         .into_iter()
-                        .map(|host| format!("http://{host}"))
+                        .map(|host| format!("{prefix}://{host}"))
                         .collect(),
+                    user,
+                    tls: tls.then_some(EtcdTls { ca }),
                 })
             }
             "postgres" | "postgresql" => {
@@ -416,6 +447,45 @@ fn host_port(host: &str) -> Result<(String, u16), String> {
         _ => Err(format!(
             "{host:?}: port {port:?} is not a number in 1..65535"
         )),
+    }
+}
+
+/// The `?ca=PATH` of an `etcds://` URL (its only option).
+fn etcd_options(query: &str, tls: bool) -> Result<Option<PathBuf>, String> {
+    let mut ca = None;
+    for param in query.split('&').filter(|param| !param.is_empty()) {
+        match param.split_once('=') {
+            Some(("ca", path)) if tls && !path.is_empty() => {
+                ca = Some(PathBuf::from(percent_decode(path)?))
+            }
+            Some(("ca", _)) if tls => return Err("?ca= needs a path to a PEM file".into()),
+            Some(("ca", _)) => {
+                return Err("?ca= is for TLS: use etcds:// to connect with TLS".into())
+            }
+            _ => {
+                return Err(format!(
+                    "unknown option {param:?} (the only one is ca=PATH, with etcds://)"
+                ))
+            }
+        }
+    }
+    Ok(ca)
+}
+
+/// `USER:PASSWORD` before an etcd URL's first host.
+fn etcd_user(userinfo: &str) -> Result<(String, Secret), String> {
+    if userinfo.contains(',') {
+        return Err(
+            "the user goes once, before the first host (etcd's users are \
+                    cluster-wide): etcd://USER:PASSWORD@HOST:PORT,HOST:PORT"
+                .to_owned(),
+        );
+    }
+    match userinfo.split_once(':') {
+        Some((user, password)) if !user.is_empty() && !password.is_empty() => {
+            Ok((percent_decode(user)?, Secret(percent_decode(password)?)))
+        }
+        _ => Err("etcd authenticates a user with its password: USER:PASSWORD@".to_owned()),
     }
 }
 
@@ -652,6 +722,8 @@ mod tests {
             "redis://:hunter2@h:1?fence=yes",
             "redis://u:hunter2@h",
             "redlock://:hunter2@a:1,:hunter2@b:1",
+            "etcd://u:hunter2@a:1,u:hunter2@b:2",
+            "etcds://u:hunter2@a:1?x=1",
             "mysql://u:hunter2@h:1",
             "u:hunter2@h:1",
             "postgres://u:hunter2@h:notaport/db",
@@ -698,7 +770,19 @@ mod tests {
         assert_eq!(
             Target::parse("etcd://e:2379").unwrap(),
             Target::Etcd {
-                endpoints: vec!["http://e:2379".into()]
+                endpoints: vec!["http://e:2379".into()],
+                user: None,
+                tls: None
+            }
+        );
+        assert_eq!(
+            Target::parse("etcds://root:p%40ss@e:1,f:2?ca=/ca.pem").unwrap(),
+            Target::Etcd {
+                endpoints: vec!["https://e:1".into(), "https://f:2".into()],
+                user: Some(("root".into(), Secret::new("p@ss"))),
+                tls: Some(EtcdTls {
+                    ca: Some("/ca.pem".into())
+                })
             }
         );
         assert!(matches!(
@@ -780,6 +864,10 @@ mod tests {
             ),
             ("redlock://a:1,a:1,b:2", "listed twice"),
             ("etcd://", "has no port"),
+            ("etcd://u:p@a:1,u:p@b:2", "the user goes once"),
+            (":p@a:1", "no scheme"),
+            ("etcd://:p@a:1", "USER:PASSWORD@"),
+            ("etcd://a:1?ca=/c.pem", "use etcds://"),
             ("postgres://h:notaport/db", "lock URL"),
             ("postgres://h:1/db?sslmode=prefer", "say disable, require"),
             (

@@ -237,6 +237,16 @@ pub fn etcd() -> Option<Server> {
 /// An etcd cluster of `size` members, all started before any is waited for
 /// (a member serves only once a quorum has formed).
 pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
+    etcd_members(size, None)
+}
+
+/// A single-member etcd cluster whose client URL is `https://`: it shows
+/// the PEM certificate `cert` with its key `key` and asks clients for none.
+pub fn etcd_tls(cert: &Path, key: &Path) -> Option<Server> {
+    etcd_members(1, Some((cert, key))).map(|mut members| members.remove(0))
+}
+
+fn etcd_members(size: usize, tls: Option<(&Path, &Path)>) -> Option<Vec<Server>> {
     let program = binary("DEADBOLT_ETCD", "etcd", "etcd-server")?;
     let ports: Vec<(u16, u16)> = (0..size)
         .map(|_| (crate::free_port(), crate::free_port()))
@@ -252,7 +262,8 @@ pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
         .enumerate()
         .map(|(i, &(port, peer))| {
             let dir = tempfile::tempdir().unwrap();
-            let client = format!("http://127.0.0.1:{port}");
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let client = format!("{scheme}://127.0.0.1:{port}");
             let peer = format!("http://127.0.0.1:{peer}");
             let args = [
                 "--name",
@@ -274,6 +285,15 @@ pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
             ]
             .map(str::to_owned)
             .to_vec();
+            let tls_args = tls.iter().flat_map(|(cert, key)| {
+                [
+                    "--cert-file".to_owned(),
+                    cert.to_string_lossy().into_owned(),
+                    "--key-file".to_owned(),
+                    key.to_string_lossy().into_owned(),
+                ]
+            });
+            let args = args.into_iter().chain(tls_args).collect();
             Server::new(program.clone(), args, port, dir)
         })
         .collect();
@@ -288,7 +308,8 @@ pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
 /// certificate `cert` with its key `key`. Connect as user `deadbolt` to
 /// database `postgres`. Run as the `postgres` user when we are root (the
 /// server refuses root), as in `scripts/postgres.sh`; `initdb` and
-/// `postgres` from PATH or Debian's `/usr/lib/postgresql/*/bin`.
+/// `postgres` (and `pg_isready`) from `initdb`'s directory on PATH or
+/// Debian's `/usr/lib/postgresql/*/bin`.
 pub fn postgres_tls(cert: &Path, key: &Path) -> Option<Server> {
     let Some(bin) = postgres_bin() else {
         missing(
@@ -370,9 +391,29 @@ pub fn postgres_tls(cert: &Path, key: &Path) -> Option<Server> {
     ]
     .map(str::to_owned)
     .to_vec();
+    let socket_dir = dir.path().to_owned();
     let mut server = Server::new(bin.join("postgres"), args, port, dir);
     server.user = user;
     server.spawn();
+    // It listens before it is ready ("the database system is starting up").
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = Command::new(bin.join("pg_isready"))
+            .args([
+                "-q",
+                "-h",
+                socket_dir.to_str().unwrap(),
+                "-p",
+                &port.to_string(),
+            ])
+            .status()
+            .expect("run pg_isready");
+        if ready.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "PostgreSQL not ready within 30s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     Some(server)
 }
 
@@ -380,6 +421,11 @@ pub fn postgres_tls(cert: &Path, key: &Path) -> Option<Server> {
 fn postgres_bin() -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH")
         .and_then(|paths| std::env::split_paths(&paths).find(|dir| dir.join("initdb").is_file()));
+    // Debian links only some programs onto PATH: use initdb's own directory.
+    let on_path = on_path.and_then(|dir| {
+        let initdb = std::fs::canonicalize(dir.join("initdb")).ok()?;
+        Some(initdb.parent()?.to_owned())
+    });
     on_path.or_else(|| {
         let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
             .ok()?
