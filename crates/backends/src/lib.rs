@@ -479,3 +479,31 @@ impl Drop for Guard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Debug` of a locker and of a session shows no password (the client
+    /// libraries' own `Debug` may: redis-rs's does). These connect nothing.
+    #[tokio::test]
+    async fn debug_output_shows_no_password() {
+        for url in [
+            "redis://:hunter2@127.0.0.1:1",
+            "rediss://user:hunter2@127.0.0.1:1",
+            "redlock://:hunter2@127.0.0.1:1,u:hunter2@127.0.0.1:2,127.0.0.1:3",
+            "etcd://root:hunter2@127.0.0.1:1",
+            "postgres://app:hunter2@127.0.0.1:1/db?sslmode=require",
+            "postgres://app@127.0.0.1:1/db?password=hunter2",
+        ] {
+            let locker = Locker::connect(url).await.unwrap();
+            let shown = format!("{locker:?}");
+            assert!(!shown.contains("hunter2"), "{url}: {shown}");
+            if let LockerKind::Redis(_) = locker.kind {
+                let session = locker.open_session(Duration::from_secs(1)).await.unwrap();
+                let shown = format!("{session:?}");
+                assert!(!shown.contains("hunter2"), "{url}: {shown}");
+            }
+        }
+    }
+}

@@ -72,12 +72,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// One server, connected lazily and again after the connection broke (a
 /// restarted server), so that a Redlock session survives a master that is
 /// down when it opens or restarts later.
-#[derive(Debug)]
 struct Node {
     url: String,
     client: redis::Client,
     connection: Mutex<Option<MultiplexedConnection>>,
     timeout: Duration,
+}
+
+/// Not derived: `redis::Client`'s `Debug` shows the password.
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Node {
@@ -167,12 +176,24 @@ enum Repeat {
 }
 
 /// Where the lock lives and how grants are decided. Connects nothing.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Locker {
     /// Each server: its name for messages (no password) and its client.
     nodes: Vec<(String, redis::Client)>,
     rules: Rules,
     fence: bool,
+}
+
+/// Not derived: `redis::Client`'s `Debug` shows the password.
+impl std::fmt::Debug for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.nodes.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("Locker")
+            .field("nodes", &names)
+            .field("rules", &self.rules)
+            .field("fence", &self.fence)
+            .finish()
+    }
 }
 
 impl Locker {
