@@ -22,15 +22,22 @@
 //! balancing over several endpoints kept sending to a killed leader in our
 //! tests, and the lease expired behind it.
 //!
+//! Authentication (`etcd://USER:PASSWORD@…`) and TLS (`etcds://`) are
+//! etcd-client's own `ConnectOptions`: a token fetched at connect, sent with
+//! every request; tonic's rustls. A refused user or certificate is
+//! `Refused` (no retry), with the fix named.
+//!
 //! A caveat of the layout: a lock `a` sees the keys of a lock `a/b`
 //! (`a/b/LEASE` starts with `a/`), so slash-separated names nest into false
 //! contention; use names without `/` or without a common prefix.
 
 use crate::lease::{watchdog, Lease, Renewal};
+use crate::target::{EtcdTls, Secret};
 use crate::{Error, ErrorKind, Lost, Token};
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
-    LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream,
+    LeaseKeeper, LockOptions, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
+    TxnOpResponse,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -51,14 +58,20 @@ struct Members {
 
 impl Members {
     /// Clients connect lazily: a member that is down now is skipped later.
-    async fn connect(endpoints: &[String]) -> Result<Members, Error> {
+    async fn connect(endpoints: &[String], access: &Access) -> Result<Members, Error> {
         let all = endpoints.join(",");
         let mut clients = Vec::new();
         for endpoint in endpoints {
-            let options = ConnectOptions::new().with_connect_timeout(REQUEST_TIMEOUT);
+            let mut options = ConnectOptions::new().with_connect_timeout(REQUEST_TIMEOUT);
+            if let Some((user, password)) = &access.user {
+                options = options.with_user(user, password.expose());
+            }
+            if let Some(tls) = &access.tls {
+                options = options.with_tls(tls.clone());
+            }
             let client = within(Client::connect([endpoint], Some(options)))
                 .await?
-                .map_err(|err| Error::unavailable(endpoint, err))?;
+                .map_err(|err| connect_failure(endpoint, &err))?;
             clients.push(client);
         }
         Ok(Members {
@@ -106,6 +119,9 @@ impl Members {
     /// The caller's error: `Unavailable` (worth another try) when no member
     /// could be reached, `Refused` for what a member said no to.
     fn error(&self, err: etcd_client::Error) -> Error {
+        if let Some(refused) = tls_refusal(&self.endpoints, &err.to_string()) {
+            return refused;
+        }
         if unreachable_member(&err) {
             Error::unavailable(&self.endpoints, err)
         } else {
@@ -115,6 +131,48 @@ impl Members {
             )
         }
     }
+}
+
+/// A connection that failed: `Refused` (waiting will not help) when etcd
+/// refused the user or the TLS handshake failed on the certificate,
+/// `Unavailable` otherwise. Says the whole chain of causes: tonic's own
+/// message is only "transport error".
+fn connect_failure(endpoint: &str, err: &etcd_client::Error) -> Error {
+    let mut text = err.to_string();
+    let mut cause = std::error::Error::source(err);
+    while let Some(inner) = cause {
+        text = format!("{text}: {inner}");
+        cause = inner.source();
+    }
+    if let etcd_client::Error::GRpcStatus(status) = err {
+        if matches!(
+            status.code(),
+            tonic::Code::InvalidArgument
+                | tonic::Code::Unauthenticated
+                | tonic::Code::PermissionDenied
+                | tonic::Code::FailedPrecondition
+        ) {
+            return Error::new(
+                ErrorKind::Refused,
+                format!("etcd at {endpoint} refused us ({text}); check the URL's USER:PASSWORD@"),
+            );
+        }
+    }
+    tls_refusal(endpoint, &text).unwrap_or_else(|| Error::unavailable(endpoint, text))
+}
+
+/// The error of a TLS handshake that failed on the member's certificate
+/// (at connect or, the connection being lazy, at the first request).
+fn tls_refusal(endpoint: &str, text: &str) -> Option<Error> {
+    (text.contains("certificate") || text.contains("UnknownIssuer")).then(|| {
+        Error::new(
+            ErrorKind::Refused,
+            format!(
+                "etcd at {endpoint}: the TLS handshake failed ({text}); give the CA that signed \
+                 the member's certificate as ?ca=PATH"
+            ),
+        )
+    })
 }
 
 /// Whether an error says the member is out of reach (not a refusal).
@@ -132,6 +190,23 @@ fn unreachable_member(err: &etcd_client::Error) -> bool {
 #[derive(Debug, Clone)]
 pub(crate) struct Locker {
     endpoints: Vec<String>,
+    access: Access,
+}
+
+/// Who we are to etcd, and how its certificate is checked.
+#[derive(Clone)]
+struct Access {
+    user: Option<(String, Secret)>,
+    tls: Option<TlsOptions>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("user", &self.user) // the password is a `Secret`: ***
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -256,14 +331,42 @@ fn unreachable(cause: impl std::fmt::Display) -> Error {
 }
 
 impl Locker {
-    pub(crate) fn new(endpoints: Vec<String>) -> Locker {
-        Locker { endpoints }
+    /// The CA file of `tls` is read here, so that a missing one is refused
+    /// before anything connects.
+    pub(crate) fn new(
+        endpoints: Vec<String>,
+        user: Option<(String, Secret)>,
+        tls: Option<EtcdTls>,
+    ) -> Result<Locker, Error> {
+        let tls = match tls {
+            None => None,
+            Some(EtcdTls { ca: None }) => Some(TlsOptions::new().with_native_roots()),
+            Some(EtcdTls { ca: Some(ca) }) => {
+                let pem = std::fs::read(&ca).map_err(|err| {
+                    Error::invalid(format!(
+                        "etcd: cannot read the CA file {} (?ca=): {err}",
+                        ca.display()
+                    ))
+                })?;
+                if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                    return Err(Error::invalid(format!(
+                        "etcd: the CA file {} (?ca=) holds no PEM certificate",
+                        ca.display()
+                    )));
+                }
+                Some(TlsOptions::new().ca_certificate(Certificate::from_pem(pem)))
+            }
+        };
+        Ok(Locker {
+            endpoints,
+            access: Access { user, tls },
+        })
     }
 
     /// Connects and grants the session's lease: `ttl` rounded up to whole
     /// seconds (etcd's unit), or the server's minimum if that is longer.
     pub(crate) async fn open_session(&self, ttl: Duration) -> Result<Session, Error> {
-        let members = Arc::new(Members::connect(&self.endpoints).await?);
+        let members = Arc::new(Members::connect(&self.endpoints, &self.access).await?);
         let seconds = i64::try_from(ttl.as_millis().div_ceil(1000).max(1))
             .map_err(|_| Error::invalid(format!("TTL {ttl:?} is too long for etcd")))?;
         let sent = Instant::now();

@@ -47,7 +47,7 @@ pub const LABELS: [Label; 5] = [
     Label {
         backend: Backend::Redis,
         name: "redis",
-        url: "redis://HOST:PORT[/DB][?fence=counter]",
+        url: "redis[s]://[[USER]:PASSWORD@]HOST:PORT[/DB][?fence=counter&ca=CA.pem]",
         seeds: "Weak; no fencing token built in",
         server_crash:
             "LOST without persistence: a restarted server forgets every lock, so the next \
@@ -63,7 +63,7 @@ pub const LABELS: [Label; 5] = [
     Label {
         backend: Backend::Redlock,
         name: "redlock",
-        url: "redlock://HOST:PORT,HOST:PORT,HOST:PORT[,...]",
+        url: "redlock[s]://[[USER]:PASSWORD@]HOST:PORT,... (3 or more)[?ca=CA.pem]",
         seeds: "Debated; no fencing token",
         server_crash:
             "survives a minority of masters down; a master restarting WITHOUT persistence \
@@ -77,7 +77,7 @@ pub const LABELS: [Label; 5] = [
     Label {
         backend: Backend::Etcd,
         name: "etcd",
-        url: "etcd://HOST:PORT[,...]",
+        url: "etcd[s]://[USER:PASSWORD@]HOST:PORT[,...][?ca=CA.pem]",
         seeds: "Strong (with fencing); token: revision",
         server_crash: "kept while a majority of members is up: the lease and the lock key are in \
                        etcd's Raft log",
@@ -90,7 +90,7 @@ pub const LABELS: [Label; 5] = [
     Label {
         backend: Backend::Postgres,
         name: "postgres",
-        url: "postgres://USER:PASSWORD@HOST:PORT/DB",
+        url: "postgres://USER:PASSWORD@HOST:PORT/DB[?sslmode=verify-full&sslrootcert=CA.pem]",
         seeds: "Strong within the DB; token: use DB transactions",
         server_crash: "the locks end with the server's sessions; every holder sees its connection \
                        close (lost) before anyone can lock again",

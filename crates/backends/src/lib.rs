@@ -44,7 +44,10 @@ mod target;
 pub use error::{Error, ErrorKind};
 pub use labels::{Backend, Label, LABELS};
 pub use lease::Lost;
-pub use target::{Target, MAX_NODES, MIN_REDLOCK_NODES};
+pub use target::{
+    redact, EtcdTls, PostgresTls, RedisNode, RedisTls, Secret, SslMode, Target, MAX_NODES,
+    MIN_REDLOCK_NODES,
+};
 
 use deadbolt_client::Backoff;
 use futures::future::Either;
@@ -115,19 +118,27 @@ impl Locker {
                 Backend::Deadbolt,
             ),
             Target::Redis { node, fence } => (
-                LockerKind::Redis(redis::Locker::single(node, fence)),
+                LockerKind::Redis(redis::Locker::single(node, fence)?),
                 Backend::Redis,
             ),
             Target::Redlock { nodes } => (
-                LockerKind::Redis(redis::Locker::redlock(nodes)),
+                LockerKind::Redis(redis::Locker::redlock(nodes)?),
                 Backend::Redlock,
             ),
-            Target::Etcd { endpoints } => (
-                LockerKind::Etcd(etcd::Locker::new(endpoints)),
+            Target::Etcd {
+                endpoints,
+                user,
+                tls,
+            } => (
+                LockerKind::Etcd(etcd::Locker::new(endpoints, user, tls)?),
                 Backend::Etcd,
             ),
-            Target::Postgres { url, idle_timeout } => (
-                LockerKind::Postgres(Box::new(postgres::Locker::new(&url, idle_timeout)?)),
+            Target::Postgres {
+                url,
+                idle_timeout,
+                tls,
+            } => (
+                LockerKind::Postgres(Box::new(postgres::Locker::new(&url, idle_timeout, tls)?)),
                 Backend::Postgres,
             ),
         };
@@ -465,6 +476,34 @@ impl Drop for Guard {
                 lock = name,
                 "guard dropped outside a runtime; the lock is freed when its lease ends"
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Debug` of a locker and of a session shows no password (the client
+    /// libraries' own `Debug` may: redis-rs's does). These connect nothing.
+    #[tokio::test]
+    async fn debug_output_shows_no_password() {
+        for url in [
+            "redis://:hunter2@127.0.0.1:1",
+            "rediss://user:hunter2@127.0.0.1:1",
+            "redlock://:hunter2@127.0.0.1:1,u:hunter2@127.0.0.1:2,127.0.0.1:3",
+            "etcd://root:hunter2@127.0.0.1:1",
+            "postgres://app:hunter2@127.0.0.1:1/db?sslmode=require",
+            "postgres://app@127.0.0.1:1/db?password=hunter2",
+        ] {
+            let locker = Locker::connect(url).await.unwrap();
+            let shown = format!("{locker:?}");
+            assert!(!shown.contains("hunter2"), "{url}: {shown}");
+            if let LockerKind::Redis(_) = locker.kind {
+                let session = locker.open_session(Duration::from_secs(1)).await.unwrap();
+                let shown = format!("{session:?}");
+                assert!(!shown.contains("hunter2"), "{url}: {shown}");
+            }
         }
     }
 }

@@ -23,11 +23,15 @@
 
 use crate::lease::{watchdog, Lease, Renewal};
 use crate::redlock::Rules;
-use crate::{Error, Lost, Token};
+use crate::target::RedisNode;
+use crate::{Error, ErrorKind, Lost, Token};
 use futures::future::join_all;
 use rand::Rng;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Script};
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, RedisConnectionInfo, Script,
+    TlsCertificates,
+};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -68,12 +72,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// One server, connected lazily and again after the connection broke (a
 /// restarted server), so that a Redlock session survives a master that is
 /// down when it opens or restarts later.
-#[derive(Debug)]
 struct Node {
     url: String,
     client: redis::Client,
     connection: Mutex<Option<MultiplexedConnection>>,
     timeout: Duration,
+}
+
+/// Not derived: `redis::Client`'s `Debug` shows the password.
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Node {
@@ -91,7 +104,7 @@ impl Node {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|err| Error::unavailable(&self.url, err))?;
+            .map_err(|err| failure(&self.url, &err))?;
         *slot = Some(connection.clone());
         Ok((connection, false))
     }
@@ -139,7 +152,7 @@ impl Node {
                 if err.is_unrecoverable_error() || err.is_io_error() || err.is_timeout() {
                     *self.connection.lock().await = None;
                 }
-                Err(Broken(Error::unavailable(&self.url, err)))
+                Err(Broken(failure(&self.url, &err)))
             }
             Err(_) => Err(Broken(Error::unavailable(
                 &self.url,
@@ -163,28 +176,41 @@ enum Repeat {
 }
 
 /// Where the lock lives and how grants are decided. Connects nothing.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Locker {
-    nodes: Vec<String>,
+    /// Each server: its name for messages (no password) and its client.
+    nodes: Vec<(String, redis::Client)>,
     rules: Rules,
     fence: bool,
 }
 
+/// Not derived: `redis::Client`'s `Debug` shows the password.
+impl std::fmt::Debug for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.nodes.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("Locker")
+            .field("nodes", &names)
+            .field("rules", &self.rules)
+            .field("fence", &self.fence)
+            .finish()
+    }
+}
+
 impl Locker {
-    pub(crate) fn single(node: String, fence: bool) -> Locker {
-        Locker {
-            nodes: vec![node],
+    pub(crate) fn single(node: RedisNode, fence: bool) -> Result<Locker, Error> {
+        Ok(Locker {
+            nodes: vec![client(&node)?],
             rules: Rules::SINGLE,
             fence,
-        }
+        })
     }
 
-    pub(crate) fn redlock(nodes: Vec<String>) -> Locker {
-        Locker {
+    pub(crate) fn redlock(nodes: Vec<RedisNode>) -> Result<Locker, Error> {
+        Ok(Locker {
             rules: Rules::redlock(nodes.len()),
-            nodes,
+            nodes: nodes.iter().map(client).collect::<Result<_, _>>()?,
             fence: false,
-        }
+        })
     }
 
     /// A session: its own connections (one per server, as one process
@@ -194,17 +220,13 @@ impl Locker {
         let nodes = self
             .nodes
             .iter()
-            .map(|url| {
-                let client = redis::Client::open(url.as_str())
-                    .map_err(|err| Error::invalid(format!("lock URL {url:?}: {err}")))?;
-                Ok(Node {
-                    url: url.clone(),
-                    client,
-                    connection: Mutex::new(None),
-                    timeout,
-                })
+            .map(|(url, client)| Node {
+                url: url.clone(),
+                client: client.clone(),
+                connection: Mutex::new(None),
+                timeout,
             })
-            .collect::<Result<Vec<_>, Error>>()?;
+            .collect();
         Ok(Session {
             shared: Arc::new(Shared {
                 nodes,
@@ -214,6 +236,88 @@ impl Locker {
             }),
         })
     }
+}
+
+/// The client of one server: its address, database and credentials, and
+/// for TLS the CA file read now, so that a missing or empty one is refused
+/// before anything connects.
+fn client(node: &RedisNode) -> Result<(String, redis::Client), Error> {
+    let name = node.to_string();
+    let addr = match &node.tls {
+        None => ConnectionAddr::Tcp(node.host.clone(), node.port),
+        Some(_) => ConnectionAddr::TcpTls {
+            host: node.host.clone(),
+            port: node.port,
+            insecure: false,
+            tls_params: None,
+        },
+    };
+    let info = ConnectionInfo {
+        addr,
+        redis: RedisConnectionInfo {
+            db: node.db.into(),
+            username: node.username.clone(),
+            password: node
+                .password
+                .as_ref()
+                .map(|secret| secret.expose().to_owned()),
+            ..Default::default()
+        },
+    };
+    let client = match node.tls.as_ref().and_then(|tls| tls.ca.as_ref()) {
+        None => redis::Client::open(info),
+        Some(ca) => {
+            let pem = std::fs::read(ca).map_err(|err| {
+                Error::invalid(format!(
+                    "lock URL {name}: cannot read the CA file {} (?ca=): {err}",
+                    ca.display()
+                ))
+            })?;
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                return Err(Error::invalid(format!(
+                    "lock URL {name}: the CA file {} (?ca=) holds no PEM certificate",
+                    ca.display()
+                )));
+            }
+            redis::Client::build_with_tls(
+                info,
+                TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            )
+        }
+    }
+    .map_err(|err| Error::invalid(format!("lock URL {name}: {err}")))?;
+    Ok((name, client))
+}
+
+/// The error of a failed command or connection: `Refused` (no retry: it
+/// will not get better by waiting) when the server refused our credentials
+/// or the TLS handshake failed on its certificate, `Unavailable` otherwise.
+fn failure(server: &str, err: &redis::RedisError) -> Error {
+    let auth = err.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
+    if auth {
+        return Error::new(
+            ErrorKind::Refused,
+            format!(
+                "{server} refused to authenticate us ({err}); check the URL's USER:PASSWORD@ \
+                 (:PASSWORD@ for requirepass)"
+            ),
+        );
+    }
+    let text = err.to_string();
+    if text.contains("certificate") || text.contains("UnknownIssuer") {
+        return Error::new(
+            ErrorKind::Refused,
+            format!(
+                "{server}: the TLS handshake failed ({text}); give the CA that signed the \
+                 server's certificate as ?ca=PATH"
+            ),
+        );
+    }
+    Error::unavailable(server, text)
 }
 
 #[derive(Debug)]

@@ -170,3 +170,62 @@ async fn a_member_down_at_open_is_passed_over() {
     let guard = session.try_lock(&unique("etcd-dead-member")).await.unwrap();
     guard.unwrap().release().await.unwrap();
 }
+
+/// `etcd://USER:PASSWORD@`: with etcd's authentication on (a `root` user,
+/// `auth enable`), the right password keeps the contract; none, or a wrong
+/// one, is refused at once, in a message without the password.
+#[tokio::test]
+async fn a_user_with_its_password_locks_once_auth_is_enabled() {
+    let Some(server) = peers::etcd() else {
+        return;
+    };
+    let mut admin = etcd_client::Client::connect([server.address()], None)
+        .await
+        .unwrap();
+    admin.user_add("root", "root pw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let url = format!("etcd://root:root%20pw@{}", server.address());
+    contract(&url, TTL, Expect::Fencing).await;
+    for url in [
+        format!("etcd://{}", server.address()),
+        format!("etcd://root:hunter2@{}", server.address()),
+    ] {
+        let locker = Locker::connect(&url).await.unwrap();
+        let error = match locker.open_session(TTL).await {
+            Ok(session) => session.try_lock("auth").await.unwrap_err(),
+            Err(error) => error,
+        };
+        assert_eq!(error.kind(), ErrorKind::Refused, "{url}: {error}");
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+    }
+}
+
+/// `etcds://…?ca=`: TLS to a member with a certificate of the test's CA;
+/// refused without the CA (the system's roots do not know it), naming the
+/// fix.
+#[tokio::test]
+async fn etcds_locks_over_tls_verified_by_the_ca_of_the_url() {
+    let certs = common::certificates(&["127.0.0.1", "localhost"]);
+    let file = |name: &str| certs.path().join(name);
+    let Some(server) = peers::etcd_tls(&file("server.pem"), &file("server-key.pem")) else {
+        return;
+    };
+    let url = format!(
+        "etcds://{}?ca={}",
+        server.address(),
+        file("ca.pem").display()
+    );
+    contract(&url, TTL, Expect::Fencing).await;
+
+    let untrusted = format!("etcds://{}", server.address());
+    let error = Locker::connect(&untrusted)
+        .await
+        .unwrap()
+        .open_session(TTL)
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Refused, "{error}");
+    assert!(error.to_string().contains("?ca=PATH"), "{error}");
+}

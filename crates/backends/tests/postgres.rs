@@ -53,3 +53,72 @@ async fn a_terminated_connection_loses_the_lock() {
     // be a moment after the client saw its socket close.
     rival.lock_timeout(&name, TTL).await.unwrap();
 }
+
+/// TLS: a server of the test's own that takes TLS connections only, with
+/// a certificate for 127.0.0.1 (not for `localhost`) from a CA made here.
+/// `verify-full` with the CA locks; without the CA, or under a name the
+/// certificate does not carry, it is refused at once, naming the fix;
+/// `verify-ca` takes the other name, `require` any certificate; plain TCP
+/// is refused by the server (so the locks above went over TLS).
+#[tokio::test]
+async fn sslmode_verify_full_locks_over_tls_with_the_ca_of_sslrootcert() {
+    let certs = common::certificates(&["127.0.0.1"]);
+    let file = |name: &str| certs.path().join(name);
+    let Some(server) = peers::postgres_tls(&file("server.pem"), &file("server-key.pem")) else {
+        return;
+    };
+    let ca = file("ca.pem");
+    let url = |host: &str, query: &str| {
+        format!(
+            "postgres://deadbolt@{host}:{}/postgres?{query}",
+            server.port
+        )
+    };
+    let verify_full = url(
+        "127.0.0.1",
+        &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+    );
+    contract(&verify_full, TTL, Expect::Fencing).await;
+    for query in [
+        format!("sslmode=verify-ca&sslrootcert={}", ca.display()),
+        format!("sslmode=require&sslrootcert={}", ca.display()),
+    ] {
+        let locker = deadbolt_backends::Locker::connect(&url("localhost", &query))
+            .await
+            .unwrap();
+        let session = locker.open_session(TTL).await.unwrap();
+        let guard = session.try_lock("tls-verify-ca").await.unwrap().unwrap();
+        guard.release().await.unwrap();
+    }
+    let unverified = url("127.0.0.1", "sslmode=require");
+    let locker = deadbolt_backends::Locker::connect(&unverified)
+        .await
+        .unwrap();
+    locker.open_session(TTL).await.unwrap();
+
+    for (url, says) in [
+        (url("127.0.0.1", "sslmode=verify-full"), "sslrootcert=PATH"),
+        (
+            url(
+                "localhost",
+                &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
+            ),
+            "host name",
+        ),
+        (url("127.0.0.1", "connect_timeout=5"), "no encryption"),
+    ] {
+        let locker = deadbolt_backends::Locker::connect(&url).await.unwrap();
+        let error = locker.open_session(TTL).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Refused, "{url}: {error}");
+        assert!(error.to_string().contains(says), "{url}: {error}");
+    }
+    let missing = url(
+        "127.0.0.1",
+        "sslmode=verify-full&sslrootcert=/nonexistent/ca.pem",
+    );
+    let error = deadbolt_backends::Locker::connect(&missing)
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
+    assert!(error.to_string().contains("/nonexistent/ca.pem"), "{error}");
+}

@@ -248,3 +248,165 @@ async fn redlock_a_master_restarted_without_persistence_grants_twice() {
         "two holders"
     );
 }
+
+// Authentication and TLS, against real servers: `--requirepass`, an ACL
+// user, and servers that speak only TLS with certificates made here.
+
+const PASSWORD: &str = "s3cret pass";
+
+/// The password as a URL carries it (%-escaped).
+const IN_URL: &str = "s3cret%20pass";
+
+/// A password server refuses a client without the password or with a wrong
+/// one, at once and as `Refused` (waiting would not help), in a message
+/// that shows no password; the right one locks.
+#[tokio::test]
+async fn a_password_server_refuses_a_wrong_password_and_locks_with_the_right_one() {
+    let Some(server) = peers::redis_with(&["--requirepass", PASSWORD]) else {
+        return;
+    };
+    for (url, says) in [
+        (format!("redis://{}", server.address()), "NOAUTH"),
+        (
+            format!("redis://:wrong-hunter2@{}", server.address()),
+            "refused to authenticate",
+        ),
+    ] {
+        let locker = Locker::connect(&url).await.unwrap();
+        let session = locker.open_session(TTL).await.unwrap();
+        let started = std::time::Instant::now();
+        let error = session
+            .lock_timeout(&unique("auth"), Duration::from_secs(10))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Refused, "{url}: {error}");
+        assert!(error.to_string().contains(says), "{url}: {error}");
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        assert!(started.elapsed() < Duration::from_secs(2), "{url}: retried");
+    }
+    let url = format!("redis://:{IN_URL}@{}?fence=counter", server.address());
+    contract(&url, TTL, Expect::Counter).await;
+}
+
+/// `redis://USER:PASSWORD@`: `AUTH USER PASSWORD` for an ACL user, here one
+/// allowed only Deadbolt's keys.
+#[tokio::test]
+async fn an_acl_user_locks_with_its_own_password() {
+    let Some(server) = peers::redis_with(&["--requirepass", PASSWORD]) else {
+        return;
+    };
+    let admin = format!("redis://:{IN_URL}@{}", server.address());
+    let mut admin = redis::Client::open(admin.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "locker",
+            "on",
+            ">locker-pw",
+            "~deadbolt:*",
+            "+@all",
+        ])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let url = format!("redis://locker:locker-pw@{}", server.address());
+    contract(&url, TTL, Expect::None).await;
+    let wrong = format!("redis://locker:hunter2@{}", server.address());
+    let error = Locker::connect(&wrong)
+        .await
+        .unwrap()
+        .open_session(TTL)
+        .await
+        .unwrap()
+        .try_lock(&unique("acl"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Refused, "{error}");
+    assert!(error.to_string().contains("locker:***@"), "{error}");
+}
+
+fn tls_redis(certs: &tempfile::TempDir, extra: &[&str]) -> Option<peers::Server> {
+    let file = |name: &str| certs.path().join(name);
+    peers::redis_tls(
+        &file("server.pem"),
+        &file("server-key.pem"),
+        &file("ca.pem"),
+        extra,
+    )
+}
+
+/// `rediss://` with the CA of `?ca=`, and a password over it; refused, with
+/// the fix named, without the CA (the system's roots do not know it); a
+/// plain `redis://` to the TLS port fails instead of hanging.
+#[tokio::test]
+async fn rediss_locks_over_tls_verified_by_the_ca_of_the_url() {
+    let certs = common::certificates(&["127.0.0.1", "localhost"]);
+    let Some(server) = tls_redis(&certs, &["--requirepass", PASSWORD]) else {
+        return;
+    };
+    let ca = certs.path().join("ca.pem");
+    let url = format!(
+        "rediss://:{IN_URL}@{}?ca={}&fence=counter",
+        server.address(),
+        ca.display()
+    );
+    contract(&url, TTL, Expect::Counter).await;
+
+    let untrusted = format!("rediss://:{IN_URL}@{}", server.address());
+    let error = Locker::connect(&untrusted)
+        .await
+        .unwrap()
+        .open_session(TTL)
+        .await
+        .unwrap()
+        .lock_timeout(&unique("tls"), Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Refused, "{error}");
+    assert!(error.to_string().contains("?ca=PATH"), "{error}");
+    assert!(!error.to_string().contains("s3cret"), "{error}");
+
+    let plain = format!("redis://:{IN_URL}@{}", server.address());
+    let error = Locker::connect(&plain)
+        .await
+        .unwrap()
+        .open_session(TTL)
+        .await
+        .unwrap()
+        .try_lock(&unique("plain"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+
+    let missing = format!("rediss://{}?ca=/nonexistent/ca.pem", server.address());
+    let error = Locker::connect(&missing).await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
+    assert!(error.to_string().contains("/nonexistent/ca.pem"), "{error}");
+}
+
+/// `redlocks://`: TLS to every master, each with its own password.
+#[tokio::test]
+async fn redlocks_locks_over_tls_masters_with_their_own_passwords() {
+    let certs = common::certificates(&["127.0.0.1", "localhost"]);
+    let mut servers = Vec::new();
+    for password in ["pw-0", "pw-1", "pw-2"] {
+        let Some(server) = tls_redis(&certs, &["--requirepass", password]) else {
+            return;
+        };
+        servers.push((server, password));
+    }
+    let masters: Vec<String> = servers
+        .iter()
+        .map(|(server, password)| format!(":{password}@{}", server.address()))
+        .collect();
+    let url = format!(
+        "redlocks://{}?ca={}",
+        masters.join(","),
+        certs.path().join("ca.pem").display()
+    );
+    contract(&url, TTL, Expect::None).await;
+}

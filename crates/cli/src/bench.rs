@@ -64,7 +64,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub(crate) ttl: Duration,
     /// Measure another lock system instead of the Deadbolt server, named
-    /// by URL: redis://, redlock://, etcd://, postgres:// (`uncontended`
+    /// by URL: redis(s)://, redlock(s)://, etcd(s)://, postgres:// (`uncontended`
     /// and `contended` only; one session per client).
     #[arg(long, value_name = "URL", conflicts_with = "connections")]
     pub(crate) backend: Option<String>,

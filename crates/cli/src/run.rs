@@ -38,7 +38,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "KEY")]
     once: Option<String>,
     /// Take the lock in another lock system instead of the Deadbolt server,
-    /// named by URL: redis://, redlock://, etcd://, postgres:// (what each
+    /// named by URL: redis(s)://, redlock(s)://, etcd(s)://, postgres:// (what each
     /// guarantees: `deadbolt backends`).
     #[arg(long, value_name = "URL", conflicts_with = "once")]
     backend: Option<String>,

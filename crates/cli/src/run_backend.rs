@@ -45,8 +45,9 @@ impl Holding for Guard {
 pub async fn main(url: &str, args: &RunArgs, grace: Duration, margin: Duration) -> i32 {
     if !args.target.lock_delay.is_zero() {
         eprintln!(
-            "deadbolt run: --lock-delay is the Deadbolt server's; the lock at {url} cannot \
-             delay a handover"
+            "deadbolt run: --lock-delay is the Deadbolt server's; the lock at {} cannot \
+             delay a handover",
+            deadbolt_backends::redact(url)
         );
         return exit::FAILURE;
     }

@@ -96,6 +96,19 @@ fn run_over_redis_keeps_the_exit_codes() {
     assert!(stderr(&output).contains("at least 3 independent Redis masters"));
     let output = run("redis://127.0.0.1:1", "x", &["--no-wait"], &["true"]);
     assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    // Neither says the password of the URL.
+    let output = run("redlock://:hunter2@a:1,:hunter2@b:2", "x", &[], &["true"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains(":***@a:1"), "{}", stderr(&output));
+    assert!(!stderr(&output).contains("hunter2"), "{}", stderr(&output));
+    let output = run(
+        "redis://:hunter2@127.0.0.1:1",
+        "x",
+        &["--no-wait"],
+        &["true"],
+    );
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(!stderr(&output).contains("hunter2"), "{}", stderr(&output));
 
     // The server dies mid-command: the command is stopped before the TTL
     // (3s) could end, and run exits 76.

@@ -8,7 +8,7 @@
 //! `crates/backends` and of `deadbolt run --backend`.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,8 @@ pub struct Server {
     args: Vec<String>,
     pub port: u16,
     child: Option<Child>,
+    /// The user (uid, gid) it runs as, if not ours (PostgreSQL refuses root).
+    user: Option<(u32, u32)>,
     _dir: tempfile::TempDir,
 }
 
@@ -66,6 +68,7 @@ impl Server {
             args,
             port,
             child: None,
+            user: None,
             _dir: dir,
         }
     }
@@ -76,7 +79,12 @@ impl Server {
     }
 
     fn spawn_only(&mut self) {
-        let child = Command::new(&self.program)
+        let mut command = Command::new(&self.program);
+        if let Some((uid, gid)) = self.user {
+            use std::os::unix::process::CommandExt;
+            command.uid(uid).gid(gid);
+        }
+        let child = command
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -159,6 +167,44 @@ pub fn redis_with(extra: &[&str]) -> Option<Server> {
     Some(Server::start(program, args, port, dir))
 }
 
+/// A Redis server without persistence that speaks only TLS (`--port 0
+/// --tls-port PORT`), showing the PEM certificate `cert` with its key `key`
+/// and asking clients for none (`--tls-auth-clients no`); `extra` as in
+/// [`redis_with`] (say `--requirepass`). Debian's redis-server is built
+/// with TLS (OpenSSL on the server's side; the client under test is rustls).
+pub fn redis_tls(cert: &Path, key: &Path, ca: &Path, extra: &[&str]) -> Option<Server> {
+    let program = binary("DEADBOLT_REDIS_SERVER", "redis-server", "redis-server")?;
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::free_port();
+    let path = |path: &Path| path.to_str().expect("UTF-8 path").to_owned();
+    let args = [
+        "--port".to_owned(),
+        "0".to_owned(),
+        "--tls-port".to_owned(),
+        port.to_string(),
+        "--tls-cert-file".to_owned(),
+        path(cert),
+        "--tls-key-file".to_owned(),
+        path(key),
+        "--tls-ca-cert-file".to_owned(),
+        path(ca),
+        "--tls-auth-clients".to_owned(),
+        "no".to_owned(),
+        "--bind".to_owned(),
+        "127.0.0.1".to_owned(),
+        "--save".to_owned(),
+        String::new(),
+        "--appendonly".to_owned(),
+        "no".to_owned(),
+        "--dir".to_owned(),
+        path(dir.path()),
+    ]
+    .into_iter()
+    .chain(extra.iter().map(|arg| (*arg).to_owned()))
+    .collect();
+    Some(Server::start(program, args, port, dir))
+}
+
 /// A Redis Sentinel (`redis-server CONF --sentinel`, the same binary Debian's
 /// redis-sentinel package runs) watching the primary on `primary_port` as
 /// master `deadbolt`, alone (quorum 1): it calls the primary down after
@@ -191,6 +237,16 @@ pub fn etcd() -> Option<Server> {
 /// An etcd cluster of `size` members, all started before any is waited for
 /// (a member serves only once a quorum has formed).
 pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
+    etcd_members(size, None)
+}
+
+/// A single-member etcd cluster whose client URL is `https://`: it shows
+/// the PEM certificate `cert` with its key `key` and asks clients for none.
+pub fn etcd_tls(cert: &Path, key: &Path) -> Option<Server> {
+    etcd_members(1, Some((cert, key))).map(|mut members| members.remove(0))
+}
+
+fn etcd_members(size: usize, tls: Option<(&Path, &Path)>) -> Option<Vec<Server>> {
     let program = binary("DEADBOLT_ETCD", "etcd", "etcd-server")?;
     let ports: Vec<(u16, u16)> = (0..size)
         .map(|_| (crate::free_port(), crate::free_port()))
@@ -206,7 +262,8 @@ pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
         .enumerate()
         .map(|(i, &(port, peer))| {
             let dir = tempfile::tempdir().unwrap();
-            let client = format!("http://127.0.0.1:{port}");
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            let client = format!("{scheme}://127.0.0.1:{port}");
             let peer = format!("http://127.0.0.1:{peer}");
             let args = [
                 "--name",
@@ -228,12 +285,156 @@ pub fn etcd_cluster(size: usize) -> Option<Vec<Server>> {
             ]
             .map(str::to_owned)
             .to_vec();
+            let tls_args = tls.iter().flat_map(|(cert, key)| {
+                [
+                    "--cert-file".to_owned(),
+                    cert.to_string_lossy().into_owned(),
+                    "--key-file".to_owned(),
+                    key.to_string_lossy().into_owned(),
+                ]
+            });
+            let args = args.into_iter().chain(tls_args).collect();
             Server::new(program.clone(), args, port, dir)
         })
         .collect();
     members.iter_mut().for_each(Server::spawn_only);
     members.iter().for_each(Server::wait_listening);
     Some(members)
+}
+
+/// A PostgreSQL server of its own (initdb'ed in a temporary directory) that
+/// takes connections over TLS only: `hostssl ... trust` for every user from
+/// 127.0.0.1, plain TCP rejected by pg_hba.conf. It shows the PEM
+/// certificate `cert` with its key `key`. Connect as user `deadbolt` to
+/// database `postgres`. Run as the `postgres` user when we are root (the
+/// server refuses root), as in `scripts/postgres.sh`; `initdb` and
+/// `postgres` (and `pg_isready`) from `initdb`'s directory on PATH or
+/// Debian's `/usr/lib/postgresql/*/bin`.
+pub fn postgres_tls(cert: &Path, key: &Path) -> Option<Server> {
+    let Some(bin) = postgres_bin() else {
+        missing(
+            "PostgreSQL (initdb, postgres)",
+            "install Debian's postgresql",
+        );
+        return None;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let user = if unsafe { libc::geteuid() } == 0 {
+        let id = |flag: &str| -> u32 {
+            let out = Command::new("id")
+                .args([flag, "postgres"])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "no `postgres` user to run PostgreSQL as root"
+            );
+            String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        };
+        Some((id("-u"), id("-g")))
+    } else {
+        None
+    };
+    let own = |path: &Path| {
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+        }
+    };
+    own(dir.path());
+    let mut initdb = Command::new(bin.join("initdb"));
+    if let Some((uid, gid)) = user {
+        use std::os::unix::process::CommandExt;
+        initdb.uid(uid).gid(gid);
+    }
+    let out = initdb
+        .current_dir(dir.path())
+        .args([
+            "-D",
+            data.to_str().unwrap(),
+            "-U",
+            "deadbolt",
+            "--auth=trust",
+        ])
+        .args(["-E", "UTF8", "--no-locale", "--no-sync"])
+        .output()
+        .expect("run initdb");
+    assert!(out.status.success(), "initdb: {out:?}");
+    for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+        let to = data.join(to);
+        std::fs::copy(from, &to).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600)).unwrap();
+        own(&to);
+    }
+    std::fs::write(
+        data.join("pg_hba.conf"),
+        "local all all trust\n\
+         hostssl all all 127.0.0.1/32 trust\n\
+         hostnossl all all 127.0.0.1/32 reject\n",
+    )
+    .unwrap();
+    let port = crate::free_port();
+    let args = [
+        "-D",
+        data.to_str().unwrap(),
+        "-p",
+        &port.to_string(),
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        &format!("unix_socket_directories={}", dir.path().display()),
+        "-c",
+        "ssl=on",
+        "-c",
+        "fsync=off",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let socket_dir = dir.path().to_owned();
+    let mut server = Server::new(bin.join("postgres"), args, port, dir);
+    server.user = user;
+    server.spawn();
+    // It listens before it is ready ("the database system is starting up").
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = Command::new(bin.join("pg_isready"))
+            .args([
+                "-q",
+                "-h",
+                socket_dir.to_str().unwrap(),
+                "-p",
+                &port.to_string(),
+            ])
+            .status()
+            .expect("run pg_isready");
+        if ready.success() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "PostgreSQL not ready within 30s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Some(server)
+}
+
+/// The directory with `initdb` and `postgres`.
+fn postgres_bin() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).find(|dir| dir.join("initdb").is_file()));
+    // Debian links only some programs onto PATH: use initdb's own directory.
+    let on_path = on_path.and_then(|dir| {
+        let initdb = std::fs::canonicalize(dir.join("initdb")).ok()?;
+        Some(initdb.parent()?.to_owned())
+    });
+    on_path.or_else(|| {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(|entry| Some(entry.ok()?.path().join("bin")))
+            .filter(|dir| dir.join("initdb").is_file())
+            .collect();
+        dirs.sort();
+        dirs.pop()
+    })
 }
 
 /// The shared PostgreSQL server's URL.

@@ -120,3 +120,27 @@ pub async fn held_past_its_ttl(url: &str, ttl: Duration, test: &str) -> Renewed 
         rival,
     }
 }
+
+/// A CA and a server certificate for `names` (IP addresses or DNS names)
+/// signed by it, as PEM files in a temporary directory: `ca.pem`,
+/// `server.pem`, `server-key.pem`.
+pub fn certificates(names: &[&str]) -> tempfile::TempDir {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let dir = tempfile::tempdir().unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "deadbolt-backends test CA");
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let names: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
+    let server = CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(dir.path().join("server.pem"), server.pem()).unwrap();
+    std::fs::write(dir.path().join("server-key.pem"), key.serialize_pem()).unwrap();
+    dir
+}
