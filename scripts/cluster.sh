@@ -8,6 +8,8 @@
 #   scripts/cluster.sh clean    stop and delete the data and logs
 #
 # Data and logs live in $DEADBOLT_CLUSTER_DIR (default ./deadbolt-cluster).
+# With DEADBOLT_BIN=PATH the nodes run that binary instead of this build
+# (to measure an experiment; nothing is built then).
 # Point clients at all three:
 #   export DEADBOLT_ENDPOINT=127.0.0.1:7071,127.0.0.1:7072,127.0.0.1:7073
 # With DEADBOLT_CLUSTER_TLS=1, `start` first makes a CA and certificates with
@@ -17,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dir=${DEADBOLT_CLUSTER_DIR:-./deadbolt-cluster}
-bin=${CARGO_TARGET_DIR:-target}/release/deadbolt
+bin=${DEADBOLT_BIN:-${CARGO_TARGET_DIR:-target}/release/deadbolt}
 members=1=127.0.0.1:7071,2=127.0.0.1:7072,3=127.0.0.1:7073
 endpoints=127.0.0.1:7071,127.0.0.1:7072,127.0.0.1:7073
 
@@ -40,7 +42,7 @@ make_certs() {
 running() { [[ -f "$dir/node$1.pid" ]] && kill -0 "$(cat "$dir/node$1.pid")" 2>/dev/null; }
 
 start() {
-    cargo build --release --quiet -p deadbolt-cli
+    [[ -n ${DEADBOLT_BIN:-} ]] || cargo build --release --quiet -p deadbolt-cli
     mkdir -p "$dir"
     [[ -n $tls ]] && make_certs
     for id in 1 2 3; do

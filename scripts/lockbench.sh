@@ -25,9 +25,11 @@
 #        LOCKBENCH_SCRATCH  scratch dir          (default: /tmp/deadbolt-lockbench)
 #                           holds lockbench/ (patched copy), target/, deadbolt-data/, state/,
 #                           results/ (one JSONL + one log per invocation)
+#        DEADBOLT_BIN       run this deadbolt binary (one node and 3 nodes) instead of
+#                           building this checkout: to measure an experiment's build
 set -euo pipefail
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
 
 DUR=10
 N=16
@@ -195,16 +197,25 @@ rm -rf "$STAGE"
 say "building lockbench (+deadbolt backend) in $SCRATCH/target"
 CARGO_TARGET_DIR=$SCRATCH/target cargo build --release -q --manifest-path "$LB/Cargo.toml"
 BENCH=$SCRATCH/target/release/lockbench
-say "building deadbolt (cargo build --release -p deadbolt-cli in $REPO)"
-(cd "$REPO" && cargo build --release -q -p deadbolt-cli)
-DEADBOLT_TARGET=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-DEADBOLT=$DEADBOLT_TARGET/release/deadbolt
+if [[ -n ${DEADBOLT_BIN:-} ]]; then
+  DEADBOLT=$(realpath "$DEADBOLT_BIN")
+  say "measuring the deadbolt binary $DEADBOLT (DEADBOLT_BIN), not this checkout's build"
+else
+  say "building deadbolt (cargo build --release -p deadbolt-cli in $REPO)"
+  (cd "$REPO" && cargo build --release -q -p deadbolt-cli)
+  DEADBOLT_TARGET=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+  DEADBOLT=$DEADBOLT_TARGET/release/deadbolt
+fi
 [[ -x $DEADBOLT ]] || { say "no binary at $DEADBOLT"; exit 1; }
 
 {
   echo "=== $(date -Is) lockbench.sh duration=$DUR clients=$CLIENTS backends: $RUN"
-  echo "deadbolt: $("$DEADBOLT" --version) at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$REPO" status --porcelain 2>/dev/null | grep -q . && echo ' (dirty)')"
+  if [[ -n ${DEADBOLT_BIN:-} ]]; then
+    echo "deadbolt: $("$DEADBOLT" --version), the binary $DEADBOLT (DEADBOLT_BIN)"
+  else
+    echo "deadbolt: $("$DEADBOLT" --version) at $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$REPO" status --porcelain 2>/dev/null | grep -q . && echo ' (dirty)')"
+  fi
   [[ $RUN == "deadbolt " || $RUN == "deadbolt3 " ]] || LB_STATE=$STATE "$LB/servers.sh" versions 2>&1 || true
 } >>"$LOG"
 
@@ -228,7 +239,7 @@ stop_peer() { LB_STATE=$STATE "$LB/servers.sh" stop "$1" 2>>"$LOG" || true; }
 # The 3-node cluster: scripts/cluster.sh, on ports 7071-7073, with this build.
 CLUSTER_DIR=$SCRATCH/deadbolt3
 DEADBOLT3_ENDPOINTS=127.0.0.1:7071,127.0.0.1:7072,127.0.0.1:7073
-cluster_sh() { DEADBOLT_CLUSTER_DIR=$CLUSTER_DIR CARGO_TARGET_DIR=$DEADBOLT_TARGET "$REPO/scripts/cluster.sh" "$@"; }
+cluster_sh() { DEADBOLT_CLUSTER_DIR=$CLUSTER_DIR DEADBOLT_BIN=$DEADBOLT "$REPO/scripts/cluster.sh" "$@"; }
 start_deadbolt3() {
   cluster_sh clean >>"$LOG" 2>&1 || true
   if ! cluster_sh start >>"$LOG" 2>&1; then
