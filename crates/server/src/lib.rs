@@ -217,6 +217,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         raft,
         table,
         waits,
+        abandoned: Default::default(),
         leases,
         metrics,
         ready_to_join: Default::default(),
@@ -225,9 +226,10 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
 }
 
 /// Starts what a node does by itself, until `stopped`: following
-/// leadership (lease tracking on and off, leader changes counted) and
-/// expiring leases.
+/// leadership (lease tracking on and off, leader changes counted),
+/// expiring leases and giving up abandoned acquires.
 fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
+    tokio::spawn(node::give_up_abandoned(node.clone(), stopped.clone()));
     let leader = node.clone();
     tokio::spawn(leases::follow_leadership(
         node.raft.clone(),

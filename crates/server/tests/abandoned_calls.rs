@@ -108,6 +108,71 @@ async fn a_dropped_wait_nobody_retries_is_given_up_after_the_grace_and_not_befor
     assert_eq!(api.health().sessions, 3, "only the wait was given up");
 }
 
+/// Two thousand waiting callers gone at once are given up by the node's one
+/// abandonment task, a bounded number of proposals at a time, when the
+/// grace is over. They used to be two thousand tasks, each proposing in the
+/// same instant.
+#[tokio::test(start_paused = true)]
+async fn two_thousand_dropped_waits_are_one_task_not_two_thousand() {
+    const WAITERS: usize = 2_000;
+    const LOCKS: usize = 20;
+    let cluster = Cluster::form(1).await;
+    let api = cluster.api(1);
+    let holder = open_session(&api, LONG).await;
+    let lock_name = |i: usize| format!("busy-{}", i % LOCKS);
+    for lock in 0..LOCKS {
+        acquire(&api, &holder, &lock_name(lock), false, 1)
+            .await
+            .unwrap();
+    }
+    let sessions = futures::future::join_all((0..WAITERS).map(|_| open_session(&api, LONG))).await;
+    let runtime = tokio::runtime::Handle::current().metrics();
+    let before = runtime.num_alive_tasks();
+    let waiting: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, session)| {
+            let (api, session, lock) = (api.clone(), session.clone(), lock_name(i));
+            tokio::spawn(async move { acquire(&api, &session, &lock, true, 10).await })
+        })
+        .collect();
+    for lock in 0..LOCKS {
+        wait_for_waiters(&api, &lock_name(lock), WAITERS / LOCKS).await;
+    }
+
+    for wait in &waiting {
+        wait.abort();
+    }
+    for wait in waiting {
+        assert!(wait.await.unwrap_err().is_cancelled());
+    }
+    let went_away = Instant::now();
+    let mut most = runtime.num_alive_tasks();
+    loop {
+        let mut left = 0;
+        for lock in 0..LOCKS {
+            left += waiters(&api, &lock_name(lock)).await.len();
+        }
+        if left == 0 {
+            break;
+        }
+        assert!(
+            went_away.elapsed() < Duration::from_secs(4),
+            "{left} of {WAITERS} dropped waits still queued a second after the grace"
+        );
+        most = most.max(runtime.num_alive_tasks());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        went_away.elapsed() >= Duration::from_secs(3),
+        "given up before the grace was over"
+    );
+    assert!(
+        most <= before,
+        "{most} tasks alive while {WAITERS} dropped waits awaited their grace (before: {before})"
+    );
+}
+
 /// A grant that came after its caller went away (the lock freed within the
 /// grace) is handed back when the grace is over: a live session must not
 /// hold a lock nobody knows about. (The node's side of

@@ -6,10 +6,10 @@
 //! new leader whose queued waiters were connected elsewhere), what it
 //! holds, a queue place or a grant nobody received, must be given back, but
 //! only after a grace period in which a retry can claim it. [`AcquireCall`]
-//! is the guard whose drop starts that, and [`abandon_unless_claimed`] the
-//! task that waits out the grace and proposes `Abandon` (with the attempt
-//! id, so the state machine keeps a grant a later retry already has) or
-//! `CancelWait` (only the queue place).
+//! is the guard whose drop starts that: it queues an [`Abandonment`] that
+//! [`give_up_abandoned`], one task for the whole node, proposes once the
+//! grace is over: `Abandon` (with the attempt id, so the state machine keeps
+//! a grant a later retry already has) or `CancelWait` (only the queue place).
 
 use super::{ApiError, Node, OwnedSession};
 use crate::proposer::{Admission, BACKGROUND_PROPOSALS_IN_FLIGHT};
@@ -17,7 +17,11 @@ use crate::waits::{Subscription, WaitEnd};
 use deadbolt_core::{validate_lock_name, AcquireOutcome, Proposal, SessionId, Token};
 use deadbolt_proto::ErrorKind;
 use futures::StreamExt;
+use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::time::Duration;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 
 impl Node {
     /// Called when this node starts leading. The callers of the queued waits
@@ -37,20 +41,9 @@ impl Node {
                 .map(|(session, lock)| (session, lock.to_owned()))
                 .collect()
         };
-        if queued.is_empty() {
-            return;
+        for (session, lock) in queued {
+            self.abandoned.push(session, lock, Claim::QueuePlace);
         }
-        // One task for them all (a million queued waits are not a million
-        // tasks), with a bounded number of proposals in flight.
-        let node = self.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(ABANDON_GRACE).await;
-            futures::stream::iter(queued)
-                .for_each_concurrent(BACKGROUND_PROPOSALS_IN_FLIGHT, |(session, lock)| {
-                    give_up_unless_claimed(node.clone(), session, lock, Claim::QueuePlace)
-                })
-                .await;
-        });
     }
 
     /// Takes `lock`. With `wait`, blocks until granted or until `timeout`
@@ -246,12 +239,101 @@ impl Drop for AcquireCall {
             0 => Claim::QueuePlace,
             attempt => Claim::Attempt(attempt),
         };
-        tokio::spawn(abandon_unless_claimed(
-            self.node.clone(),
-            self.session,
+        self.node.abandoned.push(self.session, lock, claim);
+    }
+}
+
+/// The acquires whose callers went away, each given up once its grace is
+/// over, in the order they were dropped: every one gets the same grace, so
+/// that is also the order they fall due. One task works through them
+/// ([`give_up_abandoned`]) with a bounded number of proposals in flight:
+/// 20,000 callers gone at once used to be 20,000 tasks, all proposing in
+/// the same instant (abandonments are never refused as overloaded, so they
+/// all queued up ahead of everyone else's work).
+#[derive(Default)]
+pub(crate) struct Abandoned {
+    queue: Mutex<VecDeque<Abandonment>>,
+    pushed: Notify,
+}
+
+/// One acquire whose caller went away, and when to give it up.
+struct Abandonment {
+    due: Instant,
+    session: SessionId,
+    lock: String,
+    claim: Claim,
+}
+
+/// The most abandonments waiting out their grace at once: several times
+/// what a node can propose in one grace (about 60,000), and at most about
+/// 120 MB with the longest lock names. Past it, a dropped acquire is not
+/// given up: its wait stays queued until its session's lease ends, which
+/// ends the wait too.
+const MAX_ABANDONED: usize = 200_000;
+
+impl Abandoned {
+    fn push(&self, session: SessionId, lock: String, claim: Claim) {
+        let due = Instant::now() + ABANDON_GRACE;
+        let mut queue = self.queue.lock().expect("abandoned queue poisoned");
+        if queue.len() >= MAX_ABANDONED {
+            tracing::warn!(
+                session = session.0,
+                lock,
+                "{MAX_ABANDONED} abandoned acquires await their grace already; this one stays queued until its session ends"
+            );
+            return;
+        }
+        assert!(
+            queue.back().is_none_or(|last| last.due <= due),
+            "abandonments out of order"
+        );
+        queue.push_back(Abandonment {
+            due,
+            session,
             lock,
             claim,
-        ));
+        });
+        drop(queue);
+        self.pushed.notify_one();
+    }
+
+    /// Takes the abandonments whose grace is over by `now`, and says when
+    /// the next one's will be.
+    fn take_due(&self, now: Instant) -> (Vec<Abandonment>, Option<Instant>) {
+        let mut queue = self.queue.lock().expect("abandoned queue poisoned");
+        let ready = queue.partition_point(|abandonment| abandonment.due <= now);
+        let due = queue.drain(..ready).collect();
+        (due, queue.front().map(|next| next.due))
+    }
+}
+
+/// Gives up the node's abandoned acquires as their grace ends, at most
+/// [`BACKGROUND_PROPOSALS_IN_FLIGHT`] at a time, until `stopped`.
+pub(crate) async fn give_up_abandoned(node: Node, mut stopped: watch::Receiver<bool>) {
+    loop {
+        let (due, next) = node.abandoned.take_due(Instant::now());
+        let giving_up = futures::stream::iter(due)
+            .for_each_concurrent(BACKGROUND_PROPOSALS_IN_FLIGHT, |abandonment| {
+                give_up_unless_claimed(&node, abandonment)
+            });
+        tokio::select! {
+            // Biased: the deterministic simulation needs one order.
+            biased;
+            _ = stopped.changed() => return,
+            () = giving_up => {}
+        }
+        let next_due = async {
+            match next {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = stopped.changed() => return,
+            () = next_due => {}
+            () = node.abandoned.pushed.notified() => {}
+        }
     }
 }
 
@@ -263,15 +345,15 @@ enum Claim {
     QueuePlace,
 }
 
-/// Gives up `session`'s `claim` on `lock` after [`ABANDON_GRACE`], unless an
-/// acquire call watches the wait again by then: its caller went away.
-async fn abandon_unless_claimed(node: Node, session: SessionId, lock: String, claim: Claim) {
-    tokio::time::sleep(ABANDON_GRACE).await;
-    give_up_unless_claimed(node, session, lock, claim).await;
-}
-
-/// What [`abandon_unless_claimed`] does once the grace is over.
-async fn give_up_unless_claimed(node: Node, session: SessionId, lock: String, claim: Claim) {
+/// Gives up what an abandoned acquire holds, unless an acquire call watches
+/// the wait again by now: its caller came back.
+async fn give_up_unless_claimed(node: &Node, abandonment: Abandonment) {
+    let Abandonment {
+        session,
+        lock,
+        claim,
+        ..
+    } = abandonment;
     if node.waits.is_watched(session, &lock) {
         return;
     }

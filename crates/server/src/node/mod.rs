@@ -15,6 +15,7 @@ mod acquire;
 mod error;
 mod observers;
 
+pub(crate) use acquire::give_up_abandoned;
 pub use error::ApiError;
 pub(crate) use observers::Observers;
 
@@ -67,6 +68,8 @@ pub struct Node {
     pub(crate) proposer: Proposer,
     pub(crate) table: SharedTable,
     pub(crate) waits: Arc<Waits>,
+    /// Acquires whose callers went away, to give up after a grace.
+    pub(crate) abandoned: Arc<acquire::Abandoned>,
     pub(crate) leases: Arc<Leases>,
     pub(crate) metrics: Arc<Metrics>,
     /// Forming a cluster: this node found no formed cluster among its peers
