@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # How much of a durable grant's cost is the Raft log's storage? Runs the same
-# `deadbolt bench` workloads, alternating, against three builds of one server:
+# `deadbolt bench` workloads, alternating, against four modes of one server:
 #
 #   redb     the shipped server: each appended batch is a redb transaction,
-#            committed with fsync
+#            committed with fsync, then the witness written and fdatasync'd
 #   file     log-without-redb.patch, log appended to a preallocated file and
-#            fdatasync'd (what a dedicated log file would cost at best)
+#            fdatasync'd, then the witness as shipped (what a dedicated log
+#            file would cost at best, with today's integrity checks)
+#   mirror   log-without-redb.patch, each batch written twice into the file
+#            and fdatasync'd once, no witness (a log that tells a torn tail
+#            from a damaged one by its mirror copy: one fsync per batch)
 #   memory   log-without-redb.patch, log in memory only: no disk at all
 #
 #   bench/experiments/storage-ceiling.sh [--rounds 3] [--duration 5s] [--clients 16]
 #
-# `file` and `memory` are experiments, NOT durable (`memory` loses the log on
+# `file`, `mirror` and `memory` are experiments, NOT durable (all lose the log on
 # any restart); the patch is applied in a scratch git worktree and never to
 # this checkout. Everything shares the machine's cores: compare ratios.
 set -euo pipefail
@@ -23,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) rounds=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --clients) clients=$2; shift 2 ;;
-    *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
     esac
 done
 
@@ -47,11 +51,13 @@ cargo build --release --quiet -p deadbolt-cli # put the shipped binary back
 
 port=7181
 for round in $(seq "$rounds"); do
-    for mode in redb file memory; do
+    for mode in redb file mirror memory; do
         data=$work/data-$mode-$round
         case $mode in
         redb) "$work/deadbolt-redb" server --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
         file) DEADBOLT_EXPERIMENT_LOG=$work/log-$round.bin "$work/deadbolt-experiment" server \
+            --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
+        mirror) DEADBOLT_EXPERIMENT_LOG=mirror:$work/log-$round.bin "$work/deadbolt-experiment" server \
             --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
         memory) DEADBOLT_EXPERIMENT_LOG=memory "$work/deadbolt-experiment" server \
             --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
