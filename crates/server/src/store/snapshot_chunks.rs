@@ -36,11 +36,19 @@ pub(super) fn read(txn: &ReadTransaction) -> Result<Option<Vec<u8>>, redb::Error
         Err(redb::TableError::TableDoesNotExist(_)) => return one_value(txn),
         Err(err) => return Err(err.into()),
     };
-    let count = usize::try_from(chunks.len()?).expect("a snapshot fits in memory");
+    let count = chunks.len()?;
     if count == 0 {
         return one_value(txn);
     }
-    let mut sealed = Vec::with_capacity(count * CHUNK_BYTES);
+    // The count is only a hint: one damaged beyond what memory holds must
+    // not abort the start-up check, which reads the chunks there are and
+    // finds their checksum wrong.
+    let mut sealed = Vec::new();
+    let _ = sealed.try_reserve_exact(
+        usize::try_from(count)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(CHUNK_BYTES),
+    );
     for chunk in chunks.iter()? {
         sealed.extend_from_slice(chunk?.1.value());
     }
