@@ -105,16 +105,17 @@ struct Sweep {
     refused: usize,
 }
 
-/// Damages a copy of `data` with `damage` for each case, in parallel, and
-/// requires each to read as exactly `intact` or be refused.
+/// Damages `file` in a copy of `data` with `damage` for each case, in
+/// parallel, and requires each to read as exactly `intact` or be refused.
 fn sweep(
     root: &Path,
     data: &Path,
+    file: &str,
     intact: &serde_json::Value,
     cases: &[usize],
     damage: impl Fn(&mut Vec<u8>, usize) + Sync,
 ) -> Sweep {
-    let original = std::fs::read(data.join(DB)).unwrap();
+    let original = std::fs::read(data.join(file)).unwrap();
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let results: Vec<Sweep> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
@@ -127,7 +128,7 @@ fn sweep(
                     for &case in cases.iter().skip(thread).step_by(threads) {
                         let mut bytes = original.clone();
                         damage(&mut bytes, case);
-                        std::fs::write(copy.join(DB), &bytes).unwrap();
+                        std::fs::write(copy.join(file), &bytes).unwrap();
                         let (code, json, stderr) = check(&copy);
                         match code {
                             0 => {
@@ -149,7 +150,7 @@ fn sweep(
                         }
                         // Nothing was written to the damaged file.
                         assert!(
-                            std::fs::read(copy.join(DB)).unwrap() == bytes,
+                            std::fs::read(copy.join(file)).unwrap() == bytes,
                             "case {case}: the check wrote"
                         );
                     }
@@ -179,6 +180,11 @@ fn pages_to_damage(bytes: &[u8]) -> Vec<usize> {
         .collect()
 }
 
+fn invert_page(bytes: &mut [u8], page: usize) {
+    let end = ((page + 1) * PAGE).min(bytes.len());
+    bytes[page * PAGE..end].iter_mut().for_each(|b| *b = !*b);
+}
+
 #[test]
 fn every_inverted_page_reads_as_the_same_state_or_is_refused() {
     let root = tempfile::tempdir().unwrap();
@@ -191,9 +197,8 @@ fn every_inverted_page_reads_as_the_same_state_or_is_refused() {
 
     let original = std::fs::read(data.join(DB)).unwrap();
     let pages = pages_to_damage(&original);
-    let inverted = sweep(root.path(), &data, &intact, &pages, |bytes, page| {
-        let end = ((page + 1) * PAGE).min(bytes.len());
-        bytes[page * PAGE..end].iter_mut().for_each(|b| *b = !*b);
+    let inverted = sweep(root.path(), &data, DB, &intact, &pages, |bytes, page| {
+        invert_page(bytes, page)
     });
     eprintln!("{} pages inverted: {inverted:?}", pages.len());
     assert!(
@@ -210,11 +215,52 @@ fn every_truncation_at_a_page_boundary_reads_as_the_same_state_or_is_refused() {
     let intact = intact["report"].clone();
     let original = std::fs::read(data.join(DB)).unwrap();
     let boundaries = pages_to_damage(&original);
-    let truncated = sweep(root.path(), &data, &intact, &boundaries, |bytes, page| {
-        bytes.truncate(page * PAGE);
-    });
+    let truncated = sweep(
+        root.path(),
+        &data,
+        DB,
+        &intact,
+        &boundaries,
+        |bytes, page| {
+            bytes.truncate(page * PAGE);
+        },
+    );
     eprintln!("{} truncations: {truncated:?}", boundaries.len());
     assert!(truncated.refused > 0);
+}
+
+/// The snapshot file, its snapshot in chunks since data format 11 (so that
+/// the file stays under four times the snapshot), swept as the log's is: a
+/// node whose log was compacted behind its snapshot, so that the snapshot
+/// is the only record of the compacted grants.
+#[test]
+fn every_inverted_page_of_the_snapshot_file_reads_as_the_same_state_or_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let mut server = TestServer::start_with(&data, addr, &["--snapshot-every", "10"]);
+    take_locks(&server, &["a", "b", "c", "d", "e", "f"]);
+    assert!(server.terminate().success());
+    let (code, intact, stderr) = check(&data);
+    assert_eq!(code, 0, "{stderr}");
+    let intact = intact["report"].clone();
+    assert!(intact["purged"].as_u64() > Some(0), "{intact}");
+
+    let original = std::fs::read(data.join(SNAPSHOTS)).unwrap();
+    let pages = pages_to_damage(&original);
+    let inverted = sweep(
+        root.path(),
+        &data,
+        SNAPSHOTS,
+        &intact,
+        &pages,
+        |bytes, page| invert_page(bytes, page),
+    );
+    eprintln!("{} pages inverted: {inverted:?}", pages.len());
+    assert!(
+        inverted.refused > 0,
+        "no inverted page was noticed: {inverted:?}"
+    );
 }
 
 /// The black-box run that found it: a file cut to 0 bytes or deleted made
@@ -291,11 +337,18 @@ fn sixteen_bytes_flipped_at_offset_100_read_as_the_same_state_or_are_refused_nev
     let (_, intact, _) = check(&data);
     let intact = intact["report"].clone();
     let variants: Vec<usize> = (1..=16).collect();
-    let outcome = sweep(root.path(), &data, &intact, &variants, |bytes, variant| {
-        for (k, byte) in bytes[100..116].iter_mut().enumerate() {
-            *byte ^= ((k * 31 + variant * 17) % 255 + 1) as u8;
-        }
-    });
+    let outcome = sweep(
+        root.path(),
+        &data,
+        DB,
+        &intact,
+        &variants,
+        |bytes, variant| {
+            for (k, byte) in bytes[100..116].iter_mut().enumerate() {
+                *byte ^= ((k * 31 + variant * 17) % 255 + 1) as u8;
+            }
+        },
+    );
     assert_eq!(
         outcome.same_state + outcome.refused,
         variants.len(),

@@ -24,7 +24,8 @@ use super::state_machine::upgrade_format_9;
 use super::verify::{verify, DataReport, Refusal};
 use super::witness::{Witness, WitnessFile, WITNESS_FILE};
 use super::{
-    encode, At, FORMAT, FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG, INSTANCE_KEY, LOG, META, SNAPSHOT_KEY,
+    encode, snapshot_chunks, At, FORMAT, FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG,
+    FORMAT_SNAPSHOT_IN_ONE_VALUE, INSTANCE_KEY, LOG, META, SNAPSHOT_KEY,
 };
 use crate::raft_types::NodeId;
 use openraft::{ErrorSubject, ErrorVerb};
@@ -378,14 +379,14 @@ fn open_for_writing(
     report: Option<DataReport>,
 ) -> Result<OpenedData, DataDirError> {
     let instance = witness.current().instance;
-    let snapshots = disk
+    let mut snapshots = disk
         .open_db(Db::Snapshots)
         .map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
     prepare_snapshots(&snapshots, instance, disk)?;
     let db = disk
         .open_db(Db::Log)
         .map_err(|e| damaged_db(disk, Db::Log, e))?;
-    prepare(&db, &snapshots, instance, disk)?;
+    prepare(&db, &mut snapshots, instance, disk)?;
     Ok(OpenedData {
         db,
         snapshots,
@@ -514,12 +515,13 @@ fn refuse_foreign(dir: &Path) -> Result<(), DataDirError> {
 }
 
 /// Checks the format marker and instance id (writing both into a new
-/// database) and creates the tables. A database of the format before this
-/// one has its snapshot moved to `snapshots` first, then its marker raised:
-/// a crash in between leaves the old format, which moves it again.
+/// database) and creates the tables. A database of an older format has its
+/// snapshot moved to `snapshots` (format 9) or cut into chunks there
+/// (format 10) first, then its marker raised: a crash in between leaves the
+/// old format, which does it again.
 fn prepare(
     db: &Database,
-    snapshots: &Database,
+    snapshots: &mut Database,
     instance: u128,
     disk: &dyn Disk,
 ) -> Result<(), DataDirError> {
@@ -545,14 +547,14 @@ fn prepare(
                     // Format 9's table had no limits: re-encoded on the way.
                     let snapshot = upgrade_format_9(&snapshot)
                         .map_err(|e| unreadable(format!("its snapshot: {e}")))?;
-                    let moved = || -> Result<(), redb::Error> {
-                        let txn = snapshots.begin_write()?;
-                        txn.open_table(META)?
-                            .insert(SNAPSHOT_KEY, snapshot.as_slice())?;
-                        Ok(txn.commit()?)
-                    };
-                    moved().map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
+                    snapshot_chunks::write(snapshots, &snapshot)
+                        .map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
                 }
+                meta.insert(FORMAT_KEY, FORMAT)
+                    .map_err(|e| unreadable(e.to_string()))?;
+            }
+            Some(found) if found == FORMAT_SNAPSHOT_IN_ONE_VALUE => {
+                cut_into_chunks(snapshots).map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
                 meta.insert(FORMAT_KEY, FORMAT)
                     .map_err(|e| unreadable(e.to_string()))?;
             }
@@ -576,6 +578,18 @@ fn prepare(
     // Create the log table up front, so that readers never find it missing.
     txn.open_table(LOG).map_err(|e| unreadable(e.to_string()))?;
     txn.commit().map_err(|e| unreadable(e.to_string()))?;
+    Ok(())
+}
+
+/// Rewrites format 10's snapshot, one value, in chunks, and gives back the
+/// space the values took (up to nine times the snapshot: see
+/// `snapshot_chunks.rs`), once, on the way to this format.
+fn cut_into_chunks(snapshots: &mut Database) -> Result<(), redb::Error> {
+    let sealed = snapshot_chunks::read(&snapshots.begin_read()?)?;
+    if let Some(sealed) = sealed {
+        snapshot_chunks::write(snapshots, &sealed)?;
+    }
+    snapshots.compact()?;
     Ok(())
 }
 
@@ -608,6 +622,30 @@ mod tests {
 
     fn open(dir: &Path) -> Result<OpenedData, DataDirError> {
         open_data_dir(dir, 1)
+    }
+
+    /// The sealed snapshot in the snapshot database of `data`.
+    fn sealed_snapshot(data: &Path) -> Vec<u8> {
+        let snapshots = Database::create(data.join(SNAPSHOTS_FILE)).unwrap();
+        let txn = snapshots.begin_read().unwrap();
+        snapshot_chunks::read(&txn).unwrap().expect("a snapshot")
+    }
+
+    /// The format marker of the log database of `data`.
+    fn format(data: &Path) -> Vec<u8> {
+        let db = Database::create(data.join(DB_FILE)).unwrap();
+        let txn = db.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        let format = meta.get(FORMAT_KEY).unwrap().unwrap().value().to_vec();
+        format
+    }
+
+    /// Writes `value` under `key` in the `META` table of `db_file` in `data`.
+    fn set_meta(data: &Path, db_file: &str, key: &str, value: &[u8]) {
+        let db = Database::create(data.join(db_file)).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().insert(key, value).unwrap();
+        txn.commit().unwrap();
     }
 
     #[test]
@@ -751,10 +789,7 @@ mod tests {
         // Back to the old layout and the old table encoding, as format 9
         // wrote them.
         let snapshot = {
-            let snapshots = Database::create(data.join(SNAPSHOTS_FILE)).unwrap();
-            let txn = snapshots.begin_read().unwrap();
-            let meta = txn.open_table(META).unwrap();
-            let bytes = meta.get(SNAPSHOT_KEY).unwrap().unwrap().value().to_vec();
+            let bytes = sealed_snapshot(&data);
             let stored: StoredSnapshot =
                 bincode::deserialize(codec::unseal(&bytes).unwrap()).unwrap();
             let old = StoredSnapshot {
@@ -788,14 +823,57 @@ mod tests {
         assert!(meta.get(SNAPSHOT_KEY).unwrap().is_none());
         drop((meta, txn, db));
         assert_eq!(check_data_dir(&data).unwrap(), seeded);
-        // Moved in format 10's encoding: the same table, default limits.
-        let snapshots = Database::create(data.join(SNAPSHOTS_FILE)).unwrap();
-        let txn = snapshots.begin_read().unwrap();
-        let meta = txn.open_table(META).unwrap();
-        let bytes = meta.get(SNAPSHOT_KEY).unwrap().unwrap().value().to_vec();
+        // Moved in this format's encoding: the same table, default limits.
+        let bytes = sealed_snapshot(&data);
         let moved: StoredSnapshot = bincode::deserialize(codec::unseal(&bytes).unwrap()).unwrap();
         let moved = decode_table(&moved).unwrap();
         assert_eq!(moved, table);
         assert_eq!(moved.table_limits(), deadbolt_core::TableLimits::DEFAULT);
+    }
+
+    /// A directory of format 10 (the snapshot one value in its database,
+    /// which grew the file to nine times the snapshot) is read as it is,
+    /// and its snapshot cut into chunks when opened for writing; and so is
+    /// one whose snapshot was cut but whose marker was not yet raised (a
+    /// crash in between).
+    #[test]
+    fn a_format_10_directory_has_its_snapshot_cut_into_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let table = deadbolt_core::LockTable::default();
+        let seeded = super::super::seed_data_dir(&data, 1, "127.0.0.1:7070", &table).unwrap();
+        let sealed = sealed_snapshot(&data);
+        // Back to format 10's layout.
+        {
+            let snapshots = Database::create(data.join(SNAPSHOTS_FILE)).unwrap();
+            let txn = snapshots.begin_write().unwrap();
+            assert!(txn.delete_table(snapshot_chunks::CHUNKS).unwrap());
+            txn.commit().unwrap();
+        }
+        set_meta(&data, SNAPSHOTS_FILE, SNAPSHOT_KEY, &sealed);
+        set_meta(&data, DB_FILE, FORMAT_KEY, FORMAT_SNAPSHOT_IN_ONE_VALUE);
+        assert_eq!(check_data_dir(&data).unwrap(), seeded);
+
+        for _ in 0..2 {
+            drop(open(&data).unwrap());
+            assert_eq!(format(&data), FORMAT);
+            let snapshots = Database::create(data.join(SNAPSHOTS_FILE)).unwrap();
+            let txn = snapshots.begin_read().unwrap();
+            let meta = txn.open_table(META).unwrap();
+            assert!(meta.get(SNAPSHOT_KEY).unwrap().is_none());
+            assert_eq!(
+                txn.open_table(snapshot_chunks::CHUNKS)
+                    .unwrap()
+                    .len()
+                    .unwrap(),
+                1
+            );
+            drop((meta, txn, snapshots));
+            assert_eq!(sealed_snapshot(&data), sealed);
+            assert_eq!(check_data_dir(&data).unwrap(), seeded);
+            // Cut, but the marker still says format 10.
+            set_meta(&data, DB_FILE, FORMAT_KEY, FORMAT_SNAPSHOT_IN_ONE_VALUE);
+            assert_eq!(check_data_dir(&data).unwrap(), seeded);
+        }
     }
 }

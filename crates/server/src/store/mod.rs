@@ -16,6 +16,7 @@ mod data_dir;
 mod log_store;
 mod overlay;
 mod seed;
+mod snapshot_chunks;
 mod state_machine;
 #[cfg(test)]
 mod suite;
@@ -37,13 +38,17 @@ use redb::TableDefinition;
 /// Raft log entries by index, bincode-encoded.
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// Small named values: format marker, instance id, vote, purged log id; in
-/// the snapshot database, its instance id and the snapshot.
+/// the snapshot database, its instance id (and in format 10, the snapshot).
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 const FORMAT_KEY: &str = "format";
 /// Written once into a new data directory and checked at every start. Bump
 /// the version when the on-disk encoding changes incompatibly.
-const FORMAT: &[u8] = b"deadbolt-data/10";
+const FORMAT: &[u8] = b"deadbolt-data/11";
+/// The format whose snapshot database held the snapshot as one value
+/// (`snapshot_chunks.rs` says why no longer): read, and cut into chunks
+/// when opened for writing.
+const FORMAT_SNAPSHOT_IN_ONE_VALUE: &[u8] = b"deadbolt-data/10";
 /// The format before snapshots had a database of their own: read, and
 /// moved to this format when opened for writing.
 const FORMAT_SNAPSHOT_IN_LOG: &[u8] = b"deadbolt-data/9";

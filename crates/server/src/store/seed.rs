@@ -14,7 +14,8 @@
 use super::state_machine::StoredSnapshot;
 use super::verify::DataReport;
 use super::{
-    check_data_dir, open_data_dir, write_meta, At, OrStorageError, PURGED_KEY, SNAPSHOT_KEY,
+    check_data_dir, encode, open_data_dir, snapshot_chunks, write_meta, At, OrStorageError,
+    PURGED_KEY,
 };
 use crate::raft_types::NodeId;
 use anyhow::Context;
@@ -51,12 +52,7 @@ pub fn seed_data_dir(
         },
         data: bincode::serialize(table).at(&at)?,
     };
-    write_meta(
-        &data.snapshots,
-        SNAPSHOT_KEY,
-        &snapshot,
-        ErrorSubject::Snapshot(None),
-    )?;
+    snapshot_chunks::write(&data.snapshots, &encode(&snapshot, &at)?).at(&at)?;
     write_meta(&data.db, PURGED_KEY, &log_id, ErrorSubject::Logs)?;
     // The database first, then its witness: never behind it.
     data.witness

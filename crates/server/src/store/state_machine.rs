@@ -11,7 +11,7 @@
 //! see `LockTable`), and the encoding and the write happen on the blocking
 //! pool, in a database the log's appends never wait for.
 
-use super::{read_meta, write_meta, At, OrStorageError, StorageIo, SNAPSHOT_KEY};
+use super::{snapshot_chunks, At, OrStorageError, StorageIo};
 use crate::raft_types::{Batch, BatchOutcome, NodeId, StorageError, TypeConfig};
 use deadbolt_core::{Event, LockTable, LockTableV9};
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -95,7 +95,12 @@ impl StateMachineStore {
     }
 
     fn read_snapshot(&self) -> Result<Option<StoredSnapshot>, StorageError> {
-        read_meta(&self.snapshots, SNAPSHOT_KEY, ErrorSubject::Snapshot(None))
+        let at = At(ErrorSubject::Snapshot(None), ErrorVerb::Read);
+        let txn = self.snapshots.begin_read().at(&at)?;
+        snapshot_chunks::read(&txn)
+            .at(&at)?
+            .map(|sealed| super::decode(&sealed, &at))
+            .transpose()
     }
 
     /// Writes the snapshot `encode` makes, with `meta`, off the async
@@ -115,7 +120,8 @@ impl StateMachineStore {
                         meta,
                         data: encode()?,
                     };
-                    write_meta(&snapshots, SNAPSHOT_KEY, &stored, subject)?;
+                    let at = At(subject, ErrorVerb::Write);
+                    snapshot_chunks::write(&snapshots, &super::encode(&stored, &at)?).at(&at)?;
                     Ok(stored)
                 },
                 |panic| {
@@ -318,5 +324,64 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             meta: stored.meta,
             snapshot: Box::new(Cursor::new(stored.data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::data_dir::{open_data_dir, SNAPSHOTS_FILE};
+
+    /// Observes nothing: these tests look at the store itself.
+    struct Unobserved;
+
+    impl EventSink for Unobserved {
+        fn on_events(&self, _: Vec<Event>) {}
+        fn on_applied(&self, _: &[BatchOutcome], _: &[Event]) {}
+        fn on_snapshot_built(&self, _: usize, _: std::time::Duration) {}
+        fn on_reset(&self, _: &LockTable) {}
+    }
+
+    /// A full table's snapshot (112.5 MiB), replaced every 10,000 entries,
+    /// grew its file to 1,028 MiB before it settled at 770 MiB: it was one
+    /// value, in a page rounded up to a power of two, and a write could not
+    /// reuse the pages the write before it freed. Snapshots of 6 MiB show
+    /// the same in seconds: 68.5 MiB, then 50.5 MiB, before the fix; 24.5
+    /// MiB, then 18.5 MiB, after it.
+    #[tokio::test]
+    async fn the_snapshot_file_does_not_grow_with_each_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = open_data_dir(dir.path(), 1).unwrap();
+        let mut store =
+            StateMachineStore::open(data.snapshots, StorageIo::Inline, Arc::new(Unobserved))
+                .unwrap();
+        // Each a little larger than the last, as a filling table's.
+        let len = |n: u8| (6 << 20) + usize::from(n) * (16 << 10);
+        let mut sizes = Vec::new();
+        for n in 0..8 {
+            let meta = SnapshotMeta {
+                snapshot_id: n.to_string(),
+                ..SnapshotMeta::default()
+            };
+            store
+                .persist(meta, move || Ok(vec![n; len(n)]))
+                .await
+                .unwrap();
+            sizes.push(
+                std::fs::metadata(dir.path().join(SNAPSHOTS_FILE))
+                    .unwrap()
+                    .len(),
+            );
+            // The bound `snapshot_chunks.rs` states.
+            let bound = 4 * len(n) as u64 + (4 << 20);
+            assert!(
+                sizes.iter().all(|&size| size <= bound),
+                "the file's sizes, snapshot after snapshot, up to {} bytes: {sizes:?}",
+                len(n)
+            );
+        }
+        let current = store.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta.snapshot_id, "7");
+        assert_eq!(*current.snapshot.get_ref(), vec![7; len(7)]);
     }
 }

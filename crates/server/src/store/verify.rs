@@ -12,8 +12,8 @@
 use super::state_machine::{apply_entry, decode_table, decode_table_v9, Applied, StoredSnapshot};
 use super::witness::Witness;
 use super::{
-    decode, At, FORMAT, FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG, INSTANCE_KEY, LOG, META, PURGED_KEY,
-    SNAPSHOT_KEY, VOTE_KEY,
+    decode, snapshot_chunks, At, FORMAT, FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG,
+    FORMAT_SNAPSHOT_IN_ONE_VALUE, INSTANCE_KEY, LOG, META, PURGED_KEY, SNAPSHOT_KEY, VOTE_KEY,
 };
 use crate::raft_types::{NodeId, TypeConfig};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, Vote};
@@ -80,6 +80,9 @@ pub fn verify(
 
     let snapshot_in_log = match raw(FORMAT_KEY)? {
         Some(format) if format == FORMAT => false,
+        // Opening for writing cuts the snapshot into chunks; until then
+        // `snapshot_chunks::read` finds it as it is.
+        Some(format) if format == FORMAT_SNAPSHOT_IN_ONE_VALUE => false,
         // Opening for writing moves the snapshot to its own database.
         Some(format) if format == FORMAT_SNAPSHOT_IN_LOG => true,
         Some(format) => {
@@ -229,9 +232,9 @@ fn read_snapshot(
     let meta = txn
         .open_table(META)
         .map_err(|e| format!("its table is unreadable: {e}"))?;
-    let raw = |key: &str| raw_value(&meta, key);
-    instance_of(raw(INSTANCE_KEY)?, witness, at)?;
-    decoded(raw(SNAPSHOT_KEY)?, "the snapshot", at)
+    instance_of(raw_value(&meta, INSTANCE_KEY)?, witness, at)?;
+    let sealed = snapshot_chunks::read(&txn).map_err(|e| format!("the snapshot: {e}"))?;
+    decoded(sealed, "the snapshot", at)
 }
 
 fn decoded<T: serde::de::DeserializeOwned>(
