@@ -6,8 +6,9 @@
 //! on one thread, on tokio's paused clock: time only moves when every task
 //! waits, and then jumps to the next timer. Every random choice (faults,
 //! message delays and losses, clients' choices, openraft's election timeouts,
-//! tokio's `select!` fairness) is drawn from the seed, so a seed replays the
-//! same run exactly; [`SeedReport::digest`] proves it.
+//! data directories' instance ids, tokio's `select!` fairness) is drawn from
+//! the seed, so a seed replays the same run exactly; [`SeedReport::digest`]
+//! proves it.
 //!
 //! The history the clients record is judged by the same checker as the
 //! fault-injection suite on real processes (`deadbolt_nemesis::checker`);
@@ -31,7 +32,7 @@ use cluster::SimCluster;
 use deadbolt_nemesis::checker::{check, Finals, Violation};
 use deadbolt_nemesis::history::{Accepted, Record};
 use deadbolt_proto::v1::{LockHistoryRequest, StoreGetRequest};
-use deadbolt_server::embedded::{seed_raft_rng, SecretSource};
+use deadbolt_server::embedded::{seed_node_rng, SecretSource};
 use network::Fabric;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -102,7 +103,7 @@ pub fn elapsed() -> Duration {
 
 /// Runs one seed to the end, on the calling thread.
 pub fn simulate(seed: u64, options: &SimOptions) -> SeedReport {
-    seed_raft_rng(seed);
+    seed_node_rng(seed);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
