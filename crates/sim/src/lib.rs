@@ -7,8 +7,9 @@
 //! waits, and then jumps to the next timer. Every random choice (faults,
 //! message delays and losses, clients' choices, openraft's election timeouts,
 //! data directories' instance ids, tokio's `select!` fairness) is drawn from
-//! the seed, so a seed replays the same run exactly; [`SeedReport::digest`]
-//! proves it.
+//! the seed, and nothing depends on the order of a `HashMap` (redb's page
+//! writes are one: see `disk.rs`), so a seed replays the same run exactly;
+//! [`SeedReport::digest`] proves it.
 //!
 //! The history the clients record is judged by the same checker as the
 //! fault-injection suite on real processes (`deadbolt_nemesis::checker`);
