@@ -101,6 +101,11 @@ impl SimDisk {
         }
     }
 
+    /// Feeds what reads see into `hasher`.
+    pub fn hash_contents(&self, hasher: &mut impl Hasher) {
+        self.state().current.hash(hasher);
+    }
+
     /// A copy of what this disk is certain to keep: an image to roll a
     /// disk back to later, as an old backup or a stale copy would.
     pub fn synced_image(&self) -> SimDisk {

@@ -83,8 +83,9 @@ pub struct SeedReport {
     /// The faults, with their simulated times.
     pub fault_log: Vec<String>,
     pub history: Vec<Record>,
-    /// A hash of the history and of every write the resource accepted: two
-    /// runs of one seed have the same digest.
+    /// A hash of the history, of every write the resource accepted, of the
+    /// fault log and of every disk a crash left: two runs of one seed have
+    /// the same digest.
     pub digest: u64,
     /// Simulated time the run took.
     pub simulated: Duration,
@@ -268,6 +269,7 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         finals.resource.insert(lock.clone(), value);
     }
     cluster.shut_down().await;
+    let crashed_disks = cluster.crash_digest();
     let leases_checked = !cluster.clock_faulted;
     if leases_checked {
         violations.extend(early_expiries(&finals.audit, &history.lease_starts()));
@@ -288,8 +290,8 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         ops: records.len() / 2,
         faults,
         violations,
+        digest: digest(&records, &accepted, &fault_log, crashed_disks),
         fault_log,
-        digest: digest(&records, &accepted),
         history: records,
         simulated: elapsed(),
         leases_checked,
@@ -334,8 +336,15 @@ fn early_expiries(
     early
 }
 
-fn digest(records: &[Record], accepted: &[Accepted]) -> u64 {
+fn digest(
+    records: &[Record],
+    accepted: &[Accepted],
+    fault_log: &[String],
+    crashed_disks: u64,
+) -> u64 {
     let mut hasher = DefaultHasher::new();
+    fault_log.hash(&mut hasher);
+    crashed_disks.hash(&mut hasher);
     for record in records {
         serde_json::to_string(record)
             .expect("serializable")
