@@ -15,7 +15,7 @@ pub use crate::auth::{Credentials, InFlight};
 pub use crate::clock::Clock;
 pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{NodeId, Raft, TypeConfig};
-pub use crate::runtime::seed_raft_rng;
+pub use crate::runtime::seed_node_rng;
 pub use crate::secret::SecretSource;
 use crate::store::StorageIo;
 pub use crate::store::{SimulatedDisk, SimulatedDisks};

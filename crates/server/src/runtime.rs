@@ -1,8 +1,9 @@
 //! [`DeadboltRuntime`]: the async runtime openraft runs on. It is tokio, as
-//! with openraft's own `TokioRuntime`, except for the random numbers openraft
-//! draws (its randomized election timeouts): those come from
-//! [`RaftRng`], which the deterministic simulation seeds so that a run
-//! repeats exactly.
+//! with openraft's own `TokioRuntime`, except for the random numbers a node
+//! draws (openraft's randomized election timeouts, a new data directory's
+//! instance id): those come from [`NodeRng`], which the deterministic
+//! simulation seeds so that a run repeats exactly. (Session and token
+//! secrets are `secret.rs`'s, from a source of their own.)
 
 use openraft::{AsyncRuntime, OptionalSend, TokioRuntime};
 use rand::rngs::{StdRng, ThreadRng};
@@ -19,40 +20,48 @@ thread_local! {
     static SEEDED: RefCell<Option<Rc<RefCell<StdRng>>>> = const { RefCell::new(None) };
 }
 
-/// Openraft's random numbers on this thread: the operating system's
-/// (`rand::thread_rng`), unless [`seed_raft_rng`] gave this thread a seed.
-pub enum RaftRng {
+/// A node's random numbers on this thread: the operating system's
+/// (`rand::thread_rng`), unless [`seed_node_rng`] gave this thread a seed.
+pub enum NodeRng {
     Os(ThreadRng),
     Seeded(Rc<RefCell<StdRng>>),
 }
 
-/// From now on openraft draws its random numbers on this thread from `seed`.
+/// From now on nodes draw their random numbers on this thread from `seed`.
 /// Only the simulation calls this; it runs everything on one thread.
-pub fn seed_raft_rng(seed: u64) {
+pub fn seed_node_rng(seed: u64) {
     SEEDED.with(|seeded| {
         *seeded.borrow_mut() = Some(Rc::new(RefCell::new(StdRng::seed_from_u64(seed))));
     });
 }
 
-impl RngCore for RaftRng {
+/// The random numbers for a node on this thread (see [`NodeRng`]).
+pub fn node_rng() -> NodeRng {
+    SEEDED.with(|seeded| match &*seeded.borrow() {
+        Some(rng) => NodeRng::Seeded(rng.clone()),
+        None => NodeRng::Os(rand::thread_rng()),
+    })
+}
+
+impl RngCore for NodeRng {
     fn next_u32(&mut self) -> u32 {
         match self {
-            RaftRng::Os(rng) => rng.next_u32(),
-            RaftRng::Seeded(rng) => rng.borrow_mut().next_u32(),
+            NodeRng::Os(rng) => rng.next_u32(),
+            NodeRng::Seeded(rng) => rng.borrow_mut().next_u32(),
         }
     }
 
     fn next_u64(&mut self) -> u64 {
         match self {
-            RaftRng::Os(rng) => rng.next_u64(),
-            RaftRng::Seeded(rng) => rng.borrow_mut().next_u64(),
+            NodeRng::Os(rng) => rng.next_u64(),
+            NodeRng::Seeded(rng) => rng.borrow_mut().next_u64(),
         }
     }
 
     fn fill_bytes(&mut self, dest: &mut [u8]) {
         match self {
-            RaftRng::Os(rng) => rng.fill_bytes(dest),
-            RaftRng::Seeded(rng) => rng.borrow_mut().fill_bytes(dest),
+            NodeRng::Os(rng) => rng.fill_bytes(dest),
+            NodeRng::Seeded(rng) => rng.borrow_mut().fill_bytes(dest),
         }
     }
 
@@ -72,7 +81,7 @@ impl AsyncRuntime for DeadboltRuntime {
     type Instant = <Tokio as AsyncRuntime>::Instant;
     type TimeoutError = <Tokio as AsyncRuntime>::TimeoutError;
     type Timeout<R, T: Future<Output = R> + OptionalSend> = <Tokio as AsyncRuntime>::Timeout<R, T>;
-    type ThreadLocalRng = RaftRng;
+    type ThreadLocalRng = NodeRng;
     type OneshotSender<T: OptionalSend> = <Tokio as AsyncRuntime>::OneshotSender<T>;
     type OneshotReceiverError = <Tokio as AsyncRuntime>::OneshotReceiverError;
     type OneshotReceiver<T: OptionalSend> = <Tokio as AsyncRuntime>::OneshotReceiver<T>;
@@ -112,10 +121,7 @@ impl AsyncRuntime for DeadboltRuntime {
     }
 
     fn thread_rng() -> Self::ThreadLocalRng {
-        SEEDED.with(|seeded| match &*seeded.borrow() {
-            Some(rng) => RaftRng::Seeded(rng.clone()),
-            None => RaftRng::Os(rand::thread_rng()),
-        })
+        node_rng()
     }
 
     fn oneshot<T>() -> (Self::OneshotSender<T>, Self::OneshotReceiver<T>)

@@ -10,6 +10,7 @@ use deadbolt_server::{ConnectionLimits, RaftTiming};
 use rand::rngs::StdRng;
 use rand::Rng;
 use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -30,6 +31,8 @@ pub struct SimCluster {
     pub clock_faulted: bool,
     /// Session secrets for every node's API, from the seed.
     secrets: SecretSource,
+    /// Every disk each crash left, byte for byte: see `crash_digest`.
+    crashed_disks: DefaultHasher,
 }
 
 /// What a damaged disk lost or changed (`SimCluster::damage`).
@@ -90,6 +93,7 @@ impl SimCluster {
             clock_faults,
             clock_faulted: false,
             secrets,
+            crashed_disks: DefaultHasher::new(),
         };
         for id in 1..=size {
             cluster.slots.insert(
@@ -165,6 +169,9 @@ impl SimCluster {
         let _ = running.crashed.send(true);
         let keep = rng.gen_range(0.0..=1.0);
         slot.disks = slot.disks.map(|disk| disk.after_crash(keep, rng));
+        for disk in [&slot.disks.db, &slot.disks.witness, &slot.disks.snapshots] {
+            disk.hash_contents(&mut self.crashed_disks);
+        }
         slot.earlier = slot
             .latest
             .replace(slot.disks.map(|disk| disk.synced_image()));
@@ -218,6 +225,13 @@ impl SimCluster {
                 None => "nothing (no earlier image to roll back to)".to_owned(),
             },
         }
+    }
+
+    /// A hash of every disk the crashes so far left. Two runs of one seed
+    /// write the same bytes, so this tells a run that went its own way on
+    /// disk before anything else shows it.
+    pub fn crash_digest(&self) -> u64 {
+        self.crashed_disks.finish()
     }
 
     /// The node that currently leads, by the running nodes' own account.

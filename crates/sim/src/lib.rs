@@ -6,8 +6,10 @@
 //! on one thread, on tokio's paused clock: time only moves when every task
 //! waits, and then jumps to the next timer. Every random choice (faults,
 //! message delays and losses, clients' choices, openraft's election timeouts,
-//! tokio's `select!` fairness) is drawn from the seed, so a seed replays the
-//! same run exactly; [`SeedReport::digest`] proves it.
+//! data directories' instance ids, tokio's `select!` fairness) is drawn from
+//! the seed, and nothing depends on the order of a `HashMap` (redb's page
+//! writes are one: see `disk.rs`), so a seed replays the same run exactly;
+//! [`SeedReport::digest`] proves it.
 //!
 //! The history the clients record is judged by the same checker as the
 //! fault-injection suite on real processes (`deadbolt_nemesis::checker`);
@@ -31,7 +33,7 @@ use cluster::SimCluster;
 use deadbolt_nemesis::checker::{check, Finals, Violation};
 use deadbolt_nemesis::history::{Accepted, Record};
 use deadbolt_proto::v1::{LockHistoryRequest, StoreGetRequest};
-use deadbolt_server::embedded::{seed_raft_rng, SecretSource};
+use deadbolt_server::embedded::{seed_node_rng, SecretSource};
 use network::Fabric;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -81,8 +83,9 @@ pub struct SeedReport {
     /// The faults, with their simulated times.
     pub fault_log: Vec<String>,
     pub history: Vec<Record>,
-    /// A hash of the history and of every write the resource accepted: two
-    /// runs of one seed have the same digest.
+    /// A hash of the history, of every write the resource accepted, of the
+    /// fault log and of every disk a crash left: two runs of one seed have
+    /// the same digest.
     pub digest: u64,
     /// Simulated time the run took.
     pub simulated: Duration,
@@ -102,7 +105,7 @@ pub fn elapsed() -> Duration {
 
 /// Runs one seed to the end, on the calling thread.
 pub fn simulate(seed: u64, options: &SimOptions) -> SeedReport {
-    seed_raft_rng(seed);
+    seed_node_rng(seed);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -266,6 +269,7 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         finals.resource.insert(lock.clone(), value);
     }
     cluster.shut_down().await;
+    let crashed_disks = cluster.crash_digest();
     let leases_checked = !cluster.clock_faulted;
     if leases_checked {
         violations.extend(early_expiries(&finals.audit, &history.lease_starts()));
@@ -286,8 +290,8 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         ops: records.len() / 2,
         faults,
         violations,
+        digest: digest(&records, &accepted, &fault_log, crashed_disks),
         fault_log,
-        digest: digest(&records, &accepted),
         history: records,
         simulated: elapsed(),
         leases_checked,
@@ -332,8 +336,15 @@ fn early_expiries(
     early
 }
 
-fn digest(records: &[Record], accepted: &[Accepted]) -> u64 {
+fn digest(
+    records: &[Record],
+    accepted: &[Accepted],
+    fault_log: &[String],
+    crashed_disks: u64,
+) -> u64 {
     let mut hasher = DefaultHasher::new();
+    fault_log.hash(&mut hasher);
+    crashed_disks.hash(&mut hasher);
     for record in records {
         serde_json::to_string(record)
             .expect("serializable")

@@ -18,6 +18,11 @@ fn a_seed_replays_exactly_and_passes_the_checker() {
     let first = simulate(11, &short(true));
     let again = simulate(11, &short(true));
     assert!(first.faults > 0, "faults were injected");
+    assert!(
+        first.fault_log.iter().any(|fault| fault.contains("crash")),
+        "a node crashed, so the digest covers the disks it left: {:#?}",
+        first.fault_log
+    );
     assert!(first.ops > 50, "clients made progress: {} ops", first.ops);
     assert!(
         first.violations.is_empty(),

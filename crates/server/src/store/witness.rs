@@ -25,6 +25,7 @@
 
 use crate::raft_types::NodeId;
 use openraft::{LogId, Vote};
+use rand::Rng;
 use redb::StorageBackend;
 use serde::{Deserialize, Serialize};
 use std::io;
@@ -54,7 +55,11 @@ pub struct Witness {
 impl Witness {
     pub fn new(node_id: NodeId) -> Self {
         Witness {
-            instance: rand::random(),
+            // The node's random numbers (the host's on a real node, as
+            // `rand::random`'s): the simulation seeds them. The id is in the
+            // database's bytes, so an id of the host's made a simulated disk
+            // fault land elsewhere in each run of one seed.
+            instance: crate::runtime::node_rng().gen(),
             node_id,
             last_log: None,
             vote: None,

@@ -222,7 +222,7 @@ impl Cluster {
     /// Starts `size` nodes on blank disks, forms them into one cluster and
     /// waits for a leader.
     pub async fn form(size: u64) -> Cluster {
-        deadbolt_server::embedded::seed_raft_rng(size);
+        deadbolt_server::embedded::seed_node_rng(size);
         let mut cluster = Cluster {
             net: Arc::default(),
             slots: BTreeMap::new(),
