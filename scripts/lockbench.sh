@@ -208,6 +208,9 @@ else
   DEADBOLT=$DEADBOLT_TARGET/release/deadbolt
 fi
 [[ -x $DEADBOLT ]] || { say "no binary at $DEADBOLT"; exit 1; }
+# The builds leave hundreds of MB of dirty pages; written back during the first
+# runs, they slowed every fsync (Deadbolt, measured first, lost a quarter).
+sync
 
 {
   echo "=== $(date -Is) lockbench.sh duration=$DUR clients=$CLIENTS backends: $RUN"

@@ -48,6 +48,7 @@ git -C "$work/tree" apply "$root/bench/experiments/log-without-redb.patch"
 (cd "$work/tree" && CARGO_TARGET_DIR=$root/target cargo build --release --quiet -p deadbolt-cli)
 cp target/release/deadbolt "$work/deadbolt-experiment"
 cargo build --release --quiet -p deadbolt-cli # put the shipped binary back
+sync # the builds' dirty pages, written back during a run, would slow its fsyncs
 
 port=7181
 for round in $(seq "$rounds"); do
