@@ -273,7 +273,6 @@ const MAX_ABANDONED: usize = 200_000;
 
 impl Abandoned {
     fn push(&self, session: SessionId, lock: String, claim: Claim) {
-        let due = Instant::now() + ABANDON_GRACE;
         let mut queue = self.queue.lock().expect("abandoned queue poisoned");
         if queue.len() >= MAX_ABANDONED {
             tracing::warn!(
@@ -283,10 +282,12 @@ impl Abandoned {
             );
             return;
         }
-        assert!(
-            queue.back().is_none_or(|last| last.due <= due),
-            "abandonments out of order"
-        );
+        // Read under the lock, and never before the one ahead (callers on
+        // two threads could read the clock in one order and lock in the
+        // other): the queue stays in due order, which `take_due` relies
+        // on, and a grace can only come out a hair longer, never shorter.
+        let earliest = Instant::now() + ABANDON_GRACE;
+        let due = queue.back().map_or(earliest, |last| earliest.max(last.due));
         queue.push_back(Abandonment {
             due,
             session,
