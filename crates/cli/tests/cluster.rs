@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{deadbolt, TestCluster};
+use common::{deadbolt, log_segments, roll_back_log, TestCluster};
 use deadbolt_client::{Client, ErrorKind};
 use std::collections::{HashMap, HashSet};
 use std::future::{ready, Future};
@@ -311,7 +311,7 @@ async fn a_follower_that_lost_its_data_is_refused_then_rebuilt() {
     .await;
 }
 
-/// A follower's database put back to an older copy is intact, so only its
+/// A follower's database and log put back to an older copy are intact, so only its
 /// witness can tell: served, its log and vote would have gone back, and it
 /// could vote for a leader missing committed grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -321,7 +321,10 @@ async fn a_follower_whose_database_went_back_is_refused_then_rebuilt() {
             let data = cluster.node(follower).data_dir.clone();
             let older = data.with_extension("older");
             cluster.kill9(follower);
-            std::fs::copy(data.join("deadbolt.redb"), &older).unwrap();
+            std::fs::create_dir_all(&older).unwrap();
+            for name in log_segments(&data).into_iter().chain(["deadbolt.redb".to_owned()]) {
+                std::fs::copy(data.join(&name), older.join(&name)).unwrap();
+            }
             cluster.start_node(follower);
             let leader = cluster.leader_within(Duration::from_secs(10)).await;
             // Grants the follower acknowledges, and then forgets.
@@ -339,7 +342,7 @@ async fn a_follower_whose_database_went_back_is_refused_then_rebuilt() {
             })
             .await;
             cluster.kill9(follower);
-            std::fs::copy(&older, data.join("deadbolt.redb")).unwrap();
+            roll_back_log(&older, &data);
         },
         &["went back to an older state", "rebuild it from its peers"],
     )

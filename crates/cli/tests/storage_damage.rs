@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{deadbolt, TestServer, BIN};
+use common::{deadbolt, log_segments, roll_back_log, TestServer, BIN};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -229,6 +229,58 @@ fn every_truncation_at_a_page_boundary_reads_as_the_same_state_or_is_refused() {
     assert!(truncated.refused > 0);
 }
 
+/// The log's segment file (data format 12): every page holding records,
+/// and every 64th of its zero-filled rest, inverted; and the file cut at
+/// each of those pages. A record is checksummed, so a damaged one ends the
+/// log there: refused, since the witness says the log went further; damage
+/// past the last record is a torn write's leftovers and changes nothing.
+#[test]
+fn every_inverted_or_cut_page_of_the_log_segment_reads_as_the_same_state_or_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (data, _) = stopped_node(root.path());
+    let (_, intact, _) = check(&data);
+    let intact = intact["report"].clone();
+    // The first holds the records; the second was created ahead, empty.
+    let segments = log_segments(&data);
+    let segment = segments.first().expect("a log segment");
+    let original = std::fs::read(data.join(segment)).unwrap();
+    let pages: Vec<usize> = (0..original.len() / PAGE)
+        .filter(|&page| {
+            page % 64 == 0
+                || original[page * PAGE..(page + 1) * PAGE]
+                    .iter()
+                    .any(|&b| b != 0)
+        })
+        .collect();
+    let inverted = sweep(
+        root.path(),
+        &data,
+        segment,
+        &intact,
+        &pages,
+        |bytes, page| invert_page(bytes, page),
+    );
+    let cut = sweep(
+        root.path(),
+        &data,
+        segment,
+        &intact,
+        &pages,
+        |bytes, page| bytes.truncate(page * PAGE),
+    );
+    eprintln!("{} pages: inverted {inverted:?}, cut {cut:?}", pages.len());
+    // The records fill the first page: inverting it or cutting the file
+    // there loses acknowledged grants.
+    assert!(
+        inverted.refused > 0 && cut.refused > 0,
+        "{inverted:?} {cut:?}"
+    );
+    assert!(
+        inverted.same_state > 0 && cut.same_state > 0,
+        "{inverted:?} {cut:?}"
+    );
+}
+
 /// The snapshot file, its snapshot in chunks since data format 11 (so that
 /// the file stays under four times the snapshot), swept as the log's is: a
 /// node whose log was compacted behind its snapshot, so that the snapshot
@@ -290,9 +342,9 @@ fn a_database_cut_to_nothing_or_deleted_is_refused_not_started_afresh() {
     );
 }
 
-/// A copy of the database from before the last grants (an old `cp`, or
-/// redb falling back to an older commit) is intact, so only the witness can
-/// tell: the node must not serve it and hand out those grants' tokens again.
+/// A copy of the database and log from before the last grants (an old
+/// `cp`) is intact, so only the witness can tell: the node must not serve
+/// it and hand out those grants' tokens again.
 #[test]
 fn a_database_rolled_back_to_an_older_copy_is_refused() {
     let root = tempfile::tempdir().unwrap();
@@ -306,7 +358,7 @@ fn a_database_rolled_back_to_an_older_copy_is_refused() {
     let newer = take_locks(&server, &["c"]);
     drop(server);
 
-    std::fs::copy(older.join(DB), data.join(DB)).unwrap();
+    roll_back_log(&older, &data);
     let stderr = refused_start(&data);
     assert!(stderr.contains("went back to an older state"), "{stderr}");
     let (code, _, stderr) = check(&data);

@@ -18,7 +18,7 @@ pub use crate::raft_types::{NodeId, Raft, TypeConfig};
 pub use crate::runtime::seed_node_rng;
 pub use crate::secret::SecretSource;
 use crate::store::StorageIo;
-pub use crate::store::{SimulatedDisk, SimulatedDisks};
+pub use crate::store::{SimulatedDisk, SimulatedDisks, SimulatedSegments};
 use crate::{open_node, raft_config, spawn_duties, NodeRun, QueueLimits, RaftTiming};
 use anyhow::Context;
 use openraft::network::RaftNetworkFactory;

@@ -203,8 +203,13 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         leases: leases.clone(),
         metrics: metrics.clone(),
     });
-    let log_store = LogStore::new(db.clone(), data.witness, io, metrics.log_append_seconds())
-        .context("cannot read the raft log")?;
+    let log_store = LogStore::new(
+        db.clone(),
+        data.log,
+        data.witness,
+        io,
+        metrics.log_append_seconds(),
+    );
     let state_machine = StateMachineStore::open(data.snapshots, io, observers)
         .context("cannot load the snapshot from the data directory")?;
     let table = state_machine.shared();

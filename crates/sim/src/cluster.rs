@@ -8,9 +8,10 @@ use deadbolt_server::embedded::{
 };
 use deadbolt_server::{ConnectionLimits, RaftTiming};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::Rng;
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hasher};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -172,6 +173,10 @@ impl SimCluster {
         for disk in [&slot.disks.db, &slot.disks.witness, &slot.disks.snapshots] {
             disk.hash_contents(&mut self.crashed_disks);
         }
+        for (number, segment) in slot.disks.log.each() {
+            number.hash(&mut self.crashed_disks);
+            segment.hash_contents(&mut self.crashed_disks);
+        }
         slot.earlier = slot
             .latest
             .replace(slot.disks.map(|disk| disk.synced_image()));
@@ -195,8 +200,19 @@ impl SimCluster {
         match damage {
             DiskDamage::FlipBits => {
                 let count = rng.gen_range(1..=8);
-                slot.disks.db = slot.disks.db.with_flipped_bits(count, rng);
-                format!("{count} bits flipped in bytes its database holds")
+                let segments = slot.disks.log.each();
+                match segments.choose(rng) {
+                    Some((number, segment)) if rng.gen_bool(0.5) => {
+                        slot.disks
+                            .log
+                            .replace(*number, segment.with_flipped_bits(count, rng));
+                        format!("{count} bits flipped in bytes its log segment {number} holds")
+                    }
+                    _ => {
+                        slot.disks.db = slot.disks.db.with_flipped_bits(count, rng);
+                        format!("{count} bits flipped in bytes its database holds")
+                    }
+                }
             }
             DiskDamage::LoseDatabase => {
                 slot.disks.db = SimDisk::default();
@@ -209,7 +225,8 @@ impl SimCluster {
             DiskDamage::RollBack => match &slot.earlier {
                 Some(earlier) => {
                     slot.disks.db = earlier.db.synced_image();
-                    "its database rolled back to the image of an earlier crash".to_owned()
+                    slot.disks.log = earlier.log.map(SimDisk::synced_image);
+                    "its database and log rolled back to the image of an earlier crash".to_owned()
                 }
                 None => "nothing (no earlier image to roll back to)".to_owned(),
             },

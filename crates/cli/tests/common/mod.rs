@@ -167,3 +167,29 @@ pub fn curl(
         .unwrap_or_else(|_| serde_json::Value::String(reply.chars().take(200).collect()));
     (status.parse().unwrap(), reply)
 }
+
+/// The log segment files of the data directory `data`, by name.
+pub fn log_segments(data: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(data)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("deadbolt-log-"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Puts the database and log of `older`, a copy of the data directory
+/// `data` taken earlier, back into `data`, as a `cp` of an old copy would
+/// (the witness stays as it is).
+pub fn roll_back_log(older: &Path, data: &Path) {
+    for name in log_segments(data) {
+        std::fs::remove_file(data.join(name)).unwrap();
+    }
+    for name in log_segments(older)
+        .into_iter()
+        .chain(["deadbolt.redb".to_owned()])
+    {
+        std::fs::copy(older.join(&name), data.join(&name)).unwrap();
+    }
+}

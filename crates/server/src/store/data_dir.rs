@@ -19,13 +19,16 @@
 //!   or went back is refused, not replaced by a shorter history;
 //! - only then is it opened for writing.
 
+use super::log_file::{LogFile, SegmentDir};
 use super::overlay::ReadOnlyOverlay;
+use super::segments::{DirSegments, SimulatedSegments};
 use super::state_machine::upgrade_format_9;
 use super::verify::{verify, DataReport, Refusal};
 use super::witness::{Witness, WitnessFile, WITNESS_FILE};
 use super::{
-    encode, snapshot_chunks, At, FORMAT, FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG,
-    FORMAT_SNAPSHOT_IN_ONE_VALUE, INSTANCE_KEY, LOG, META, SNAPSHOT_KEY,
+    decode, encode, read_meta, snapshot_chunks, At, FORMAT, FORMAT_KEY, FORMAT_LOG_IN_DATABASE,
+    FORMAT_SNAPSHOT_IN_LOG, FORMAT_SNAPSHOT_IN_ONE_VALUE, INSTANCE_KEY, LOG, META, PURGED_KEY,
+    SNAPSHOT_KEY,
 };
 use crate::raft_types::NodeId;
 use openraft::{ErrorSubject, ErrorVerb};
@@ -34,6 +37,7 @@ use redb::{Database, DatabaseError, ReadableTable, ReadableTableMetadata, Storag
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The database file inside a data directory.
 const DB_FILE: &str = "deadbolt.redb";
@@ -112,6 +116,7 @@ pub enum DataDirError {
 /// the witness.
 pub struct OpenedData {
     pub db: Database,
+    pub log: LogFile,
     pub snapshots: Database,
     pub witness: WitnessFile,
     /// What the database held; `None` for a new directory.
@@ -148,6 +153,8 @@ trait Disk {
     fn open_db(&self, db: Db) -> Result<Database, DatabaseError>;
     /// The witness's storage, if it exists, locked against other processes.
     fn witness(&self, create: bool) -> Result<Option<Box<dyn StorageBackend>>, DataDirError>;
+    /// The log's segments; `writable` only once every check has passed.
+    fn segments(&self, writable: bool) -> Arc<dyn SegmentDir>;
     /// Makes new files' names durable.
     fn sync_names(&self) -> io::Result<()>;
 }
@@ -215,17 +222,22 @@ impl Disk for DirDisk {
         )))
     }
 
+    fn segments(&self, writable: bool) -> Arc<dyn SegmentDir> {
+        Arc::new(DirSegments::new(&self.dir, writable))
+    }
+
     fn sync_names(&self) -> io::Result<()> {
         File::open(&self.dir)?.sync_all()
     }
 }
 
 /// One simulated disk: a redb storage backend whose clones share its
-/// bytes. The name lets the embedding API (`embedded.rs`) take a disk
-/// without naming redb itself: only `store/` knows the database.
-pub trait SimulatedDisk: StorageBackend + Clone {}
+/// bytes (a new one is empty). The name lets the embedding API
+/// (`embedded.rs`) take a disk without naming redb itself: only `store/`
+/// knows the database.
+pub trait SimulatedDisk: StorageBackend + Clone + Default {}
 
-impl<D: StorageBackend + Clone> SimulatedDisk for D {}
+impl<D: StorageBackend + Clone + Default> SimulatedDisk for D {}
 
 /// A node's simulated disks, one per file of a data directory.
 #[derive(Debug, Clone, Default)]
@@ -233,15 +245,17 @@ pub struct SimulatedDisks<D> {
     pub db: D,
     pub witness: D,
     pub snapshots: D,
+    pub log: SimulatedSegments<D>,
 }
 
-impl<D> SimulatedDisks<D> {
+impl<D: Clone> SimulatedDisks<D> {
     /// The same change to each disk: a crash, a synced image.
     pub fn map(&self, mut change: impl FnMut(&D) -> D) -> Self {
         SimulatedDisks {
             db: change(&self.db),
             witness: change(&self.witness),
             snapshots: change(&self.snapshots),
+            log: self.log.map(change),
         }
     }
 
@@ -253,7 +267,7 @@ impl<D> SimulatedDisks<D> {
     }
 }
 
-impl<D: StorageBackend + Clone> Disk for SimulatedDisks<D> {
+impl<D: SimulatedDisk> Disk for SimulatedDisks<D> {
     fn name(&self, db: Db) -> PathBuf {
         PathBuf::from(format!("<simulated disk of {}>", db.file()))
     }
@@ -272,6 +286,10 @@ impl<D: StorageBackend + Clone> Disk for SimulatedDisks<D> {
 
     fn witness(&self, _create: bool) -> Result<Option<Box<dyn StorageBackend>>, DataDirError> {
         Ok(Some(Box::new(self.witness.clone())))
+    }
+
+    fn segments(&self, _writable: bool) -> Arc<dyn SegmentDir> {
+        Arc::new(self.log.clone())
     }
 
     fn sync_names(&self) -> io::Result<()> {
@@ -298,7 +316,7 @@ pub fn open_data_dir(dir: &Path, node_id: NodeId) -> Result<OpenedData, DataDirE
 /// Opens the data on simulated disks (the deterministic simulation's
 /// memory that survives a simulated crash), with the same checks as a data
 /// directory.
-pub fn open_simulated_disk<D: StorageBackend + Clone>(
+pub fn open_simulated_disk<D: SimulatedDisk>(
     disks: &SimulatedDisks<D>,
     node_id: NodeId,
 ) -> Result<OpenedData, DataDirError> {
@@ -383,16 +401,60 @@ fn open_for_writing(
         .open_db(Db::Snapshots)
         .map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
     prepare_snapshots(&snapshots, instance, disk)?;
-    let db = disk
+    let mut db = disk
         .open_db(Db::Log)
         .map_err(|e| damaged_db(disk, Db::Log, e))?;
-    prepare(&db, &mut snapshots, instance, disk)?;
+    let log_in_database = prepare(&db, &mut snapshots, instance, disk)?;
+    let segments = disk.segments(true);
+    if log_in_database {
+        move_log_into_segments(&mut db, segments.clone()).map_err(|e| damaged(disk, e))?;
+    }
+    let purged = read_meta(&db, PURGED_KEY, ErrorSubject::Logs).map_err(|e| damaged(disk, e))?;
+    let log = LogFile::open(segments, purged).map_err(|e| damaged(disk, e))?;
     Ok(OpenedData {
         db,
+        log,
         snapshots,
         witness,
         report,
     })
+}
+
+/// Moves a format-11 log out of its database table into segments (any
+/// left by a move a crash interrupted are replaced), and only then raises
+/// the format marker and drops the table, in one transaction: a crash
+/// before it leaves format 11, which moves the log again.
+fn move_log_into_segments(
+    db: &mut Database,
+    segments: Arc<dyn SegmentDir>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let at = At(ErrorSubject::Logs, ErrorVerb::Read);
+    let purged: Option<openraft::LogId<NodeId>> = read_meta(db, PURGED_KEY, ErrorSubject::Logs)?;
+    let mut entries = Vec::new();
+    let txn = db.begin_read()?;
+    match txn.open_table(LOG) {
+        Ok(table) => {
+            for item in table.range(purged.map_or(0, |p| p.index + 1)..)? {
+                let entry: openraft::Entry<crate::raft_types::TypeConfig> =
+                    decode(item?.1.value(), &at)?;
+                entries.push(entry);
+            }
+        }
+        // As `verify` reads it: no entry.
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    drop(txn);
+    for number in segments.list()? {
+        segments.remove(number)?;
+    }
+    LogFile::open(segments, purged)?.append(&entries)?;
+    let txn = db.begin_write()?;
+    txn.delete_table(LOG)?;
+    txn.open_table(META)?.insert(FORMAT_KEY, FORMAT)?;
+    txn.commit()?;
+    db.compact()?;
+    Ok(())
 }
 
 /// Opens a database on a read-only overlay and has redb check its pages;
@@ -426,7 +488,12 @@ fn check(disk: &dyn Disk, witness: &Witness) -> Result<DataReport, DataDirError>
         let db = checked_read_only(disk, Db::Log)?
             .ok_or_else(|| Refusal::Damaged("it is empty".to_owned()))?;
         let snapshots = checked_read_only(disk, Db::Snapshots)?;
-        verify(&db, snapshots.as_ref(), witness)
+        verify(
+            &db,
+            snapshots.as_ref(),
+            disk.segments(false).as_ref(),
+            witness,
+        )
     }));
     let (which, reason) = match checked {
         Ok(Ok(report)) => return Ok(report),
@@ -517,17 +584,19 @@ fn refuse_foreign(dir: &Path) -> Result<(), DataDirError> {
 /// Checks the format marker and instance id (writing both into a new
 /// database) and creates the tables. A database of an older format has its
 /// snapshot moved to `snapshots` (format 9) or cut into chunks there
-/// (format 10) first, then its marker raised: a crash in between leaves the
-/// old format, which does it again.
+/// (format 10) first, then its marker raised to format 11: a crash in
+/// between leaves the old format, which does it again. Whether the log is
+/// still in the database (format 11), to be moved into segments.
 fn prepare(
     db: &Database,
     snapshots: &mut Database,
     instance: u128,
     disk: &dyn Disk,
-) -> Result<(), DataDirError> {
+) -> Result<bool, DataDirError> {
     let unreadable = |reason: String| damaged(disk, reason);
     let at = At(ErrorSubject::Store, ErrorVerb::Write);
     let txn = db.begin_write().map_err(|e| unreadable(e.to_string()))?;
+    let mut log_in_database = false;
     {
         let mut meta = txn
             .open_table(META)
@@ -538,7 +607,9 @@ fn prepare(
             .map(|v| v.value().to_vec());
         match found {
             Some(found) if found == FORMAT => {}
+            Some(found) if found == FORMAT_LOG_IN_DATABASE => log_in_database = true,
             Some(found) if found == FORMAT_SNAPSHOT_IN_LOG => {
+                log_in_database = true;
                 let snapshot = meta
                     .remove(SNAPSHOT_KEY)
                     .map_err(|e| unreadable(e.to_string()))?
@@ -550,12 +621,13 @@ fn prepare(
                     snapshot_chunks::write(snapshots, &snapshot)
                         .map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
                 }
-                meta.insert(FORMAT_KEY, FORMAT)
+                meta.insert(FORMAT_KEY, FORMAT_LOG_IN_DATABASE)
                     .map_err(|e| unreadable(e.to_string()))?;
             }
             Some(found) if found == FORMAT_SNAPSHOT_IN_ONE_VALUE => {
+                log_in_database = true;
                 cut_into_chunks(snapshots).map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
-                meta.insert(FORMAT_KEY, FORMAT)
+                meta.insert(FORMAT_KEY, FORMAT_LOG_IN_DATABASE)
                     .map_err(|e| unreadable(e.to_string()))?;
             }
             Some(found) => {
@@ -575,10 +647,8 @@ fn prepare(
             None => return Err(unreadable("no format marker".into())),
         }
     }
-    // Create the log table up front, so that readers never find it missing.
-    txn.open_table(LOG).map_err(|e| unreadable(e.to_string()))?;
     txn.commit().map_err(|e| unreadable(e.to_string()))?;
-    Ok(())
+    Ok(log_in_database)
 }
 
 /// Rewrites format 10's snapshot, one value, in chunks, and gives back the

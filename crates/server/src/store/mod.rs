@@ -1,10 +1,12 @@
-//! Durable state in two redb files: the Raft log and the vote in one, the
-//! latest snapshot of the lock table in the other (why two: `data_dir.rs`).
+//! Durable state: the Raft log in segment files of its own (`log_file.rs`),
+//! the vote and the purge marker in one redb file, the latest snapshot of
+//! the lock table in another (why two: `data_dir.rs`).
 //!
 //! The lock table itself lives in memory; on start it is rebuilt from the
 //! snapshot plus the committed log entries after it (openraft re-applies
 //! them). Every write that openraft must be able to rely on after a crash
-//! (log appends, votes, snapshots) is committed with redb's default
+//! is durable before it is acknowledged: log records are fdatasync'd, and
+//! votes and snapshots committed with redb's default
 //! `Durability::Immediate`, which fsyncs before `commit` returns.
 
 // openraft's trait methods return its own (large) StorageError; helpers
@@ -13,9 +15,11 @@
 
 pub(crate) mod codec;
 mod data_dir;
+mod log_file;
 mod log_store;
 mod overlay;
 mod seed;
+mod segments;
 mod snapshot_chunks;
 mod state_machine;
 #[cfg(test)]
@@ -29,13 +33,15 @@ pub use data_dir::{
 };
 pub use log_store::{LogStore, StorageIo};
 pub use seed::seed_data_dir;
+pub use segments::SimulatedSegments;
 pub use state_machine::{EventSink, SharedTable, StateMachineStore};
 pub use verify::DataReport;
 
 use crate::raft_types::{NodeId, StorageError};
 use redb::TableDefinition;
 
-/// Raft log entries by index, bincode-encoded.
+/// Raft log entries by index, bincode-encoded: where formats up to 11 kept
+/// the log; read to move it into segments (`log_file.rs`).
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// Small named values: format marker, instance id, vote, purged log id; in
 /// the snapshot database, its instance id (and in format 10, the snapshot).
@@ -44,10 +50,13 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const FORMAT_KEY: &str = "format";
 /// Written once into a new data directory and checked at every start. Bump
 /// the version when the on-disk encoding changes incompatibly.
-const FORMAT: &[u8] = b"deadbolt-data/11";
+const FORMAT: &[u8] = b"deadbolt-data/12";
+/// The format whose log was a table of the database: read, and moved into
+/// segments when opened for writing.
+const FORMAT_LOG_IN_DATABASE: &[u8] = b"deadbolt-data/11";
 /// The format whose snapshot database held the snapshot as one value
 /// (`snapshot_chunks.rs` says why no longer): read, and cut into chunks
-/// when opened for writing.
+/// (then its log moved) when opened for writing.
 const FORMAT_SNAPSHOT_IN_ONE_VALUE: &[u8] = b"deadbolt-data/10";
 /// The format before snapshots had a database of their own: read, and
 /// moved to this format when opened for writing.

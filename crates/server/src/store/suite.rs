@@ -84,10 +84,11 @@ fn stores(
     let metrics = Arc::new(Metrics::new());
     let log = LogStore::new(
         Arc::new(data.db),
+        data.log,
         data.witness,
         io,
         metrics.log_append_seconds(),
-    )?;
+    );
     let state_machine = StateMachineStore::open(data.snapshots, io, observers(&metrics))?;
     Ok((log, state_machine))
 }

@@ -9,11 +9,13 @@
 //! The log is bounded by the snapshot interval, so this is one pass over at
 //! most `--snapshot-every` entries plus one snapshot decode.
 
+use super::log_file::{scan, SegmentDir};
 use super::state_machine::{apply_entry, decode_table, decode_table_v9, Applied, StoredSnapshot};
 use super::witness::Witness;
 use super::{
-    decode, snapshot_chunks, At, FORMAT, FORMAT_KEY, FORMAT_SNAPSHOT_IN_LOG,
-    FORMAT_SNAPSHOT_IN_ONE_VALUE, INSTANCE_KEY, LOG, META, PURGED_KEY, SNAPSHOT_KEY, VOTE_KEY,
+    decode, snapshot_chunks, At, FORMAT, FORMAT_KEY, FORMAT_LOG_IN_DATABASE,
+    FORMAT_SNAPSHOT_IN_LOG, FORMAT_SNAPSHOT_IN_ONE_VALUE, INSTANCE_KEY, LOG, META, PURGED_KEY,
+    SNAPSHOT_KEY, VOTE_KEY,
 };
 use crate::raft_types::{NodeId, TypeConfig};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, Vote};
@@ -69,6 +71,7 @@ type Damage = String;
 pub fn verify(
     db: &Database,
     snapshots: Option<&Database>,
+    segments: &dyn SegmentDir,
     witness: &Witness,
 ) -> Result<DataReport, Refusal> {
     let at = At(ErrorSubject::Store, ErrorVerb::Read);
@@ -78,13 +81,16 @@ pub fn verify(
         .map_err(|e| format!("its metadata table is unreadable: {e}"))?;
     let raw = |key: &str| raw_value(&meta, key);
 
-    let snapshot_in_log = match raw(FORMAT_KEY)? {
-        Some(format) if format == FORMAT => false,
+    // (Whether the snapshot is in the log database, whether the log is.)
+    let (snapshot_in_log, log_in_database) = match raw(FORMAT_KEY)? {
+        Some(format) if format == FORMAT => (false, false),
+        // Opening for writing moves the log into segments.
+        Some(format) if format == FORMAT_LOG_IN_DATABASE => (false, true),
         // Opening for writing cuts the snapshot into chunks; until then
         // `snapshot_chunks::read` finds it as it is.
-        Some(format) if format == FORMAT_SNAPSHOT_IN_ONE_VALUE => false,
+        Some(format) if format == FORMAT_SNAPSHOT_IN_ONE_VALUE => (false, true),
         // Opening for writing moves the snapshot to its own database.
-        Some(format) if format == FORMAT_SNAPSHOT_IN_LOG => true,
+        Some(format) if format == FORMAT_SNAPSHOT_IN_LOG => (true, true),
         Some(format) => {
             return Err(Refusal::WrongFormat(
                 String::from_utf8_lossy(&format).into_owned(),
@@ -127,24 +133,20 @@ pub fn verify(
     }
 
     // Every entry past the purge marker: intact, in place, contiguous.
-    let log = txn
-        .open_table(LOG)
-        .map_err(|e| format!("its log table is unreadable: {e}"))?;
+    let kept = match log_in_database {
+        true => entries_in_table(&txn, purged, &at)?,
+        false => scan(segments, purged)
+            .and_then(|scanned| scanned.index.read(purged.map_or(0, |p| p.index + 1)..))
+            .map_err(|e| format!("its log: {e}"))?,
+    };
     let mut expected = purged.map(|p| p.index + 1);
     let (mut first, mut last) = (None, None);
     let mut events = Vec::new();
-    let kept = log
-        .range(purged.map_or(0, |p| p.index + 1)..)
-        .map_err(|e| e.to_string())?;
-    for item in kept {
-        let (key, bytes) = item.map_err(|e| format!("the log: {e}"))?;
-        let index = key.value();
-        let entry: Entry<TypeConfig> =
-            decode(bytes.value(), &at).map_err(|e| format!("log entry {index}: {e}"))?;
-        if entry.log_id.index != index || expected.is_some_and(|expected| expected != index) {
+    for entry in kept {
+        let index = entry.log_id.index;
+        if expected.is_some_and(|expected| expected != index) {
             return Err(format!(
-                "the log is not contiguous: entry {} stands at index {index}, after {}",
-                entry.log_id.index,
+                "the log is not contiguous: entry {index} follows {}",
                 last.map_or("the start".to_owned(), |l: LogId<NodeId>| l
                     .index
                     .to_string())
@@ -194,6 +196,40 @@ pub fn verify(
         locks: state.table.lock_count(),
         store_keys: state.table.store().len(),
     })
+}
+
+/// The entries past `purged` of a log kept in a database table (formats
+/// up to 11), each checked to stand at its own index.
+fn entries_in_table(
+    txn: &redb::ReadTransaction,
+    purged: Option<LogId<NodeId>>,
+    at: &At,
+) -> Result<Vec<Entry<TypeConfig>>, Damage> {
+    // A database without the table holds no entry (the witness says
+    // whether it should).
+    let log = match txn.open_table(LOG) {
+        Ok(log) => log,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(format!("its log table is unreadable: {e}")),
+    };
+    let mut entries = Vec::new();
+    let kept = log
+        .range(purged.map_or(0, |p| p.index + 1)..)
+        .map_err(|e| e.to_string())?;
+    for item in kept {
+        let (key, bytes) = item.map_err(|e| format!("the log: {e}"))?;
+        let index = key.value();
+        let entry: Entry<TypeConfig> =
+            decode(bytes.value(), at).map_err(|e| format!("log entry {index}: {e}"))?;
+        if entry.log_id.index != index {
+            return Err(format!(
+                "the log is not contiguous: entry {} stands at index {index}",
+                entry.log_id.index
+            ));
+        }
+        entries.push(entry);
+    }
+    Ok(entries)
 }
 
 /// The bytes `key` holds in a `META` table.

@@ -1,0 +1,214 @@
+//! Where the log's segments ([`SegmentDir`], `log_file.rs`) are kept: files
+//! in the data directory ([`DirSegments`]), or simulated disks
+//! ([`SimulatedSegments`]), so that the simulation's crash model covers the
+//! same code a real node runs.
+
+use super::log_file::SegmentDir;
+use redb::StorageBackend;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// A segment file's size: some seconds of appends at full speed; the next
+/// one is zero-filled meanwhile (`LogFile`).
+const SEGMENT_FILE_BYTES: u64 = 16 << 20;
+/// A simulated segment's size: small, so that runs go through many.
+const SIMULATED_SEGMENT_BYTES: u64 = 64 << 10;
+
+/// Segment files are named this, then their number.
+pub const SEGMENT_PREFIX: &str = "deadbolt-log-";
+
+/// The segment files of a data directory.
+pub struct DirSegments {
+    dir: PathBuf,
+    /// `false` for `deadbolt data check` and the checks before a start:
+    /// files opened read-only cannot be changed by mistake.
+    writable: bool,
+}
+
+impl DirSegments {
+    pub fn new(dir: &Path, writable: bool) -> Self {
+        DirSegments {
+            dir: dir.to_owned(),
+            writable,
+        }
+    }
+
+    fn path(&self, number: u64) -> PathBuf {
+        self.dir.join(format!("{SEGMENT_PREFIX}{number:016}"))
+    }
+}
+
+fn segment_number(name: &str) -> Option<u64> {
+    name.strip_prefix(SEGMENT_PREFIX)?.parse().ok()
+}
+
+impl SegmentDir for DirSegments {
+    fn segment_bytes(&self) -> u64 {
+        SEGMENT_FILE_BYTES
+    }
+
+    fn creates_ahead(&self) -> bool {
+        true
+    }
+
+    fn describe(&self, number: u64) -> String {
+        self.path(number).display().to_string()
+    }
+
+    fn list(&self) -> io::Result<Vec<u64>> {
+        let mut numbers = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            if let Some(number) = segment_number(&entry?.file_name().to_string_lossy()) {
+                numbers.push(number);
+            }
+        }
+        numbers.sort_unstable();
+        Ok(numbers)
+    }
+
+    fn open(&self, number: u64) -> io::Result<Arc<dyn StorageBackend>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(self.writable)
+            .open(self.path(number))?;
+        Ok(Arc::new(SegmentFile(file)))
+    }
+
+    fn create(&self, number: u64, len: u64) -> io::Result<Arc<dyn StorageBackend>> {
+        assert!(self.writable, "a segment created through a read-only view");
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(self.path(number))?;
+        // Zeros written, not a sparse file: an fdatasync into a hole must
+        // allocate blocks and journal it, about twice the cost.
+        let zeros = vec![0u8; 1 << 20];
+        let mut left = len;
+        while left > 0 {
+            let chunk = left.min(zeros.len() as u64) as usize;
+            file.write_all(&zeros[..chunk])?;
+            left -= chunk as u64;
+        }
+        file.sync_all()?;
+        File::open(&self.dir)?.sync_all()?;
+        Ok(Arc::new(SegmentFile(file)))
+    }
+
+    fn remove(&self, number: u64) -> io::Result<()> {
+        // Not synced: a segment a crash brings back is removed again at
+        // the next start.
+        std::fs::remove_file(self.path(number))
+    }
+}
+
+/// A segment file, read and written at offsets.
+#[derive(Debug)]
+struct SegmentFile(File);
+
+impl StorageBackend for SegmentFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut bytes = vec![0; len];
+        self.0.read_exact_at(&mut bytes, offset)?;
+        Ok(bytes)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+
+    fn sync_data(&self, _eventual: bool) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write_all_at(data, offset)
+    }
+}
+
+/// A node's log segments on simulated disks, one per segment, shared by
+/// clones. Creating and removing a segment is durable at once (a real
+/// directory is synced after each creation; a removal a crash undoes is
+/// done again).
+#[derive(Debug, Clone, Default)]
+pub struct SimulatedSegments<D> {
+    disks: Arc<Mutex<BTreeMap<u64, D>>>,
+}
+
+impl<D: Clone> SimulatedSegments<D> {
+    /// The same change to each segment's disk: a crash, a synced image.
+    pub fn map(&self, change: impl FnMut(&D) -> D) -> Self {
+        let mut change = change;
+        let disks = self.disks();
+        SimulatedSegments {
+            disks: Arc::new(Mutex::new(
+                disks
+                    .iter()
+                    .map(|(&number, disk)| (number, change(disk)))
+                    .collect(),
+            )),
+        }
+    }
+
+    /// Each segment's disk, by number.
+    pub fn each(&self) -> Vec<(u64, D)> {
+        self.disks()
+            .iter()
+            .map(|(&number, disk)| (number, disk.clone()))
+            .collect()
+    }
+
+    /// Puts `disk` in place of segment `number`.
+    pub fn replace(&self, number: u64, disk: D) {
+        self.disks().insert(number, disk);
+    }
+
+    fn disks(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, D>> {
+        self.disks.lock().expect("segments lock poisoned")
+    }
+}
+
+impl<D: StorageBackend + Clone + Default> SegmentDir for SimulatedSegments<D> {
+    fn segment_bytes(&self) -> u64 {
+        SIMULATED_SEGMENT_BYTES
+    }
+
+    fn creates_ahead(&self) -> bool {
+        false
+    }
+
+    fn describe(&self, number: u64) -> String {
+        format!("<simulated log segment {number}>")
+    }
+
+    fn list(&self) -> io::Result<Vec<u64>> {
+        Ok(self.disks().keys().copied().collect())
+    }
+
+    fn open(&self, number: u64) -> io::Result<Arc<dyn StorageBackend>> {
+        let disk = self.disks().get(&number).cloned();
+        let disk = disk.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        Ok(Arc::new(disk))
+    }
+
+    fn create(&self, number: u64, len: u64) -> io::Result<Arc<dyn StorageBackend>> {
+        let disk = D::default();
+        disk.set_len(len)?;
+        disk.sync_data(false)?;
+        self.disks().insert(number, disk.clone());
+        Ok(Arc::new(disk))
+    }
+
+    fn remove(&self, number: u64) -> io::Result<()> {
+        self.disks().remove(&number);
+        Ok(())
+    }
+}
