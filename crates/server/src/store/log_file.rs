@@ -38,12 +38,16 @@
 use crate::raft_types::{NodeId, TypeConfig};
 use openraft::{Entry, LogId};
 use redb::StorageBackend;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 const MAGIC: &[u8; 4] = b"DBLg";
+/// The entries kept in memory after they are appended ([`LogIndex`]'s
+/// `recent`), at most: their number and their encoded bytes.
+const RECENT_ENTRIES: usize = 4096;
+const RECENT_BYTES: usize = 16 << 20;
 /// Magic, payload length, first index, checksum.
 const HEADER: usize = 4 + 4 + 8 + 4;
 /// The payload of one record at most: an append of more entries is cut
@@ -93,6 +97,12 @@ pub struct LogIndex {
     /// Entries up to here are gone, even those of a record still kept for
     /// the entries after them.
     purged: Option<u64>,
+    /// The newest entries as appended, with their encoded sizes: a
+    /// contiguous run up to the log's end. Nearly every read (applying a
+    /// commit, sending it to a follower) asks for them right after they
+    /// were written; served from here they cost no read and no decoding.
+    recent: VecDeque<(Entry<TypeConfig>, usize)>,
+    recent_bytes: usize,
 }
 
 impl LogIndex {
@@ -133,6 +143,13 @@ impl LogIndex {
     /// Replaces every entry from `first` on with `count` entries at `place`
     /// (none: a truncation).
     fn replace_from(&mut self, first: u64, place: Option<Place>) {
+        while let Some((entry, bytes)) = self.recent.back() {
+            if entry.log_id.index < first {
+                break;
+            }
+            self.recent_bytes -= bytes;
+            self.recent.pop_back();
+        }
         self.places.split_off(&first);
         if let Some(mut before) = self.places.last_entry() {
             let before = before.get_mut();
@@ -147,6 +164,7 @@ impl LogIndex {
     /// no longer hold any entry of the log.
     fn forget_up_to(&mut self, index: u64) -> Vec<u64> {
         self.purged = self.purged.max(Some(index));
+        self.forget_recent_while(|entry| entry.log_id.index <= index);
         let kept = self.places.split_off(&(index + 1));
         let straddling = self
             .places
@@ -157,12 +175,41 @@ impl LogIndex {
         if let Some((first, place)) = straddling {
             self.places.insert(first, place);
         }
-        let oldest_needed = self.places.values().map(|place| place.segment).min();
+        // Places in index order are in segment order too: a record goes
+        // into the newest segment, and replaces every place after its first
+        // index.
+        let oldest_needed = self
+            .places
+            .first_key_value()
+            .map(|(_, place)| place.segment);
         self.segments
             .keys()
             .copied()
             .filter(|&segment| oldest_needed.is_none_or(|oldest| segment < oldest))
             .collect()
+    }
+
+    /// Keeps `entries`, just appended after the last of `recent`, each of
+    /// about `bytes` encoded, dropping the oldest beyond the bounds.
+    fn remember(&mut self, entries: &[Entry<TypeConfig>], bytes: usize) {
+        for entry in entries {
+            self.recent.push_back((entry.clone(), bytes));
+            self.recent_bytes += bytes;
+        }
+        while self.recent.len() > RECENT_ENTRIES || self.recent_bytes > RECENT_BYTES {
+            let (_, bytes) = self.recent.pop_front().expect("over a bound, so not empty");
+            self.recent_bytes -= bytes;
+        }
+    }
+
+    fn forget_recent_while(&mut self, mut forget: impl FnMut(&Entry<TypeConfig>) -> bool) {
+        while let Some((entry, bytes)) = self.recent.front() {
+            if !forget(entry) {
+                break;
+            }
+            self.recent_bytes -= bytes;
+            self.recent.pop_front();
+        }
     }
 
     /// The entries in `range` (and not replaced), in order.
@@ -172,6 +219,20 @@ impl LogIndex {
             Bound::Excluded(&start) => start + 1,
             Bound::Unbounded => 0,
         };
+        let recent_first = self.recent.front().map(|(entry, _)| entry.log_id.index);
+        if let Some(skip) = recent_first.and_then(|first| start.checked_sub(first)) {
+            return Ok(self
+                .recent
+                .range(
+                    usize::try_from(skip)
+                        .unwrap_or(usize::MAX)
+                        .min(self.recent.len())..,
+                )
+                .map(|(entry, _)| entry)
+                .take_while(|entry| range.contains(&entry.log_id.index))
+                .cloned()
+                .collect());
+        }
         // The record holding `start`, if it began before it.
         let from = self
             .places
@@ -384,6 +445,27 @@ fn all_zeros(segment: &dyn StorageBackend, from: u64, to: u64) -> io::Result<boo
     Ok(true)
 }
 
+/// The segment records go into.
+struct Active {
+    number: u64,
+    segment: Arc<dyn StorageBackend>,
+    /// Where the next record starts.
+    offset: u64,
+    /// The segment's size, read once.
+    len: u64,
+}
+
+impl Active {
+    fn new(number: u64, segment: Arc<dyn StorageBackend>, offset: u64) -> io::Result<Self> {
+        Ok(Active {
+            len: segment.len()?,
+            number,
+            segment,
+            offset,
+        })
+    }
+}
+
 /// A segment being created on a thread of its own.
 type Creating = std::thread::JoinHandle<io::Result<Arc<dyn StorageBackend>>>;
 
@@ -394,7 +476,7 @@ pub struct LogFile {
     index: Arc<std::sync::RwLock<LogIndex>>,
     /// The segment records go into and where the next one starts; `None`
     /// until the first record (or after a torn end) opens a segment.
-    active: Option<(u64, Arc<dyn StorageBackend>, u64)>,
+    active: Option<Active>,
     next_segment: u64,
     /// The segment after the active one, being created (zero-filled and
     /// synced, some tens of milliseconds) on a thread of its own so that
@@ -413,7 +495,8 @@ impl LogFile {
                 .index
                 .segments
                 .get(&number)
-                .map(|segment| (number, segment.clone(), offset)),
+                .map(|segment| Active::new(number, segment.clone(), offset))
+                .transpose()?,
             _ => None,
         };
         let next_segment = scanned.end.map_or(1, |(number, _)| number + 1);
@@ -479,16 +562,18 @@ impl LogFile {
             let first = chunk.first().expect("chunks are never empty").log_id.index;
             let payload = bincode::serialize(chunk).map_err(io::Error::other)?;
             let place = self.write(first, &payload, chunk.len() as u64)?;
-            written.push(place);
+            written.push((place, chunk, payload.len() / chunk.len()));
         }
-        self.sync(&written)?;
+        let places: Vec<Place> = written.iter().map(|(place, ..)| *place).collect();
+        self.sync(&places)?;
         let mut index = self.index.write().expect("log index lock poisoned");
-        for place in written {
+        for (place, chunk, bytes_each) in written {
             index.replace_from(place.first, Some(place));
+            index.remember(chunk, bytes_each);
         }
         // Entries appended at or below the purge marker are gone at once,
         // as they will be when read back.
-        if let Some(purged) = self.purged {
+        if let Some(purged) = self.purged.filter(|p| p.index >= first.log_id.index) {
             index.forget_up_to(purged.index);
         }
         drop(index);
@@ -534,7 +619,7 @@ impl LogFile {
             if self
                 .active
                 .as_ref()
-                .is_some_and(|(active, ..)| *active == number)
+                .is_some_and(|active| active.number == number)
             {
                 continue;
             }
@@ -552,27 +637,25 @@ impl LogFile {
     fn write(&mut self, first: u64, payload: &[u8], count: u64) -> io::Result<Place> {
         let bytes = encode_record(first, payload);
         let needed = bytes.len() as u64;
-        let fits = |active: &(u64, Arc<dyn StorageBackend>, u64)| -> io::Result<bool> {
-            Ok(active.2 + needed <= active.1.len()?)
-        };
-        if !matches!(self.active.as_ref().map(fits).transpose()?, Some(true)) {
+        let fits = |active: &Active| active.offset + needed <= active.len;
+        if !self.active.as_ref().is_some_and(fits) {
             let (number, segment) = self.next_segment(needed)?;
             self.index
                 .write()
                 .expect("log index lock poisoned")
                 .segments
                 .insert(number, segment.clone());
-            self.active = Some((number, segment, 0));
+            self.active = Some(Active::new(number, segment, 0)?);
         }
-        let (number, segment, offset) = self.active.as_mut().expect("a segment to write to");
-        segment.write(*offset, &bytes)?;
+        let active = self.active.as_mut().expect("a segment to write to");
+        active.segment.write(active.offset, &bytes)?;
         let place = Place {
-            segment: *number,
-            offset: *offset,
+            segment: active.number,
+            offset: active.offset,
             first,
             count,
         };
-        *offset += needed;
+        active.offset += needed;
         Ok(place)
     }
 
@@ -779,13 +862,8 @@ mod tests {
         let mut log = open(&segments, None).unwrap();
         log.append(&entries(1, 0..=4)).unwrap();
         log.append(&entries(1, 5..=6)).unwrap();
-        let (last, _) = *log
-            .active
-            .as_ref()
-            .map(|(n, _, o)| (n, o))
-            .as_ref()
-            .unwrap();
-        let disk = bytes_of(&segments, *last);
+        let last = log.active.as_ref().expect("a segment written").number;
+        let disk = bytes_of(&segments, last);
         drop(log);
         // Tear the second record: its last bytes never reached the disk.
         let end = (0..disk.len().unwrap())
