@@ -5,11 +5,13 @@
 //! pages, their checksums, a commit header) before its fsync, 0.19–0.23 ms
 //! in all; a record written into a zero-filled file and `fdatasync`'d costs
 //! the fsync and little else (docs/performance.md, "What the log's storage
-//! costs": +24 % uncontended, +22 % contended with the witness kept).
+//! costs").
 //!
 //! A log is a sequence of segments, numbered upwards. Each is created full
 //! of zeros (so that an fdatasync never has to record a new size or newly
-//! allocated blocks) and holds records back to back:
+//! allocated blocks) and holds records back to back, **each written twice**:
+//! once in the segment's first half and once as far into its second, both
+//! in the same fdatasync:
 //!
 //! ```text
 //! magic "DBLg" | payload length u32 | first index u64 | CRC-32 of the three before and the payload | payload
@@ -22,15 +24,21 @@
 //! bytes already written, and the log is simply every record replayed in
 //! order.
 //!
-//! Reading stops, in each segment, at the first record that is not intact:
-//! one being written when the node stopped, never fsync'd, so never
-//! acknowledged. Whether what it dropped had been acknowledged is the
-//! witness's to say (`witness.rs`: the log must still reach the last end it
-//! recorded), not this file's; and a segment that lost records in its
-//! middle leaves a gap before the next one, which is refused here. New
-//! records never go after such an end, where leftover bytes of the torn
-//! record (a user's stored value, say) could later read as a record: the
-//! next record opens a new segment instead.
+//! Why two copies: to tell a record torn by a crash from one damaged
+//! later without the witness's second fsync on every append. A crash
+//! mid-write leaves neither copy complete only if the record was never
+//! fsync'd, so never acknowledged: dropped. Damage at rest (a flipped bit,
+//! a bad page) hits one copy, 8 MiB from the other: the record is read
+//! from the intact one. Two intact copies that differ are refused.
+//!
+//! Reading stops, in each segment, at the first record neither of whose
+//! copies is intact. Whether what that dropped had been acknowledged is
+//! also the witness's to say (`witness.rs`: the log must still reach the
+//! end it recorded, which follows the log's a moment behind); a segment
+//! that lost records in its middle leaves a gap before the next one, which
+//! is refused here. New records never go after such an end, where leftover
+//! bytes of the torn record (a user's stored value, say) could later read
+//! as a record: the next record opens a new segment instead.
 //!
 //! Purging deletes whole segments; the purge marker (in redb, with the
 //! vote) says which entries of the first remaining one are gone.
@@ -303,14 +311,15 @@ fn undecodable(what: String) -> io::Error {
 struct Record {
     first: u64,
     payload_len: u32,
+    checksum: u32,
     entries: Vec<Entry<TypeConfig>>,
 }
 
-/// The record at `offset`, if an intact one starts there. An error only
-/// if the storage cannot be read.
-fn read_record(segment: &dyn StorageBackend, offset: u64) -> io::Result<Option<Record>> {
-    let len = segment.len()?;
-    if offset + HEADER as u64 > len {
+/// The record at `offset` in the half of `segment` that ends at `end`, if
+/// an intact one starts there. An error only if the storage cannot be read
+/// or an intact record does not decode.
+fn read_copy(segment: &dyn StorageBackend, offset: u64, end: u64) -> io::Result<Option<Record>> {
+    if offset + HEADER as u64 > end {
         return Ok(None);
     }
     let header = segment.read(offset, HEADER)?;
@@ -320,7 +329,7 @@ fn read_record(segment: &dyn StorageBackend, offset: u64) -> io::Result<Option<R
     let checksum = u32::from_le_bytes(rest[12..16].try_into().expect("4 bytes"));
     if magic != MAGIC
         || payload_len as usize > MAX_PAYLOAD
-        || offset + (HEADER as u64) + u64::from(payload_len) > len
+        || offset + (HEADER as u64) + u64::from(payload_len) > end
     {
         return Ok(None);
     }
@@ -347,8 +356,30 @@ fn read_record(segment: &dyn StorageBackend, offset: u64) -> io::Result<Option<R
     Ok(Some(Record {
         first,
         payload_len,
+        checksum,
         entries,
     }))
+}
+
+/// The record at `offset` of `segment`'s first half, from whichever of its
+/// two copies is intact; `None` if neither is (a torn write, or the end).
+/// Two intact copies that differ are damage no crash makes.
+fn read_record(segment: &dyn StorageBackend, offset: u64) -> io::Result<Option<Record>> {
+    let half = segment.len()? / 2;
+    let first = read_copy(segment, offset, half)?;
+    let second = read_copy(segment, half + offset, 2 * half)?;
+    match (first, second) {
+        (Some(first), Some(second))
+            if (first.first, first.payload_len, first.checksum)
+                != (second.first, second.payload_len, second.checksum) =>
+        {
+            Err(undecodable(
+                "its two copies are intact but differ".to_owned(),
+            ))
+        }
+        (Some(record), _) | (None, Some(record)) => Ok(Some(record)),
+        (None, None) => Ok(None),
+    }
 }
 
 /// A record's bytes: header and payload.
@@ -405,8 +436,9 @@ pub fn scan(dir: &dyn SegmentDir, purged: Option<LogId<NodeId>>) -> io::Result<S
             index.replace_from(record.first, (count > 0).then_some(place));
             offset += HEADER as u64 + u64::from(record.payload_len);
         }
-        let len = segment.len()?;
-        torn = !all_zeros(segment.as_ref(), offset, len)?;
+        let half = segment.len()? / 2;
+        torn = !all_zeros(segment.as_ref(), offset, half)?
+            || !all_zeros(segment.as_ref(), half + offset, 2 * half)?;
         end = Some((number, offset));
         index.segments.insert(number, segment);
     }
@@ -449,16 +481,17 @@ fn all_zeros(segment: &dyn StorageBackend, from: u64, to: u64) -> io::Result<boo
 struct Active {
     number: u64,
     segment: Arc<dyn StorageBackend>,
-    /// Where the next record starts.
+    /// Where the next record starts (in the first half; its copy is as far
+    /// into the second).
     offset: u64,
-    /// The segment's size, read once.
-    len: u64,
+    /// Half the segment's size, read once.
+    half: u64,
 }
 
 impl Active {
     fn new(number: u64, segment: Arc<dyn StorageBackend>, offset: u64) -> io::Result<Self> {
         Ok(Active {
-            len: segment.len()?,
+            half: segment.len()? / 2,
             number,
             segment,
             offset,
@@ -637,7 +670,7 @@ impl LogFile {
     fn write(&mut self, first: u64, payload: &[u8], count: u64) -> io::Result<Place> {
         let bytes = encode_record(first, payload);
         let needed = bytes.len() as u64;
-        let fits = |active: &Active| active.offset + needed <= active.len;
+        let fits = |active: &Active| active.offset + needed <= active.half;
         if !self.active.as_ref().is_some_and(fits) {
             let (number, segment) = self.next_segment(needed)?;
             self.index
@@ -649,6 +682,7 @@ impl LogFile {
         }
         let active = self.active.as_mut().expect("a segment to write to");
         active.segment.write(active.offset, &bytes)?;
+        active.segment.write(active.half + active.offset, &bytes)?;
         let place = Place {
             segment: active.number,
             offset: active.offset,
@@ -673,12 +707,12 @@ impl LogFile {
             None => None,
         };
         let (number, segment) = match ahead {
-            Some((number, segment)) if segment.len()? >= needed => (number, segment),
+            Some((number, segment)) if segment.len()? / 2 >= needed => (number, segment),
             // None created ahead, or too small (it stays, empty).
             _ => {
                 let number = self.next_segment;
                 self.next_segment += 1;
-                let len = self.dir.segment_bytes().max(needed);
+                let len = self.dir.segment_bytes().max(2 * needed);
                 (number, self.dir.create(number, len)?)
             }
         };
@@ -865,13 +899,20 @@ mod tests {
         let last = log.active.as_ref().expect("a segment written").number;
         let disk = bytes_of(&segments, last);
         drop(log);
-        // Tear the second record: its last bytes never reached the disk.
+        // Tear the second record: the last bytes of its copy in the second
+        // half reached the disk, and those of the first did not: read back
+        // from the intact copy.
         let end = (0..disk.len().unwrap())
             .rev()
             .find(|&at| disk.read(at, 1).unwrap()[0] != 0)
             .unwrap();
+        let half = disk.len().unwrap() / 2;
+        disk.write(end - half - 3, &[0; 4]).unwrap();
+        let log = open(&segments, None).unwrap();
+        assert_eq!(log.last_log_id(), Some(entry(1, 6).log_id));
+        drop(log);
+        // Neither copy complete: never acknowledged, dropped.
         disk.write(end - 3, &[0; 4]).unwrap();
-
         let mut log = open(&segments, None).unwrap();
         assert_eq!(log.last_log_id(), Some(entry(1, 4).log_id));
         log.append(&entries(2, 5..=5)).unwrap();
@@ -889,18 +930,29 @@ mod tests {
     }
 
     #[test]
-    fn a_damaged_record_before_another_segment_is_a_gap_and_refused() {
+    fn a_record_damaged_in_one_copy_is_read_from_the_other_and_in_both_is_refused() {
         let segments = Segments::default();
         let mut log = open(&segments, None).unwrap();
         fill(&mut log, 8000);
         drop(log);
         assert!(segments.list().unwrap().len() >= 2);
         let first = bytes_of(&segments, 1);
-        // The second record of the first segment, damaged.
+        let half = first.len().unwrap() / 2;
+        let flip = |at: u64| {
+            let byte = first.read(at, 1).unwrap()[0];
+            first.write(at, &[byte ^ 0x10]).unwrap();
+        };
+        // The second record of the first segment, one copy damaged: read
+        // from the other.
         let second = read_record(&first, 0).unwrap().unwrap();
         let at = HEADER as u64 + u64::from(second.payload_len) + HEADER as u64 + 2;
-        let byte = first.read(at, 1).unwrap()[0];
-        first.write(at, &[byte ^ 0x10]).unwrap();
+        flip(at);
+        let log = open(&segments, None).unwrap();
+        assert_eq!(log.last_log_id(), Some(entry(1, 7999).log_id));
+        drop(log);
+        // Both copies: the rest of the segment is unread, and the next one
+        // goes on after a gap.
+        flip(half + at);
         let err = open(&segments, None).err().expect("refused");
         assert!(err.to_string().contains("missing from the log"), "{err}");
     }

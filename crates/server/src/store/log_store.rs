@@ -4,10 +4,16 @@
 //! openraft the entries are durable, so nothing is acknowledged before it
 //! is on disk.
 //!
-//! Every append and vote is also recorded in the [`WitnessFile`] after the
-//! write and before openraft hears of it, so a log that later goes back
-//! behind what was acknowledged (a damaged record, a segment lost, an older
-//! copy put back) is refused at start (see `witness.rs`).
+//! The log's end is also recorded in the [`WitnessFile`], so that a log that
+//! later goes back behind it (a segment lost, an older copy put back) is
+//! refused at start (see `witness.rs`); votes too. A vote is recorded
+//! before openraft hears of it, as before. The log's end is recorded a
+//! moment *after* the append is acknowledged, by a thread of its own
+//! ([`LazyWitness`]): a second fsync before every acknowledgment cost a
+//! third of the throughput, and what it guarded against is covered by the
+//! log's own mirrored records (`log_file.rs`): a record is lost only if
+//! both its copies are, and the witness trails the log by one fsync at
+//! most (none after a clean stop).
 //!
 //! The vote and the purge marker stay in the redb database: written rarely,
 //! each in a transaction of its own.
@@ -27,7 +33,7 @@ use openraft::{
 use redb::Database;
 use std::fmt::Debug;
 use std::ops::RangeBounds;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 /// Where the log's disk work runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +73,10 @@ pub struct LogStore {
     log: Arc<Mutex<LogFile>>,
     /// What readers read, without waiting for the writer's fsync.
     index: Arc<RwLock<LogIndex>>,
-    witness: Arc<Mutex<WitnessFile>>,
+    witness: Arc<LazyWitness>,
+    /// Writes the witness behind the log (`StorageIo::Threads` only); the
+    /// last clone dropped stops it, after it wrote what was left.
+    _witness_writer: Option<Arc<WitnessWriter>>,
     io: StorageIo,
     /// How long each append took to be durable (the metrics').
     append_seconds: prometheus_client::metrics::histogram::Histogram,
@@ -81,11 +90,18 @@ impl LogStore {
         io: StorageIo,
         append_seconds: prometheus_client::metrics::histogram::Histogram,
     ) -> Self {
+        let witness = Arc::new(LazyWitness {
+            file: Mutex::new(witness),
+            pending: Mutex::default(),
+            noted: Condvar::new(),
+        });
         LogStore {
             append_seconds,
             index: log.index(),
             log: Arc::new(Mutex::new(log)),
-            witness: Arc::new(Mutex::new(witness)),
+            _witness_writer: (io == StorageIo::Threads)
+                .then(|| Arc::new(WitnessWriter::start(witness.clone()))),
+            witness,
             io,
             db,
         }
@@ -96,22 +112,157 @@ impl LogStore {
     }
 }
 
-/// Appends entries, then records the log's new end in the witness: both
-/// durable when this returns `Ok`, in that order, so the log is never
-/// behind its witness.
-fn append_witnessed(
+/// The witness's record of the log's end, written behind the log: an
+/// append notes the end it made durable, and the end noted last is written
+/// by the [`WitnessWriter`] thread (or, inline, before the next write to
+/// storage). A truncation lowers the end at once, and nothing noted before
+/// it is written after it: the witness is never ahead of the log.
+struct LazyWitness {
+    file: Mutex<WitnessFile>,
+    pending: Mutex<Pending>,
+    noted: Condvar,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// The end noted and not yet written.
+    end: Option<Option<LogId<NodeId>>>,
+    /// Counts truncations: an end noted before one is never written.
+    truncations: u64,
+    /// Why writing the witness failed, for the next append to fail with.
+    failed: Option<String>,
+    stopping: bool,
+}
+
+impl LazyWitness {
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().expect("witness lock poisoned")
+    }
+
+    fn file(&self) -> std::sync::MutexGuard<'_, WitnessFile> {
+        self.file.lock().expect("witness lock poisoned")
+    }
+
+    /// Notes that the log now ends at `end`, durably; an error if writing
+    /// the witness has failed.
+    fn note_end(&self, end: Option<LogId<NodeId>>) -> std::io::Result<()> {
+        let mut pending = self.pending();
+        if let Some(failed) = &pending.failed {
+            return Err(std::io::Error::other(format!(
+                "writing the witness failed: {failed}"
+            )));
+        }
+        pending.end = Some(end);
+        self.noted.notify_one();
+        Ok(())
+    }
+
+    /// Writes the end noted last, if any.
+    fn write_pending(&self) -> std::io::Result<()> {
+        let (end, truncations) = {
+            let mut pending = self.pending();
+            match pending.end.take() {
+                Some(end) => (end, pending.truncations),
+                None => return Ok(()),
+            }
+        };
+        let mut file = self.file();
+        if self.pending().truncations != truncations {
+            // The log was truncated below it meanwhile.
+            return Ok(());
+        }
+        file.record_last_log(end).inspect_err(|err| {
+            self.pending().failed = Some(err.to_string());
+        })
+    }
+
+    /// Records that the log is about to end at `end`, lower than before,
+    /// durably, before the truncation is.
+    fn lower_end(&self, end: Option<LogId<NodeId>>) -> std::io::Result<()> {
+        {
+            let mut pending = self.pending();
+            pending.end = None;
+            pending.truncations += 1;
+        }
+        self.file().record_last_log(end)
+    }
+
+    fn record_vote(&self, vote: Vote<NodeId>) -> std::io::Result<()> {
+        self.write_pending()?;
+        self.file().record_vote(vote)
+    }
+}
+
+/// The least time between two writes of the witness by its thread: how far
+/// (at most, plus one fsync) the witness may trail the log when a node
+/// crashes.
+const WITNESS_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// The thread that writes the witness behind the log.
+struct WitnessWriter {
+    witness: Arc<LazyWitness>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WitnessWriter {
+    fn start(witness: Arc<LazyWitness>) -> Self {
+        let writing = witness.clone();
+        let thread = std::thread::Builder::new()
+            .name("witness".into())
+            .spawn(move || loop {
+                {
+                    let mut pending = writing.pending();
+                    while pending.end.is_none() && !pending.stopping {
+                        pending = writing.noted.wait(pending).expect("witness lock poisoned");
+                    }
+                    if pending.end.is_none() {
+                        return;
+                    }
+                }
+                if let Err(err) = writing.write_pending() {
+                    tracing::error!(%err, "cannot write the witness; the next append fails");
+                }
+                // Ends noted meanwhile are written together: one fsync per
+                // pause instead of one per append, which the log's own
+                // fsyncs would wait behind.
+                std::thread::sleep(WITNESS_PAUSE);
+            })
+            .expect("cannot start the witness thread");
+        WitnessWriter {
+            witness,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for WitnessWriter {
+    /// Stops the thread once it wrote the end noted last: a clean stop
+    /// leaves the witness level with the log.
+    fn drop(&mut self) {
+        self.witness.pending().stopping = true;
+        self.witness.noted.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Appends entries and notes the log's new end for the witness (written
+/// at once when there is no thread for it: see [`LazyWitness`]).
+fn append_noted(
     log: &Mutex<LogFile>,
-    witness: &Mutex<WitnessFile>,
+    witness: &LazyWitness,
+    io: StorageIo,
     entries: &[Entry<TypeConfig>],
 ) -> Result<(), StorageError> {
     let at = At(ErrorSubject::Logs, ErrorVerb::Write);
+    if io == StorageIo::Inline {
+        // The end the previous append noted, before this one.
+        witness.write_pending().at(&at)?;
+    }
     let mut log = log.lock().expect("log lock poisoned");
     log.append(entries).at(&at)?;
-    witness
-        .lock()
-        .expect("witness lock poisoned")
-        .record_last_log(log.last_log_id())
-        .at(&at)
+    witness.note_end(log.last_log_id()).at(&at)
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -146,8 +297,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
         write_meta(&self.db, VOTE_KEY, vote, ErrorSubject::Vote)?;
         self.witness
-            .lock()
-            .expect("witness lock poisoned")
             .record_vote(*vote)
             .at(&At(ErrorSubject::Vote, ErrorVerb::Write))
     }
@@ -171,17 +320,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         let started = std::time::Instant::now();
-        let (log, witness) = (self.log.clone(), self.witness.clone());
+        let (log, witness, io) = (self.log.clone(), self.witness.clone(), self.io);
         let written = self
             .io
             .run(
-                move || append_witnessed(&log, &witness, &entries),
+                move || append_noted(&log, &witness, io, &entries),
                 |panic| StorageIOError::write_logs(panic).into(),
             )
             .await;
         self.append_seconds.observe(started.elapsed().as_secs_f64());
         // Only after the fsync returned may openraft count these entries as
-        // persisted.
+        // persisted (the witness follows: see `LazyWitness`).
         match &written {
             Ok(()) => callback.log_io_completed(Ok(())),
             Err(err) => callback.log_io_completed(Err(std::io::Error::other(err.to_string()))),
@@ -198,11 +347,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Some(before) => log.log_id_at_or_purged(before).at(&at)?,
             None => None,
         };
-        self.witness
-            .lock()
-            .expect("witness lock poisoned")
-            .record_last_log(end)
-            .at(&at)?;
+        self.witness.lower_end(end).at(&at)?;
         log.truncate(log_id.index).at(&at)
     }
 
