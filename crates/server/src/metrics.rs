@@ -334,7 +334,7 @@ impl Metrics {
             log_append_seconds: register(
                 r,
                 "deadbolt_log_append_duration",
-                "Raft log appends: the database commit and the witness record, both fsync'd",
+                "Raft log appends: the record written twice and fsync'd once",
                 seconds(),
                 Histogram::new(disk_buckets()),
             ),

@@ -1,27 +1,27 @@
-//! [`Witness`]: a small file beside the database that remembers how far the
-//! database had come, so that a start on a database that went back is
-//! refused instead of served.
+//! [`Witness`]: a small file beside the log and the database that
+//! remembers how far they had come, so that a start on data that went back
+//! is refused instead of served.
 //!
-//! Why: redb keeps two commit slots and, when the newest fails its checksum,
-//! falls back to the one before, silently. A damaged page, a `cp` of an old
-//! copy or a lost write can therefore hand a node an older log than the one
-//! it acknowledged: the last grant gone and its token issued again, or a
-//! vote forgotten so that a follower votes twice in a term. Checksums cannot
-//! see that (the old state is intact); only a record kept elsewhere can.
+//! Why: a `cp` of an old copy, a log segment lost, a lost write, or redb
+//! falling back (silently) to its previous commit slot when the newest
+//! fails its checksum can hand a node an older log or vote than the one it
+//! acknowledged: the last grant gone and its token issued again, or a vote
+//! forgotten so that a follower votes twice in a term. Checksums cannot see
+//! that (the old state is intact); only a record kept elsewhere can.
 //!
 //! The witness holds the directory's identity (a random instance id, the
-//! node id, the format) and a high-water mark: the last log id the database
-//! holds and the vote it saved. It is rewritten after every log append and
-//! vote, *after* the database commit, and fsync'd before openraft hears the
-//! write is durable. So the database is always at or past the witness, and
-//! a database found behind it lost something it had acknowledged. The cost
-//! is one more small write and `fdatasync` per log append (a batch of
-//! commands, not each command): see `docs/performance.md`.
+//! node id, the format) and a high-water mark: the last log id the log
+//! holds and the vote the database saved. Each is rewritten only *after*
+//! what it records is durable, so the log and the database are always at
+//! or past the witness, and data found behind it lost something. A vote is
+//! recorded before openraft hears it is saved; the log's end a moment
+//! after each append (`log_store.rs`, `LazyWitness`: a torn or damaged log
+//! record is told apart by the log's own mirrored copies).
 //!
 //! Torn writes: the record alternates between two slots in different 4 KiB
 //! blocks, each with a sequence number and a checksum. A write torn by a
 //! power cut damages only the slot being written; the other still holds the
-//! previous mark, which the database has also passed.
+//! previous mark, which the log and the database have also passed.
 
 use crate::raft_types::NodeId;
 use openraft::{LogId, Vote};
