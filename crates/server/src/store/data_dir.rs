@@ -901,6 +901,53 @@ mod tests {
         assert_eq!(moved.table_limits(), deadbolt_core::TableLimits::DEFAULT);
     }
 
+    /// A format-11 directory (the log in a table of `deadbolt.redb`) is
+    /// read as it is, and its log moved into segments when opened for
+    /// writing; a segment left by a move a crash interrupted is replaced.
+    #[test]
+    fn a_format_11_directory_has_its_log_moved_into_segments() {
+        use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let log_id = |index| LogId::new(CommittedLeaderId::new(1, 1), index);
+        {
+            let mut opened = open(&data).unwrap();
+            let at = At(ErrorSubject::Logs, ErrorVerb::Write);
+            let txn = opened.db.begin_write().unwrap();
+            {
+                let mut table = txn.open_table(LOG).unwrap();
+                for index in 0..50 {
+                    let entry = Entry::<crate::raft_types::TypeConfig> {
+                        log_id: log_id(index),
+                        payload: EntryPayload::Blank,
+                    };
+                    table
+                        .insert(index, encode(&entry, &at).unwrap().as_slice())
+                        .unwrap();
+                }
+                let mut meta = txn.open_table(META).unwrap();
+                meta.insert(FORMAT_KEY, FORMAT_LOG_IN_DATABASE).unwrap();
+            }
+            txn.commit().unwrap();
+            opened.witness.record_last_log(Some(log_id(49))).unwrap();
+        }
+        let leftover = data.join("deadbolt-log-0000000000000007");
+        std::fs::write(&leftover, vec![0xa5; 4096]).unwrap();
+        let before = check_data_dir(&data).unwrap();
+        assert_eq!((before.log_first, before.log_last), (Some(0), Some(49)));
+
+        drop(open(&data).unwrap());
+        assert_eq!(format(&data), FORMAT);
+        assert_eq!(check_data_dir(&data).unwrap(), before);
+        assert!(!leftover.exists(), "the interrupted move's segment is gone");
+        let db = Database::create(data.join(DB_FILE)).unwrap();
+        let txn = db.begin_read().unwrap();
+        assert!(matches!(
+            txn.open_table(LOG),
+            Err(redb::TableError::TableDoesNotExist(_))
+        ));
+    }
+
     /// A directory of format 10 (the snapshot one value in its database,
     /// which grew the file to nine times the snapshot) is read as it is,
     /// and its snapshot cut into chunks when opened for writing; and so is
