@@ -77,6 +77,8 @@ pub trait SegmentDir: Send + Sync + 'static {
     /// The segments there are, by number, ascending.
     fn list(&self) -> io::Result<Vec<u64>>;
     fn open(&self, number: u64) -> io::Result<Arc<dyn StorageBackend>>;
+    /// Makes the names of the segments there are durable.
+    fn sync_names(&self) -> io::Result<()>;
     /// Creates segment `number`, `len` zero bytes, its bytes and its name
     /// durable when this returns. A crash part-way leaves a segment of
     /// zeros, shorter or not, which reads as holding no record.
@@ -98,7 +100,7 @@ struct Place {
 
 /// The log's records by first index, and the segments they are in: what
 /// every reader shares.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 pub struct LogIndex {
     places: BTreeMap<u64, Place>,
     segments: BTreeMap<u64, Arc<dyn StorageBackend>>,
@@ -415,7 +417,6 @@ pub struct Scanned {
 pub fn scan(dir: &dyn SegmentDir, purged: Option<LogId<NodeId>>) -> io::Result<Scanned> {
     let mut index = LogIndex::default();
     let mut end = None;
-    let mut torn = false;
     let purged_index = purged.map(|id| id.index);
     for number in dir.list()? {
         let segment = dir.open(number)?;
@@ -436,12 +437,20 @@ pub fn scan(dir: &dyn SegmentDir, purged: Option<LogId<NodeId>>) -> io::Result<S
             index.replace_from(record.first, (count > 0).then_some(place));
             offset += HEADER as u64 + u64::from(record.payload_len);
         }
-        let half = segment.len()? / 2;
-        torn = !all_zeros(segment.as_ref(), offset, half)?
-            || !all_zeros(segment.as_ref(), half + offset, 2 * half)?;
         end = Some((number, offset));
         index.segments.insert(number, segment);
     }
+    // Only the last segment is written to again, and only if nothing but
+    // zeros follows its records in either half.
+    let torn = match end {
+        Some((number, offset)) => {
+            let segment = &index.segments[&number];
+            let half = segment.len()? / 2;
+            !all_zeros(segment.as_ref(), offset, half)?
+                || !all_zeros(segment.as_ref(), half + offset, 2 * half)?
+        }
+        None => false,
+    };
     // Entries up to the purge marker are gone, whatever the segments say.
     if let Some(purged) = purged_index {
         index.forget_up_to(purged);
@@ -532,6 +541,12 @@ impl LogFile {
                 .transpose()?,
             _ => None,
         };
+        if active.is_some() {
+            // It may be one whose creation a crash cut short, before its
+            // name was synced: records fsync'd into it must not vanish with
+            // it.
+            dir.sync_names()?;
+        }
         let next_segment = scanned.end.map_or(1, |(number, _)| number + 1);
         let mut file = LogFile {
             dir,

@@ -78,6 +78,10 @@ impl SegmentDir for DirSegments {
         Ok(Arc::new(SegmentFile(file)))
     }
 
+    fn sync_names(&self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+
     fn create(&self, number: u64, len: u64) -> io::Result<Arc<dyn StorageBackend>> {
         assert!(self.writable, "a segment created through a read-only view");
         let mut file = OpenOptions::new()
@@ -197,6 +201,10 @@ impl<D: StorageBackend + Clone + Default> SegmentDir for SimulatedSegments<D> {
         let disk = self.disks().get(&number).cloned();
         let disk = disk.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
         Ok(Arc::new(disk))
+    }
+
+    fn sync_names(&self) -> io::Result<()> {
+        Ok(())
     }
 
     fn create(&self, number: u64, len: u64) -> io::Result<Arc<dyn StorageBackend>> {
