@@ -229,11 +229,13 @@ fn every_truncation_at_a_page_boundary_reads_as_the_same_state_or_is_refused() {
     assert!(truncated.refused > 0);
 }
 
-/// The log's segment file (data format 12): every page holding records,
-/// and every 64th of its zero-filled rest, inverted; and the file cut at
-/// each of those pages. A record is checksummed, so a damaged one ends the
-/// log there: refused, since the witness says the log went further; damage
-/// past the last record is a torn write's leftovers and changes nothing.
+/// The log's segment file (data format 12), whose records are each
+/// written twice, in its two halves: every page holding records, and every
+/// 64th of its zero-filled rest, inverted, which the intact copy makes
+/// good; the same page inverted in both halves, which loses the records
+/// there (refused: the witness says the log went further), or only the
+/// zeros after them (a torn write's leftovers: nothing lost); and the file
+/// cut at each of those pages.
 #[test]
 fn every_inverted_or_cut_page_of_the_log_segment_reads_as_the_same_state_or_is_refused() {
     let root = tempfile::tempdir().unwrap();
@@ -244,41 +246,36 @@ fn every_inverted_or_cut_page_of_the_log_segment_reads_as_the_same_state_or_is_r
     let segments = log_segments(&data);
     let segment = segments.first().expect("a log segment");
     let original = std::fs::read(data.join(segment)).unwrap();
+    let half = original.len() / 2 / PAGE;
     let pages: Vec<usize> = (0..original.len() / PAGE)
         .filter(|&page| {
-            page % 64 == 0
-                || original[page * PAGE..(page + 1) * PAGE]
-                    .iter()
-                    .any(|&b| b != 0)
+            page % 64 == 0 || original[page * PAGE..(page + 1) * PAGE].iter().any(|&b| b != 0)
         })
         .collect();
-    let inverted = sweep(
-        root.path(),
-        &data,
-        segment,
-        &intact,
-        &pages,
-        |bytes, page| invert_page(bytes, page),
+    let inverted = sweep(root.path(), &data, segment, &intact, &pages, |bytes, page| {
+        invert_page(bytes, page)
+    });
+    assert_eq!(
+        (inverted.same_state, inverted.refused),
+        (pages.len(), 0),
+        "one copy of every record is intact"
     );
-    let cut = sweep(
-        root.path(),
-        &data,
-        segment,
-        &intact,
-        &pages,
-        |bytes, page| bytes.truncate(page * PAGE),
+    let first_half: Vec<usize> = pages.iter().copied().filter(|&page| page < half).collect();
+    let both = sweep(root.path(), &data, segment, &intact, &first_half, |bytes, page| {
+        invert_page(bytes, page);
+        invert_page(bytes, half + page);
+    });
+    let cut = sweep(root.path(), &data, segment, &intact, &pages, |bytes, page| {
+        bytes.truncate(page * PAGE)
+    });
+    eprintln!(
+        "{} pages: inverted {inverted:?}, in both halves {both:?}, cut {cut:?}",
+        pages.len()
     );
-    eprintln!("{} pages: inverted {inverted:?}, cut {cut:?}", pages.len());
-    // The records fill the first page: inverting it or cutting the file
-    // there loses acknowledged grants.
-    assert!(
-        inverted.refused > 0 && cut.refused > 0,
-        "{inverted:?} {cut:?}"
-    );
-    assert!(
-        inverted.same_state > 0 && cut.same_state > 0,
-        "{inverted:?} {cut:?}"
-    );
+    // The records fill the first page of each half: losing both copies of
+    // it, or cutting the file there, loses acknowledged grants.
+    assert!(both.refused > 0 && cut.refused > 0, "{both:?} {cut:?}");
+    assert!(both.same_state > 0 && cut.same_state > 0, "{both:?} {cut:?}");
 }
 
 /// The snapshot file, its snapshot in chunks since data format 11 (so that
