@@ -249,25 +249,45 @@ fn every_inverted_or_cut_page_of_the_log_segment_reads_as_the_same_state_or_is_r
     let half = original.len() / 2 / PAGE;
     let pages: Vec<usize> = (0..original.len() / PAGE)
         .filter(|&page| {
-            page % 64 == 0 || original[page * PAGE..(page + 1) * PAGE].iter().any(|&b| b != 0)
+            page % 64 == 0
+                || original[page * PAGE..(page + 1) * PAGE]
+                    .iter()
+                    .any(|&b| b != 0)
         })
         .collect();
-    let inverted = sweep(root.path(), &data, segment, &intact, &pages, |bytes, page| {
-        invert_page(bytes, page)
-    });
+    let inverted = sweep(
+        root.path(),
+        &data,
+        segment,
+        &intact,
+        &pages,
+        |bytes, page| invert_page(bytes, page),
+    );
     assert_eq!(
         (inverted.same_state, inverted.refused),
         (pages.len(), 0),
         "one copy of every record is intact"
     );
     let first_half: Vec<usize> = pages.iter().copied().filter(|&page| page < half).collect();
-    let both = sweep(root.path(), &data, segment, &intact, &first_half, |bytes, page| {
-        invert_page(bytes, page);
-        invert_page(bytes, half + page);
-    });
-    let cut = sweep(root.path(), &data, segment, &intact, &pages, |bytes, page| {
-        bytes.truncate(page * PAGE)
-    });
+    let both = sweep(
+        root.path(),
+        &data,
+        segment,
+        &intact,
+        &first_half,
+        |bytes, page| {
+            invert_page(bytes, page);
+            invert_page(bytes, half + page);
+        },
+    );
+    let cut = sweep(
+        root.path(),
+        &data,
+        segment,
+        &intact,
+        &pages,
+        |bytes, page| bytes.truncate(page * PAGE),
+    );
     eprintln!(
         "{} pages: inverted {inverted:?}, in both halves {both:?}, cut {cut:?}",
         pages.len()
@@ -275,7 +295,10 @@ fn every_inverted_or_cut_page_of_the_log_segment_reads_as_the_same_state_or_is_r
     // The records fill the first page of each half: losing both copies of
     // it, or cutting the file there, loses acknowledged grants.
     assert!(both.refused > 0 && cut.refused > 0, "{both:?} {cut:?}");
-    assert!(both.same_state > 0 && cut.same_state > 0, "{both:?} {cut:?}");
+    assert!(
+        both.same_state > 0 && cut.same_state > 0,
+        "{both:?} {cut:?}"
+    );
 }
 
 /// The snapshot file, its snapshot in chunks since data format 11 (so that
