@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # How much of a durable grant's cost is the Raft log's storage? Runs the same
-# `deadbolt bench` workloads, alternating, against four modes of one server:
+# `deadbolt bench` workloads, alternating, against five modes of the server:
 #
-#   redb     the shipped server: each appended batch is a redb transaction,
-#            committed with fsync, then the witness written and fdatasync'd
-#   file     log-without-redb.patch, log appended to a preallocated file and
-#            fdatasync'd, then the witness as shipped (what a dedicated log
-#            file would cost at best, with today's integrity checks)
-#   mirror   log-without-redb.patch, each batch written twice into the file
-#            and fdatasync'd once, no witness (a log that tells a torn tail
-#            from a damaged one by its mirror copy: one fsync per batch)
-#   memory   log-without-redb.patch, log in memory only: no disk at all
+#   shipped  this checkout: each batch a record written twice into a log
+#            segment and fdatasync'd once; the witness written behind it
+#            (data format 12)
+#   redb     the server before it ($BASE, data format 11): each batch a redb
+#            transaction, committed with fsync, then the witness written and
+#            fdatasync'd before the batch is acknowledged
+#   file     $BASE with log-without-redb.patch: the log appended to a
+#            preallocated file and fdatasync'd, then the witness as in redb
+#   mirror   $BASE with log-without-redb.patch: each batch written twice into
+#            the file and fdatasync'd once, no witness at all (the least a
+#            one-fsync log can cost: what `shipped` was built after)
+#   memory   $BASE with log-without-redb.patch: the log in memory only, no disk
 #
 #   bench/experiments/storage-ceiling.sh [--rounds 3] [--duration 5s] [--clients 16]
 #
@@ -21,13 +24,15 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 
+# The last commit with the log in redb, which the patch applies to.
+BASE=5b0293c
 rounds=3 duration=5s clients=16
 while [[ $# -gt 0 ]]; do
     case $1 in
     --rounds) rounds=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --clients) clients=$2; shift 2 ;;
-    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
     esac
 done
 
@@ -41,10 +46,12 @@ cleanup() {
 trap cleanup EXIT
 
 cargo build --release --quiet -p deadbolt-cli
-cp target/release/deadbolt "$work/deadbolt-redb"
-git worktree add --quiet --detach "$work/tree" HEAD
-git -C "$work/tree" apply "$root/bench/experiments/log-without-redb.patch"
+cp target/release/deadbolt "$work/deadbolt-shipped"
+git worktree add --quiet --detach "$work/tree" "$BASE"
 # The shared target directory keeps the dependencies from being rebuilt.
+(cd "$work/tree" && CARGO_TARGET_DIR=$root/target cargo build --release --quiet -p deadbolt-cli)
+cp target/release/deadbolt "$work/deadbolt-redb"
+git -C "$work/tree" apply "$root/bench/experiments/log-without-redb.patch"
 (cd "$work/tree" && CARGO_TARGET_DIR=$root/target cargo build --release --quiet -p deadbolt-cli)
 cp target/release/deadbolt "$work/deadbolt-experiment"
 cargo build --release --quiet -p deadbolt-cli # put the shipped binary back
@@ -52,9 +59,10 @@ sync # the builds' dirty pages, written back during a run, would slow its fsyncs
 
 port=7181
 for round in $(seq "$rounds"); do
-    for mode in redb file mirror memory; do
+    for mode in shipped redb file mirror memory; do
         data=$work/data-$mode-$round
         case $mode in
+        shipped) "$work/deadbolt-shipped" server --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
         redb) "$work/deadbolt-redb" server --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
         file) DEADBOLT_EXPERIMENT_LOG=$work/log-$round.bin "$work/deadbolt-experiment" server \
             --listen 127.0.0.1:$port --data-dir "$data" 2>"$work/server.log" & ;;
