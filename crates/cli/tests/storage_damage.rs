@@ -242,9 +242,10 @@ fn every_inverted_or_cut_page_of_the_log_segment_reads_as_the_same_state_or_is_r
     let (data, _) = stopped_node(root.path());
     let (_, intact, _) = check(&data);
     let intact = intact["report"].clone();
-    // The first holds the records; the second was created ahead, empty.
     let segments = log_segments(&data);
-    let segment = segments.first().expect("a log segment");
+    let [segment] = &segments[..] else {
+        panic!("one log segment expected (the next is created when it is half full): {segments:?}");
+    };
     let original = std::fs::read(data.join(segment)).unwrap();
     let half = original.len() / 2 / PAGE;
     let pages: Vec<usize> = (0..original.len() / PAGE)

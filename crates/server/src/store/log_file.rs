@@ -521,8 +521,8 @@ pub struct LogFile {
     active: Option<Active>,
     next_segment: u64,
     /// The segment after the active one, being created (zero-filled and
-    /// synced, some tens of milliseconds) on a thread of its own so that
-    /// no append waits for it.
+    /// synced, some tens of milliseconds) on a thread of its own once the
+    /// active one is half full, so that no append waits for it.
     ahead: Option<(u64, Creating)>,
     last: Option<LogId<NodeId>>,
     purged: Option<LogId<NodeId>>,
@@ -705,12 +705,12 @@ impl LogFile {
             count,
         };
         active.offset += needed;
+        self.create_ahead()?;
         Ok(place)
     }
 
     /// A new segment for records to go into, of room for at least `needed`
-    /// bytes: the one created ahead if there is one (and it is big enough),
-    /// and the next one then starts being created.
+    /// bytes: the one created ahead if there is one (and it is big enough).
     fn next_segment(&mut self, needed: u64) -> io::Result<(u64, Arc<dyn StorageBackend>)> {
         let ahead = match self.ahead.take() {
             Some((number, creating)) => {
@@ -731,15 +731,27 @@ impl LogFile {
                 (number, self.dir.create(number, len)?)
             }
         };
-        if self.dir.creates_ahead() {
-            let (dir, ahead) = (self.dir.clone(), self.next_segment);
-            self.next_segment += 1;
-            let creating = std::thread::Builder::new()
-                .name("log-segment".into())
-                .spawn(move || dir.create(ahead, dir.segment_bytes()))?;
-            self.ahead = Some((ahead, creating));
-        }
         Ok((number, segment))
+    }
+
+    /// Starts creating the segment after the active one, on a thread of its
+    /// own, once the active one is half full (so that a node that writes
+    /// little never has a second).
+    fn create_ahead(&mut self) -> io::Result<()> {
+        let half_full = self
+            .active
+            .as_ref()
+            .is_some_and(|active| active.offset > active.half / 2);
+        if !self.dir.creates_ahead() || self.ahead.is_some() || !half_full {
+            return Ok(());
+        }
+        let (dir, ahead) = (self.dir.clone(), self.next_segment);
+        self.next_segment += 1;
+        let creating = std::thread::Builder::new()
+            .name("log-segment".into())
+            .spawn(move || dir.create(ahead, dir.segment_bytes()))?;
+        self.ahead = Some((ahead, creating));
+        Ok(())
     }
 
     /// Makes the segments `written` went into durable.

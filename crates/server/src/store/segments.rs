@@ -24,6 +24,7 @@ pub const SEGMENT_PREFIX: &str = "deadbolt-log-";
 /// The segment files of a data directory.
 pub struct DirSegments {
     dir: PathBuf,
+    segment_bytes: u64,
     /// `false` for `deadbolt data check` and the checks before a start:
     /// files opened read-only cannot be changed by mistake.
     writable: bool,
@@ -33,7 +34,17 @@ impl DirSegments {
     pub fn new(dir: &Path, writable: bool) -> Self {
         DirSegments {
             dir: dir.to_owned(),
+            segment_bytes: SEGMENT_FILE_BYTES,
             writable,
+        }
+    }
+
+    /// Segments of `bytes` instead: a test's, to go through several.
+    #[cfg(test)]
+    fn with_segment_bytes(self, bytes: u64) -> Self {
+        DirSegments {
+            segment_bytes: bytes,
+            ..self
         }
     }
 
@@ -48,7 +59,7 @@ fn segment_number(name: &str) -> Option<u64> {
 
 impl SegmentDir for DirSegments {
     fn segment_bytes(&self) -> u64 {
-        SEGMENT_FILE_BYTES
+        self.segment_bytes
     }
 
     fn creates_ahead(&self) -> bool {
@@ -218,5 +229,44 @@ impl<D: StorageBackend + Clone + Default> SegmentDir for SimulatedSegments<D> {
     fn remove(&self, number: u64) -> io::Result<()> {
         self.disks().remove(&number);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::log_file::LogFile;
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+    /// Files, not the simulation's disks: the next segment is created on
+    /// a thread once the active one is half full, taken at the rollover,
+    /// and every entry reads back after a reopen.
+    #[test]
+    fn segment_files_roll_over_onto_the_one_created_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let segments = || Arc::new(DirSegments::new(dir.path(), true).with_segment_bytes(64 << 10));
+        let mut log = LogFile::open(segments(), None).unwrap();
+        let entry = |index| Entry::<crate::raft_types::TypeConfig> {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Blank,
+        };
+        let mut counts = Vec::new();
+        for first in (0..20_000).step_by(100) {
+            let batch: Vec<_> = (first..first + 100).map(entry).collect();
+            log.append(&batch).unwrap();
+            counts.push(segments().list().unwrap().len());
+        }
+        // A second file appears only once the first is half full.
+        assert_eq!(counts[0], 1);
+        assert!(counts.last().unwrap() > &4, "{counts:?}");
+        drop(log);
+        let log = LogFile::open(segments(), None).unwrap();
+        let index = log.index();
+        let read = index.read().unwrap().read(0..).unwrap();
+        assert_eq!(read.len(), 20_000);
+        assert!(read
+            .iter()
+            .enumerate()
+            .all(|(at, e)| e.log_id.index == at as u64));
     }
 }
