@@ -798,30 +798,8 @@ fn chunks(entries: &[Entry<TypeConfig>]) -> io::Result<Vec<&[Entry<TypeConfig>]>
 mod tests {
     use super::*;
     use crate::store::segments::SimulatedSegments;
+    use crate::store::shared_memory::SharedMemory as Memory;
     use openraft::{CommittedLeaderId, EntryPayload};
-    use redb::backends::InMemoryBackend;
-
-    /// An in-memory disk whose clones share its bytes, as a segment.
-    #[derive(Debug, Clone, Default)]
-    struct Memory(Arc<InMemoryBackend>);
-
-    impl StorageBackend for Memory {
-        fn len(&self) -> io::Result<u64> {
-            self.0.len()
-        }
-        fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-            self.0.read(offset, len)
-        }
-        fn set_len(&self, len: u64) -> io::Result<()> {
-            self.0.set_len(len)
-        }
-        fn sync_data(&self, eventual: bool) -> io::Result<()> {
-            self.0.sync_data(eventual)
-        }
-        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-            self.0.write(offset, data)
-        }
-    }
 
     type Segments = SimulatedSegments<Memory>;
 

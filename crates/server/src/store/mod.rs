@@ -20,6 +20,8 @@ mod log_store;
 mod overlay;
 mod seed;
 mod segments;
+#[cfg(test)]
+mod shared_memory;
 mod snapshot_chunks;
 mod state_machine;
 #[cfg(test)]

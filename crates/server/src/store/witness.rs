@@ -222,32 +222,8 @@ fn read_slot(backend: &dyn StorageBackend, offset: u64) -> Option<(u64, Witness)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::shared_memory::SharedMemory as Shared;
     use openraft::CommittedLeaderId;
-    use redb::backends::InMemoryBackend;
-    use std::sync::Arc;
-
-    /// An in-memory backend the test can still look into after handing it
-    /// over.
-    #[derive(Debug, Clone, Default)]
-    struct Shared(Arc<InMemoryBackend>);
-
-    impl StorageBackend for Shared {
-        fn len(&self) -> io::Result<u64> {
-            self.0.len()
-        }
-        fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-            self.0.read(offset, len)
-        }
-        fn set_len(&self, len: u64) -> io::Result<()> {
-            self.0.set_len(len)
-        }
-        fn sync_data(&self, eventual: bool) -> io::Result<()> {
-            self.0.sync_data(eventual)
-        }
-        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-            self.0.write(offset, data)
-        }
-    }
 
     fn log_id(term: u64, index: u64) -> Option<LogId<NodeId>> {
         Some(LogId::new(CommittedLeaderId::new(term, 1), index))
