@@ -23,10 +23,10 @@ use super::log_file::{LogFile, SegmentDir};
 use super::overlay::ReadOnlyOverlay;
 use super::segments::{DirSegments, SimulatedSegments};
 use super::state_machine::upgrade_format_9;
-use super::verify::{verify, DataReport, Refusal};
+use super::verify::{entries_in_table, verify, DataReport, Refusal};
 use super::witness::{Witness, WitnessFile, WITNESS_FILE};
 use super::{
-    decode, encode, read_meta, snapshot_chunks, At, FORMAT, FORMAT_KEY, FORMAT_LOG_IN_DATABASE,
+    encode, read_meta, snapshot_chunks, At, FORMAT, FORMAT_KEY, FORMAT_LOG_IN_DATABASE,
     FORMAT_SNAPSHOT_IN_LOG, FORMAT_SNAPSHOT_IN_ONE_VALUE, INSTANCE_KEY, LOG, META, PURGED_KEY,
     SNAPSHOT_KEY,
 };
@@ -430,21 +430,7 @@ fn move_log_into_segments(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let at = At(ErrorSubject::Logs, ErrorVerb::Read);
     let purged: Option<openraft::LogId<NodeId>> = read_meta(db, PURGED_KEY, ErrorSubject::Logs)?;
-    let mut entries = Vec::new();
-    let txn = db.begin_read()?;
-    match txn.open_table(LOG) {
-        Ok(table) => {
-            for item in table.range(purged.map_or(0, |p| p.index + 1)..)? {
-                let entry: openraft::Entry<crate::raft_types::TypeConfig> =
-                    decode(item?.1.value(), &at)?;
-                entries.push(entry);
-            }
-        }
-        // As `verify` reads it: no entry.
-        Err(redb::TableError::TableDoesNotExist(_)) => {}
-        Err(e) => return Err(e.into()),
-    }
-    drop(txn);
+    let entries = entries_in_table(&db.begin_read()?, purged, &at)?;
     for number in segments.list()? {
         segments.remove(number)?;
     }

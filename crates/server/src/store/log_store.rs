@@ -360,3 +360,54 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .at(&At(ErrorSubject::Logs, ErrorVerb::Delete))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::shared_memory::SharedMemory;
+    use crate::store::witness::Witness;
+    use openraft::CommittedLeaderId;
+
+    fn lazy_witness() -> LazyWitness {
+        let file = WitnessFile::create(Box::new(SharedMemory::default()), Witness::new(1)).unwrap();
+        LazyWitness {
+            file: Mutex::new(file),
+            pending: Mutex::default(),
+            noted: Condvar::new(),
+        }
+    }
+
+    fn log_id(index: u64) -> Option<LogId<NodeId>> {
+        Some(LogId::new(CommittedLeaderId::new(1, 1), index))
+    }
+
+    /// The witness must never be ahead of the log: an end noted before a
+    /// truncation, written after it, would make the next start refuse a
+    /// sound log as one that went back.
+    #[test]
+    fn an_end_noted_before_a_truncation_is_never_written_after_it() {
+        let witness = lazy_witness();
+        witness.note_end(log_id(10)).unwrap();
+        witness.write_pending().unwrap();
+        assert_eq!(witness.file().current().last_log, log_id(10));
+
+        witness.note_end(log_id(20)).unwrap();
+        witness.lower_end(log_id(15)).unwrap();
+        witness.write_pending().unwrap();
+        assert_eq!(witness.file().current().last_log, log_id(15));
+    }
+
+    /// A vote writes the end noted before it too, so the witness is never
+    /// further behind the log than one pause.
+    #[test]
+    fn a_vote_writes_the_end_noted_before_it() {
+        let witness = lazy_witness();
+        witness.note_end(log_id(7)).unwrap();
+        witness.record_vote(Vote::new(2, 1)).unwrap();
+        let current = witness.file().current().clone();
+        assert_eq!(
+            (current.last_log, current.vote),
+            (log_id(7), Some(Vote::new(2, 1)))
+        );
+    }
+}

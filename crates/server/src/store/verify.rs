@@ -199,8 +199,9 @@ pub fn verify(
 }
 
 /// The entries past `purged` of a log kept in a database table (formats
-/// up to 11), each checked to stand at its own index.
-fn entries_in_table(
+/// up to 11), each checked to stand at its own index: read to check it,
+/// and to move it into segments.
+pub(super) fn entries_in_table(
     txn: &redb::ReadTransaction,
     purged: Option<LogId<NodeId>>,
     at: &At,
