@@ -210,6 +210,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         io,
         metrics.log_append_seconds(),
     );
+    let appended = log_store.appended();
     let state_machine = StateMachineStore::open(data.snapshots, io, observers)
         .context("cannot load the snapshot from the data directory")?;
     let table = state_machine.shared();
@@ -218,7 +219,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         .context("cannot start raft")?;
     Ok(Node {
         id,
-        proposer: Proposer::start(raft.clone(), clock, metrics.clone(), queue),
+        proposer: Proposer::start(raft.clone(), clock, metrics.clone(), queue, appended),
         raft,
         table,
         waits,

@@ -13,7 +13,8 @@
 mod common;
 
 use common::{
-    acquire, keep_alive, lock_state, open_session, release, wait_for_waiters, Cluster, ErrorKind,
+    acquire, keep_alive, lock_state, metric, open_session, release, wait_for_waiters, Cluster,
+    ErrorKind,
 };
 use std::time::Duration;
 use tokio::time::Instant;
@@ -147,19 +148,6 @@ async fn seed_100242_a_restarted_leader_tracks_leases_from_its_whole_log() {
     assert_eq!(lock_state(&api, "job").await, None, "the lease never ended");
 }
 
-/// The lines of `api`'s metrics scrape that start with `name `, as a number.
-async fn metric(api: &common::Api, name: &str) -> f64 {
-    let text = api
-        .metrics(&common::Credentials::ANONYMOUS)
-        .await
-        .expect("the scrape is open");
-    let line = text
-        .lines()
-        .find(|line| line.starts_with(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in the scrape"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
-}
-
 /// Seed 100605: a lease checkpoint decided by the leader of one term waited
 /// in its proposer (behind a write that had no quorum) while the node lost
 /// leadership and won it again, and reached the log in the later term,
@@ -183,25 +171,33 @@ async fn seed_100605_a_checkpoint_that_waited_through_a_leader_change_changes_no
     let term_before = cluster.raft(a).metrics().borrow().current_term;
 
     // Just before the lease is half gone, every node is cut off from every
-    // other. A write on the leader waits for a quorum; the checkpoint its
-    // timer decides at half the TTL queues behind it.
+    // other. Writes on the leader wait for a quorum: they take every batch
+    // the proposer may have in flight, then queue; the checkpoint its timer
+    // decides at half the TTL queues behind them.
     tokio::time::sleep(TTL / 2 - Duration::from_millis(200)).await;
     cluster.net.cut_all(&[a, b, c]);
-    let stuck = tokio::spawn({
-        let api = api.clone();
-        async move { open_session(&api, TTL).await }
-    });
+    let mut stuck = Vec::new();
+    while metric(&api, "deadbolt_proposer_queued_commands").await < 1.0 {
+        assert!(stuck.len() < 16, "writes without a quorum never queued");
+        stuck.push(tokio::spawn({
+            let api = api.clone();
+            async move { open_session(&api, TTL).await }
+        }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(
-        metric(&api, "deadbolt_proposer_queued_commands").await >= 1.0,
-        "the checkpoint did not queue behind the stuck write"
+        metric(&api, "deadbolt_proposer_queued_commands").await >= 2.0,
+        "the checkpoint did not queue behind the stuck writes"
     );
 
     // Joined with one follower again, the old leader steps down before the
-    // follower's higher term and wins the next election: the stuck write
-    // commits, and the checkpoint goes out in the new term.
+    // follower's higher term and wins the next election: the stuck writes
+    // commit, and the checkpoint goes out in the new term.
     cluster.net.heal_link(a, b);
-    stuck.await.unwrap();
+    for stuck in stuck {
+        stuck.await.unwrap();
+    }
     assert_eq!(cluster.leader().await, a);
     let term_after = cluster.raft(a).metrics().borrow().current_term;
     assert!(term_after > term_before, "{a} leads again in a later term");

@@ -11,7 +11,7 @@
 mod common;
 
 use common::{
-    acquire, acquire_within, lock_state, open_session, release, wait_for_waiters, Cluster,
+    acquire, acquire_within, lock_state, metric, open_session, release, wait_for_waiters, Cluster,
     ErrorKind,
 };
 use std::time::Duration;
@@ -100,5 +100,49 @@ async fn concurrent_commands_are_committed_in_few_entries() {
     assert!(
         entries <= OPENS as u64 / 10,
         "{OPENS} concurrent opens took {entries} log entries"
+    );
+}
+
+/// While a batch waits for a follower, the leader's log takes the next ones
+/// (a few, then the rest queue), and they commit in the order they were
+/// sent: each write here opens a session, whose id is its place in the log.
+#[tokio::test(start_paused = true)]
+async fn batches_go_into_the_log_while_one_waits_for_a_quorum_and_commit_in_order() {
+    const WRITES: usize = 12;
+    let cluster = Cluster::form(3).await;
+    let leader = cluster.leader().await;
+    let api = cluster.api(leader);
+    let raft = cluster.raft(leader);
+    let last_index = || raft.metrics().borrow().last_log_index.unwrap();
+    let before = last_index();
+    cluster.net.cut_all(&[1, 2, 3]);
+    let mut writes = Vec::new();
+    for _ in 0..WRITES {
+        writes.push(tokio::spawn({
+            let api = api.clone();
+            async move { open_session(&api, LONG).await.id }
+        }));
+        // Each write is a batch of its own.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let in_log = last_index() - before;
+    let queued = metric(&api, "deadbolt_proposer_queued_commands").await;
+    assert!(
+        in_log > 1,
+        "only {in_log} batch went into the leader's log while it waited for a quorum"
+    );
+    assert!(
+        queued >= 1.0 && in_log + queued as u64 == WRITES as u64,
+        "{in_log} in the log, {queued} queued: the batches in flight are not bounded"
+    );
+
+    cluster.net.heal();
+    let mut ids = Vec::new();
+    for write in writes {
+        ids.push(write.await.unwrap());
+    }
+    assert!(
+        ids.windows(2).all(|pair| pair[0] < pair[1]),
+        "writes sent one after another committed out of order: {ids:?}"
     );
 }

@@ -80,6 +80,8 @@ pub struct LogStore {
     io: StorageIo,
     /// How long each append took to be durable (the metrics').
     append_seconds: prometheus_client::metrics::histogram::Histogram,
+    /// Appends made durable so far, for the proposer's pacing.
+    appended: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl LogStore {
@@ -97,6 +99,7 @@ impl LogStore {
         });
         LogStore {
             append_seconds,
+            appended: Arc::new(tokio::sync::watch::Sender::new(0)),
             index: log.index(),
             log: Arc::new(Mutex::new(log)),
             _witness_writer: (io == StorageIo::Threads)
@@ -105,6 +108,11 @@ impl LogStore {
             io,
             db,
         }
+    }
+
+    /// Counts the appends made durable, from now on.
+    pub fn appended(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.appended.subscribe()
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, LogFile> {
@@ -332,7 +340,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Only after the fsync returned may openraft count these entries as
         // persisted (the witness follows: see `LazyWitness`).
         match &written {
-            Ok(()) => callback.log_io_completed(Ok(())),
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                self.appended.send_modify(|count| *count += 1);
+            }
             Err(err) => callback.log_io_completed(Err(std::io::Error::other(err.to_string()))),
         }
         written

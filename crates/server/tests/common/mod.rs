@@ -430,3 +430,16 @@ pub async fn wait_for_waiters(api: &Api, lock: &str, count: usize) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
+
+/// The lines of `api`'s metrics scrape that start with `name `, as a number.
+pub async fn metric(api: &Api, name: &str) -> f64 {
+    let text = api
+        .metrics(&Credentials::ANONYMOUS)
+        .await
+        .expect("the scrape is open");
+    let line = text
+        .lines()
+        .find(|line| line.starts_with(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in the scrape"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
