@@ -28,6 +28,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 /// A peer that does not accept a connection within this is reported
@@ -59,7 +60,8 @@ impl PeerNetwork {
     }
 }
 
-type SharedChannels = Arc<Mutex<HashMap<NodeId, (String, Channel)>>>;
+/// Each peer's channel, the address it dials, and when it was dialled.
+type SharedChannels = Arc<Mutex<HashMap<NodeId, (String, Channel, Instant)>>>;
 
 /// A connection to one peer.
 pub struct PeerConnection {
@@ -80,8 +82,8 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             .lock()
             .expect("channel cache poisoned")
             .get(&target)
-            .filter(|(address, _)| *address == node.addr)
-            .map(|(_, channel)| channel.clone());
+            .filter(|(address, ..)| *address == node.addr)
+            .map(|(_, channel, _)| channel.clone());
         let mut connection = PeerConnection {
             target,
             node: node.clone(),
@@ -134,9 +136,36 @@ impl PeerConnection {
             self.channels
                 .lock()
                 .expect("channel cache poisoned")
-                .insert(self.target, (self.node.addr.clone(), channel.clone()));
+                .insert(
+                    self.target,
+                    (self.node.addr.clone(), channel.clone(), Instant::now()),
+                );
             peer_client(channel)
         });
+    }
+
+    /// After a call that timed out: [`redial`](Self::redial), unless the
+    /// peer's channel was dialled less than [`CONNECT_TIMEOUT`] ago, by this
+    /// connection or another to the same peer. That one may still be
+    /// connecting: a TLS handshake on a loaded machine can take longer than
+    /// a heartbeat's RPC deadline, and replacing the channel throws the
+    /// handshake away. With every call timing out, no connection would ever
+    /// be made (a CI run of the nemesis over mutual TLS, debug build: every
+    /// peer "no answer within 50ms" for 30 s after the faults, no leader).
+    fn redial_unless_connecting(&mut self) {
+        let connecting = self
+            .channels
+            .lock()
+            .expect("channel cache poisoned")
+            .get(&self.target)
+            .filter(|(address, _, dialled)| {
+                *address == self.node.addr && dialled.elapsed() < CONNECT_TIMEOUT
+            })
+            .map(|(_, channel, _)| channel.clone());
+        match connecting {
+            Some(channel) => self.client = Ok(peer_client(channel)),
+            None => self.redial(),
+        }
     }
 
     /// Sends one request and decodes the peer's `Result`. Transport trouble
@@ -163,7 +192,7 @@ impl PeerConnection {
         let reply =
             tokio::time::timeout(option.hard_ttl(), call(client, RaftPayload { data })).await;
         let Ok(reply) = reply else {
-            self.redial();
+            self.redial_unless_connecting();
             return Err(unreachable(
                 self.target,
                 &format!("no answer within {:?}", option.hard_ttl()),
