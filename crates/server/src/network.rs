@@ -385,15 +385,106 @@ impl RaftPeer for PeerService {
     }
 }
 
-/// A peer connection's bytes are untrusted until decoded: any payload gives
-/// a message or `invalid_argument`, never a panic or an unbounded
-/// allocation (bincode reads lengths against the bytes it was given).
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{ConnectionLimits, QueueLimits, RaftTiming, Server, ServerConfig, StartMembership};
     use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+    use openraft::Vote;
     use proptest::prelude::*;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::net::{TcpListener, TcpStream};
 
+    /// Forwards each connection to `target`, but only `delay` after
+    /// accepting it: a peer whose handshake takes that long. Returns its
+    /// address and how many connections it has accepted.
+    async fn slow_to_connect_proxy(
+        target: std::net::SocketAddr,
+        delay: Duration,
+    ) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let mut server = TcpStream::connect(target).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        });
+        (address, accepted)
+    }
+
+    /// A CI run of the nemesis over mutual TLS (debug build) ended with no
+    /// leader: every peer call "no answer within 50ms" for 30 s. A TLS
+    /// handshake on that loaded machine took longer than a heartbeat's
+    /// 50 ms deadline, and each timed-out call replaced the peer's channel
+    /// with a new one, throwing the handshake away; no connection was ever
+    /// made. Here the peer is a real node behind a proxy that makes every
+    /// connection take 200 ms, and every call has 50 ms: the calls that
+    /// time out must leave the connection to finish, so that a later call
+    /// is answered over it.
+    #[tokio::test]
+    async fn nemesis_secure_no_leader_a_peer_slower_to_connect_than_a_call_deadline_is_reached() {
+        let data = tempfile::tempdir().unwrap();
+        let server = Server::start(ServerConfig {
+            node_id: 1,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data.path().to_owned(),
+            snapshot_every: ServerConfig::DEFAULT_SNAPSHOT_EVERY,
+            membership: StartMembership::SingleNode,
+            timing: RaftTiming::default(),
+            limits: ConnectionLimits::DEFAULT,
+            queue: QueueLimits::DEFAULT,
+            tls: None,
+            insecure: false,
+        })
+        .await
+        .unwrap();
+        let (proxy, connections) =
+            slow_to_connect_proxy(server.local_addr().unwrap(), Duration::from_millis(200)).await;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.serve(async {
+            let _ = stopped.await;
+        }));
+
+        let mut network = PeerNetwork::new(None);
+        let mut peer = network
+            .new_client(1, &BasicNode::new(proxy.to_string()))
+            .await;
+        let deadline = RPCOption::new(Duration::from_millis(50));
+        // A stale vote from a node the cluster does not know: the node
+        // answers it (refused), which is all this needs.
+        let vote = VoteRequest::new(Vote::new(0, 2), None);
+        const CALLS: usize = 40;
+        let mut timed_out = 0;
+        let answered = loop {
+            match peer.vote(vote.clone(), deadline.clone()).await {
+                Ok(answer) => break answer,
+                Err(RPCError::Unreachable(why)) => {
+                    timed_out += 1;
+                    assert!(
+                        timed_out < CALLS,
+                        "no answer in {CALLS} calls over {} connections: {why}",
+                        connections.load(Ordering::SeqCst)
+                    );
+                }
+                Err(other) => panic!("the node did not answer the vote: {other}"),
+            }
+        };
+        assert!(!answered.vote_granted, "{answered:?}");
+        assert!(timed_out > 0, "the proxy's delay made no call time out");
+        let _ = stop.send(());
+        serving.await.unwrap().unwrap();
+    }
+
+    /// A peer connection's bytes are untrusted until decoded: any payload
+    /// gives a message or `invalid_argument`, never a panic or an unbounded
+    /// allocation (bincode reads lengths against the bytes it was given).
     fn decode_all(data: Vec<u8>) {
         let request = || tonic::Request::new(RaftPayload { data: data.clone() });
         let _ = decode::<AppendEntriesRequest<TypeConfig>>(request());
