@@ -64,6 +64,14 @@ fn check(dir: &Path) -> (i32, serde_json::Value, String) {
     (code, json, stderr)
 }
 
+/// What `deadbolt data check` reports of `data` before any damage: the
+/// state every damaged copy must read as, or be refused.
+fn intact_report(data: &Path) -> serde_json::Value {
+    let (code, intact, stderr) = check(data);
+    assert_eq!(code, 0, "{stderr}");
+    intact["report"].clone()
+}
+
 /// Starts `deadbolt server` on `dir` expecting a refusal; its stderr.
 fn refused_start(dir: &Path) -> String {
     let out = Command::new(BIN)
@@ -189,9 +197,7 @@ fn invert_page(bytes: &mut [u8], page: usize) {
 fn every_inverted_page_reads_as_the_same_state_or_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let (data, _) = stopped_node(root.path());
-    let (code, intact, stderr) = check(&data);
-    assert_eq!(code, 0, "{stderr}");
-    let intact = intact["report"].clone();
+    let intact = intact_report(&data);
     assert_eq!(intact["locks"], 6);
     assert_eq!(intact["store_keys"], 1);
 
@@ -211,8 +217,7 @@ fn every_inverted_page_reads_as_the_same_state_or_is_refused() {
 fn every_truncation_at_a_page_boundary_reads_as_the_same_state_or_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let (data, _) = stopped_node(root.path());
-    let (_, intact, _) = check(&data);
-    let intact = intact["report"].clone();
+    let intact = intact_report(&data);
     let original = std::fs::read(data.join(DB)).unwrap();
     let boundaries = pages_to_damage(&original);
     let truncated = sweep(
@@ -240,8 +245,7 @@ fn every_truncation_at_a_page_boundary_reads_as_the_same_state_or_is_refused() {
 fn every_inverted_or_cut_page_of_the_log_segment_reads_as_the_same_state_or_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let (data, _) = stopped_node(root.path());
-    let (_, intact, _) = check(&data);
-    let intact = intact["report"].clone();
+    let intact = intact_report(&data);
     let segments = log_segments(&data);
     let [segment] = &segments[..] else {
         panic!("one log segment expected (the next is created when it is half full): {segments:?}");
@@ -314,9 +318,7 @@ fn every_inverted_page_of_the_snapshot_file_reads_as_the_same_state_or_is_refuse
     let mut server = TestServer::start_with(&data, addr, &["--snapshot-every", "10"]);
     take_locks(&server, &["a", "b", "c", "d", "e", "f"]);
     assert!(server.terminate().success());
-    let (code, intact, stderr) = check(&data);
-    assert_eq!(code, 0, "{stderr}");
-    let intact = intact["report"].clone();
+    let intact = intact_report(&data);
     assert!(intact["purged"].as_u64() > Some(0), "{intact}");
 
     let original = std::fs::read(data.join(SNAPSHOTS)).unwrap();
@@ -407,8 +409,7 @@ fn a_database_rolled_back_to_an_older_copy_is_refused() {
 fn sixteen_bytes_flipped_at_offset_100_read_as_the_same_state_or_are_refused_never_a_crash() {
     let root = tempfile::tempdir().unwrap();
     let (data, _) = stopped_node(root.path());
-    let (_, intact, _) = check(&data);
-    let intact = intact["report"].clone();
+    let intact = intact_report(&data);
     let variants: Vec<usize> = (1..=16).collect();
     let outcome = sweep(
         root.path(),
