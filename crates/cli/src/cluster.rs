@@ -19,7 +19,9 @@ pub enum ClusterCommand {
         json: bool,
     },
     /// Add a node (started with `deadbolt server --join`): it catches up on
-    /// the log as a learner, then becomes a voter.
+    /// the log as a learner, then becomes a voter. Running it again for a
+    /// listed node finishes an add cut short by an election, or changes
+    /// nothing.
     Add {
         /// The new node's --node-id.
         id: u64,

@@ -566,7 +566,9 @@ impl Client {
 
     /// Adds node `node_id`, serving at `address` (`host:port`), to the
     /// cluster: as a learner until it has caught up, then as a voter.
-    /// Returns the leader's view of the cluster afterwards.
+    /// Returns the leader's view of the cluster afterwards. Idempotent: an
+    /// add cut short by an election is sent on to the new leader, which
+    /// finishes it; a node already listed at another address is refused.
     pub async fn add_member(
         &self,
         node_id: u64,

@@ -37,6 +37,14 @@ const CATCH_UP_WAIT: Duration = Duration::from_secs(20);
 /// Pause between rounds while the first node waits for the others to start.
 const FORMING_RETRY: Duration = Duration::from_millis(300);
 
+/// Why a new member's catch-up wait ended before it caught up.
+enum CatchUp {
+    StoppedLeading,
+    ShuttingDown,
+    /// [`CATCH_UP_WAIT`] passed.
+    NothingReplicated,
+}
+
 /// The members a new cluster starts with: `1=host:port,2=host:port,...`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InitialCluster {
@@ -284,6 +292,14 @@ impl Node {
     /// `--join`, a wrong address) is taken out again and never votes: a
     /// voter that cannot answer would count against the quorum, and on a
     /// single node would stop every write.
+    ///
+    /// Adding is idempotent, as `consul join` is: adding a member again at
+    /// the address it is listed at finishes what an earlier add began (a
+    /// learner left behind when the leader changed during its catch-up),
+    /// or changes nothing. That is why losing leadership mid-add answers
+    /// `NotLeader`: the client sends the same add to the new leader, which
+    /// finishes it. A member listed at another address is refused: openraft
+    /// would keep the old address and report the add done.
     pub async fn add_member(&self, id: NodeId, address: &str) -> Result<(), ApiError> {
         if let Err(reason) = peer_endpoint(address, self.tls.as_deref()) {
             return Err(ApiError::new(ErrorKind::InvalidArgument, reason));
@@ -295,22 +311,54 @@ impl Node {
         let added = self
             .change_membership(|| self.raft.add_learner(id, BasicNode::new(address), false))
             .await?;
-        if let Err(why) = self.wait_caught_up(id, added.log_id.index).await {
-            let nodes = ChangeMembers::RemoveNodes(BTreeSet::from([id]));
-            let removed = self
-                .change_membership(|| self.raft.change_membership(nodes.clone(), false))
-                .await;
-            let left = match removed {
-                Ok(_) => "it was not added",
-                Err(_) => "it is still listed as a learner (no vote): `deadbolt cluster remove` it",
-            };
+        let listed = added
+            .membership
+            .as_ref()
+            .and_then(|membership| membership.get_node(&id))
+            .map(|node| node.addr.as_str());
+        if let Some(listed) = listed.filter(|listed| *listed != address) {
             return Err(ApiError::new(
-                ErrorKind::Unavailable,
+                ErrorKind::InvalidArgument,
                 format!(
-                    "node {id} at {address} did not catch up: {why}. Is it running, \
-                     started with --join, and reachable at that address from the leader? {left}"
+                    "node {id} is already a member, at {listed}: to move it to {address}, \
+                     `deadbolt cluster remove {id}` first, then add it again"
                 ),
             ));
+        }
+        match self.wait_caught_up(id, added.log_id.index).await {
+            Ok(()) => {}
+            Err(CatchUp::StoppedLeading) => {
+                return Err(self.not_leader(&format!(
+                    "this node stopped leading while node {id} caught up (it is listed as a \
+                     learner, without a vote); the same add sent to the new leader finishes it"
+                )))
+            }
+            Err(CatchUp::ShuttingDown) => {
+                return Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("this node is shutting down; node {id} is listed as a learner, without a vote: add it again to finish"),
+                ))
+            }
+            Err(CatchUp::NothingReplicated) => {
+                let nodes = ChangeMembers::RemoveNodes(BTreeSet::from([id]));
+                let removed = self
+                    .change_membership(|| self.raft.change_membership(nodes.clone(), false))
+                    .await;
+                let left = match removed {
+                    Ok(_) => "it was not added",
+                    Err(_) => {
+                        "it is still listed as a learner (no vote): `deadbolt cluster remove` it"
+                    }
+                };
+                return Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "node {id} at {address} did not catch up: nothing replicated to it \
+                         within {CATCH_UP_WAIT:?}. Is it running, started with --join, and \
+                         reachable at that address from the leader? {left}"
+                    ),
+                ));
+            }
         }
         self.change_membership(|| {
             self.raft
@@ -323,14 +371,14 @@ impl Node {
 
     /// Waits until learner `id` holds the log up to `index` (the entry that
     /// made it a learner), as this leader's replication reports it.
-    async fn wait_caught_up(&self, id: NodeId, index: u64) -> Result<(), String> {
+    async fn wait_caught_up(&self, id: NodeId, index: u64) -> Result<(), CatchUp> {
         let mut metrics = self.raft.metrics();
         let caught_up = async {
             loop {
                 {
                     let now = metrics.borrow_and_update();
                     let Some(replication) = &now.replication else {
-                        return Err("this node stopped leading".to_owned());
+                        return Err(CatchUp::StoppedLeading);
                     };
                     let matched = replication.get(&id).cloned().flatten();
                     if matched.is_some_and(|matched| matched.index >= index) {
@@ -338,14 +386,14 @@ impl Node {
                     }
                 }
                 if metrics.changed().await.is_err() {
-                    return Err("this node is shutting down".to_owned());
+                    return Err(CatchUp::ShuttingDown);
                 }
             }
         };
         // tokio's clock, as everything a node decides by.
         tokio::time::timeout(CATCH_UP_WAIT, caught_up)
             .await
-            .unwrap_or_else(|_| Err(format!("nothing replicated to it within {CATCH_UP_WAIT:?}")))
+            .unwrap_or(Err(CatchUp::NothingReplicated))
     }
 
     /// Removes `id` from the cluster altogether.

@@ -228,17 +228,23 @@ impl Cluster {
             slots: BTreeMap::new(),
         };
         for id in 1..=size {
-            let slot = Slot {
-                disks: SimulatedDisks::default(),
-                running: None,
-            };
-            cluster.slots.insert(id, slot);
-            cluster.start(id).await;
+            cluster.start_blank(id).await;
         }
         let members = (1..=size).map(|id| (id, format!("node-{id}"))).collect();
         cluster.running(1).0.initialize(members).await.unwrap();
         cluster.leader().await;
         cluster
+    }
+
+    /// Starts node `id` on a blank disk, in no cluster yet: a node started
+    /// with `--join`, waiting to be added.
+    pub async fn start_blank(&mut self, id: NodeId) {
+        let slot = Slot {
+            disks: SimulatedDisks::default(),
+            running: None,
+        };
+        assert!(self.slots.insert(id, slot).is_none(), "node {id} is known");
+        self.start(id).await;
     }
 
     fn running(&self, id: NodeId) -> &(EmbeddedNode, Api) {
