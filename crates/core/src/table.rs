@@ -807,6 +807,16 @@ impl LockTable {
             })
     }
 
+    /// Whether a blocking acquire of `lock` by `session` would, applied now,
+    /// join its queue: someone else holds it (or it is in lock-delay). Such
+    /// an acquire changes nothing anyone waits for, so the proposer may let
+    /// it share the next command's log append (`Pace::Patient`).
+    pub fn acquire_would_queue(&self, session: SessionId, lock: &str) -> bool {
+        self.locks
+            .get(lock)
+            .is_some_and(|lock| lock.holder != session)
+    }
+
     /// Whether `session` holds `lock` or waits in its queue: an acquire of
     /// it is then a retry, which keeps that place rather than asking for one.
     pub fn holds_or_waits(&self, session: SessionId, lock: &str) -> bool {

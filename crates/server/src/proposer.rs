@@ -49,6 +49,31 @@ const BATCHES_IN_FLIGHT: usize = 4;
 /// not 100,000); the proposer still groups them into few log entries.
 pub const BACKGROUND_PROPOSALS_IN_FLIGHT: usize = 256;
 
+/// How long a batch of only [`Pace::Patient`] commands waits for another
+/// command to share its log append. A contended lock's hand-off chain sends
+/// two commands per grant: the holder's release, which hands the lock on,
+/// and the previous holder's next acquire, which only joins the queue. They
+/// race to an idle log, and the one that loses waits out the other's fsync:
+/// `deadbolt bench contended` measured 1.78 appends per grant on one node.
+/// Held back, the acquire goes into the log with the release. Measured
+/// (one node, alternating, 5 s): 1,135–1,162 against 1,350–1,681 grants/s
+/// at 16 clients, 1,071 against 1,459 at 64 (docs/performance.md).
+const PATIENT_HOLD: Duration = Duration::from_millis(1);
+
+/// Whether a command's batch goes into the log as soon as the log is free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    Prompt,
+    /// A blocking acquire that joins the queue of a held lock: it changes
+    /// nothing anyone waits for. A batch of only these waits up to
+    /// [`PATIENT_HOLD`] for another command, so that they share an append.
+    /// It costs the waiter at most that long before it is queued, and no
+    /// queue place: whatever comes meanwhile goes into the same batch,
+    /// behind it, and a release or expiry that could grant it comes in at
+    /// once.
+    Patient,
+}
+
 /// How much may wait in the proposal queue (not counting the batch being
 /// written). Every node's own choice, not replicated: it only decides what
 /// this node accepts, never what a command does.
@@ -161,6 +186,7 @@ struct Pending {
     command: Command,
     /// `command.approximate_size()`, counted in [`Load`] until taken.
     bytes: usize,
+    pace: Pace,
     reply: oneshot::Sender<Result<Result<Outcome, LockError>, ProposeError>>,
 }
 
@@ -244,15 +270,17 @@ impl Proposer {
         command: Command,
     ) -> Result<Result<Outcome, LockError>, ProposeError> {
         let admission = Admission::of(&command);
-        self.propose_with(command, admission).await
+        self.propose_with(command, admission, Pace::Prompt).await
     }
 
     /// [`propose`](Self::propose), with the caller deciding whether the
-    /// command may be refused (it knows more about it than its kind).
+    /// command may be refused and whether it may wait for company in the
+    /// log (it knows more about it than its kind).
     pub async fn propose_with(
         &self,
         command: Command,
         admission: Admission,
+        pace: Pace,
     ) -> Result<Result<Outcome, LockError>, ProposeError> {
         let bytes = command.approximate_size();
         self.load.enter(bytes, admission)?;
@@ -263,6 +291,7 @@ impl Proposer {
             .send(Pending {
                 command,
                 bytes,
+                pace,
                 reply,
             })
             .is_err()
@@ -335,25 +364,36 @@ async fn batch_loop(
 }
 
 /// The next batch: the first command to arrive, and what queued behind it,
-/// within [`MAX_BATCH`] and [`MAX_BATCH_BYTES`]. `None` once the proposer
-/// is gone; empty if every caller in it had gone.
+/// within [`MAX_BATCH`] and [`MAX_BATCH_BYTES`]; a batch of only
+/// [`Pace::Patient`] commands also takes what arrives within
+/// [`PATIENT_HOLD`] of the first. `None` once the proposer is gone; empty
+/// if every caller in it had gone.
 async fn take_batch(
     pending: &mut mpsc::UnboundedReceiver<Pending>,
     load: &Load,
 ) -> Option<Vec<Pending>> {
     let mut next = Some(pending.recv().await?);
+    let hold_until = Instant::now() + PATIENT_HOLD;
     let mut bytes = 0;
     let mut batch = Vec::new();
+    let mut all_patient = true;
     while let Some(command) = next.take() {
         load.leave(command.bytes);
         // A caller that is gone (its deadline passed while queued, or it
         // was dropped) hears nothing: its command is not proposed.
         if !command.reply.is_closed() {
             bytes += command.bytes;
+            all_patient &= command.pace == Pace::Patient;
             batch.push(command);
         }
         if batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
             next = pending.try_recv().ok();
+            if next.is_none() && all_patient && !batch.is_empty() {
+                next = tokio::time::timeout_at(hold_until, pending.recv())
+                    .await
+                    .ok()
+                    .flatten();
+            }
         }
     }
     Some(batch)

@@ -146,3 +146,69 @@ async fn batches_go_into_the_log_while_one_waits_for_a_quorum_and_commit_in_orde
         "writes sent one after another committed out of order: {ids:?}"
     );
 }
+
+/// A contended lock's hand-off chain sends two commands per grant: the
+/// holder's release and the previous holder's next acquire, which only
+/// joins the queue. The acquire waits up to a millisecond for company, so
+/// the release that comes meanwhile shares its log entry (one append, not
+/// two); the queue order stays the order of arrival, and an acquire that
+/// could be granted, or a queue join that nothing follows, is not held
+/// longer.
+#[tokio::test(start_paused = true)]
+async fn a_queue_join_shares_the_log_entry_of_the_release_that_follows_it() {
+    let cluster = Cluster::form(1).await;
+    let api = cluster.api(1);
+    let raft = cluster.raft(1);
+    let last_index = || raft.metrics().borrow().last_log_index.unwrap();
+    let holder = open_session(&api, LONG).await;
+    let first = open_session(&api, LONG).await;
+    let second = open_session(&api, LONG).await;
+
+    // A free lock is granted at once.
+    let asked = Instant::now();
+    let held = acquire(&api, &holder, "job", true, 1).await.unwrap();
+    assert_eq!(asked.elapsed(), Duration::ZERO, "a grant was held back");
+
+    // A queue join that nothing follows goes into the log after the hold.
+    let asked = Instant::now();
+    let first_wait = tokio::spawn({
+        let (api, first) = (api.clone(), first.clone());
+        async move { acquire(&api, &first, "job", true, 2).await }
+    });
+    wait_for_waiters(&api, "job", 1).await;
+    let queued_after = asked.elapsed();
+    assert!(
+        queued_after >= Duration::from_millis(1) && queued_after <= Duration::from_millis(2),
+        "queued after {queued_after:?}"
+    );
+
+    // A queue join, then the release within the hold: one entry for both.
+    let before = last_index();
+    let second_wait = tokio::spawn({
+        let (api, second) = (api.clone(), second.clone());
+        async move { acquire(&api, &second, "job", true, 3).await }
+    });
+    tokio::time::sleep(Duration::from_micros(300)).await;
+    assert_eq!(last_index(), before, "the queue join went to the log alone");
+    release(&api, &holder, "job", held).await;
+    assert_eq!(
+        last_index(),
+        before + 1,
+        "the queue join and the release took two entries"
+    );
+
+    let granted = first_wait
+        .await
+        .unwrap()
+        .expect("the first waiter is granted");
+    assert!(granted > held);
+    let state = lock_state(&api, "job").await.unwrap();
+    assert_eq!(state.holder_session_id, first.id);
+    assert_eq!(
+        state.waiter_session_ids,
+        vec![second.id],
+        "queued out of order"
+    );
+    release(&api, &first, "job", granted).await;
+    assert!(second_wait.await.unwrap().expect("then the second") > granted);
+}

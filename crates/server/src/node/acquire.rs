@@ -12,7 +12,7 @@
 //! a grant a later retry already has) or `CancelWait` (only the queue place).
 
 use super::{ApiError, Node, OwnedSession};
-use crate::proposer::{Admission, BACKGROUND_PROPOSALS_IN_FLIGHT};
+use crate::proposer::{Admission, Pace, BACKGROUND_PROPOSALS_IN_FLIGHT};
 use crate::waits::{Subscription, WaitEnd};
 use deadbolt_core::{validate_lock_name, AcquireOutcome, Proposal, SessionId, Token};
 use deadbolt_proto::ErrorKind;
@@ -110,14 +110,24 @@ impl AcquireCall {
         );
         // A retry of an acquire that already has its queue place (or grant)
         // is never refused as overloaded: refused for longer than the
-        // abandonment grace, it would lose that place.
-        let retry = (self.node.table.read().expect("state lock poisoned").table)
-            .holds_or_waits(self.session, &self.lock);
+        // abandonment grace, it would lose that place. One that will only
+        // join the queue may share the next command's log append.
+        let (retry, queues) = {
+            let table = &self.node.table.read().expect("state lock poisoned").table;
+            (
+                table.holds_or_waits(self.session, &self.lock),
+                wait && table.acquire_would_queue(self.session, &self.lock),
+            )
+        };
         let admission = match retry {
             true => Admission::Always,
             false => Admission::Refusable,
         };
-        match self.node.propose_with(proposal, admission).await? {
+        let pace = match queues {
+            true => Pace::Patient,
+            false => Pace::Prompt,
+        };
+        match self.node.propose_with(proposal, admission, pace).await? {
             AcquireOutcome::Granted { token } => Ok(token),
             AcquireOutcome::Queued { .. } => {
                 self.subscription = Some(self.node.waits.subscribe(self.session, &self.lock));

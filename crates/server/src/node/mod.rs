@@ -22,7 +22,7 @@ pub(crate) use observers::Observers;
 use crate::auth::Caller;
 use crate::leases::{KeepAliveError, Leases};
 use crate::metrics::Metrics;
-use crate::proposer::{Admission, Proposer};
+use crate::proposer::{Admission, Pace, Proposer};
 use crate::raft_types::{NodeId, Raft};
 use crate::store::SharedTable;
 use crate::waits::Waits;
@@ -93,19 +93,24 @@ impl Node {
     /// when the queue is full and [`Admission::of`] the command allows.
     pub(crate) async fn propose<A>(&self, proposal: Proposal<A>) -> Result<A, ApiError> {
         let admission = Admission::of(proposal.command());
-        self.propose_with(proposal, admission).await
+        self.propose_with(proposal, admission, Pace::Prompt).await
     }
 
     /// [`propose`](Self::propose), with the caller deciding whether the
-    /// command may be refused. The one place an outcome is read: one of
-    /// another command (a bug in the table) is an `internal` error.
+    /// command may be refused and whether it may wait for company in the
+    /// log. The one place an outcome is read: one of another command (a bug
+    /// in the table) is an `internal` error.
     async fn propose_with<A>(
         &self,
         proposal: Proposal<A>,
         admission: Admission,
+        pace: Pace,
     ) -> Result<A, ApiError> {
         let (command, answer) = proposal.into_parts();
-        let outcome = self.proposer.propose_with(command, admission).await??;
+        let outcome = self
+            .proposer
+            .propose_with(command, admission, pace)
+            .await??;
         answer.read(outcome).map_err(|wrong| {
             tracing::error!(%wrong, "the state machine answered the wrong outcome");
             ApiError::from(wrong)
