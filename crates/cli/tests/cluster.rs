@@ -1,6 +1,7 @@
 //! A real 3-node cluster under faults: the leader killed under load, the
 //! whole cluster restarted, the leader cut off by a partition, a follower
-//! that lost its data, and a dead holder across a leader change.
+//! that lost its data, a dead holder across a leader change, and a client
+//! that only knows a follower.
 
 mod common;
 
@@ -576,6 +577,41 @@ async fn a_node_whose_disk_fills_stops_and_the_others_serve_on() {
     cluster.leader_within(Duration::from_secs(15)).await;
     let after = session.lock("after-full-disk").await.unwrap();
     assert!(after.token() > guard.token());
+}
+
+/// A client given one endpoint, a follower, failed every call with "this
+/// node is not the leader (leader: ...)": it only moved among the endpoints
+/// it was given. It now goes to the leader the follower names, and back to
+/// the follower when that leader dies, to learn of the next one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_given_only_a_follower_goes_to_the_leader_it_names() {
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = common::start_cluster(dir.path(), 3).await;
+    let leader = cluster.leader_within(Duration::from_secs(5)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let endpoint = cluster.node(follower).endpoint();
+
+    let client = Client::connect([endpoint.clone()]).await.unwrap();
+    let session = client.open_session(Duration::from_secs(30)).await.unwrap();
+    let first = session.lock("via-a-follower").await.unwrap();
+    let state = client.lock_status("via-a-follower").await.unwrap();
+    assert_eq!(state.map(|state| state.token), Some(first.token()));
+    let status = run(&endpoint, &["status", "--lock", "via-a-follower"]).await;
+    assert!(status.status.success(), "{status:?}");
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains(&first.token().to_string()),
+        "{status:?}"
+    );
+
+    // The leader it was sent to dies: the follower, asked again, names the
+    // next one (or leads itself).
+    cluster.kill9(leader);
+    let second = retry(Duration::from_secs(20), || {
+        session.lock("after-the-leader-died")
+    })
+    .await;
+    assert!(second.token() > first.token());
 }
 
 /// `cluster add` of a node that never answers must not make it a voter: on

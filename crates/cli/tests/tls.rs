@@ -422,7 +422,7 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
         .collect::<Vec<_>>()
         .join(",");
     let path = |name: &str| certs.join(name).to_string_lossy().into_owned();
-    let run = |args: &[&str]| {
+    let run_at = |endpoint: &str, args: &[&str]| {
         let mut all = vec![
             "--ca".to_owned(),
             path("ca.pem"),
@@ -433,8 +433,9 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
         ];
         all.extend(args.iter().map(|a| a.to_string()));
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        deadbolt(&endpoint, &all)
+        deadbolt(endpoint, &all)
     };
+    let run = |args: &[&str]| run_at(&endpoint, args);
     let logs = || {
         (1..=3)
             .map(|i| {
@@ -488,6 +489,20 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
     let first = run(&["acquire", "--lock", "ha", "--ttl", "2s"]);
     assert!(first.status.success(), "{}\n{}", text(&first), logs());
     let first_token = granted_token(&first);
+    // Given only a follower, the CLI goes to the leader it names, over the
+    // same mutual TLS.
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let follower = format!("https://{}", addrs[(follower - 1) as usize]);
+    let status = run_at(
+        &follower,
+        &["--access-token", &bob, "status", "--lock", "ha"],
+    );
+    assert!(status.status.success(), "{}", text(&status));
+    assert!(
+        text(&status).contains(&first_token.to_string()),
+        "{}",
+        text(&status)
+    );
 
     drop(nodes[(leader - 1) as usize].take());
     // The holder's session lapses (2 s TTL) and a new leader grants anew,

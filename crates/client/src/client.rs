@@ -7,7 +7,11 @@
 //!
 //! The client keeps every endpoint it was given. It talks to one at a time
 //! and moves on to the next when a call finds that one unreachable or not the
-//! leader, so a later call lands elsewhere.
+//! leader, so a later call lands elsewhere. A node that is not the leader
+//! names the one that is, and the client goes there even when it was not
+//! given that address (a cluster grown since, or one endpoint given): as
+//! with etcd or Consul, any member is a way in. It keeps one such address
+//! at a time, so nothing accumulates.
 
 use crate::calls::Calls;
 use crate::error::describe_chain;
@@ -66,7 +70,10 @@ pub struct Client {
 
 #[derive(Debug)]
 struct Shared {
+    /// The endpoints given, in order.
     targets: Vec<Target>,
+    /// How they are dialled, for a leader a node names outside them.
+    tls: TlsOptions,
     current: Mutex<Current>,
     authorization: Authorization,
 }
@@ -179,7 +186,12 @@ struct Target {
 /// The endpoint calls go to now.
 #[derive(Debug)]
 pub(crate) struct Current {
+    /// The endpoint given that calls go to, or that named the leader they
+    /// go to.
     index: usize,
+    /// Where calls go: `targets[index]`, or a leader that endpoint named
+    /// outside the endpoints given.
+    address: Arc<str>,
     /// Bumped on every switch, so that many calls failing together move
     /// the client on by one endpoint rather than one each.
     generation: u64,
@@ -189,9 +201,10 @@ pub(crate) struct Current {
 }
 
 impl Current {
-    fn new(index: usize, generation: u64, channel: Link) -> Current {
+    fn new(index: usize, address: &str, generation: u64, channel: Link) -> Current {
         Current {
             index,
+            address: address.into(),
             generation,
             channel,
             calls: None,
@@ -215,7 +228,9 @@ impl Client {
     /// Connects to the first of `endpoints` that answers. An endpoint is a
     /// URL such as `http://127.0.0.1:7070`; a bare `host:port` means
     /// `http://host:port`, and a bare `host` `http://host:7070`. For
-    /// `https://` endpoints, see [`Client::connect_with`].
+    /// `https://` endpoints, see [`Client::connect_with`]. One node of a
+    /// cluster is enough (calls a follower refuses go on to the leader it
+    /// names); every node's address lets the client in while one is down.
     pub async fn connect(
         endpoints: impl IntoIterator<Item = impl Into<String>>,
     ) -> Result<Client, Error> {
@@ -254,11 +269,13 @@ impl Client {
             match target.endpoint.connect().await {
                 Ok(channel) => {
                     tracing::debug!(endpoint = %target.address, "connected");
-                    let current = Current::new(index, 0, authorization.link(channel));
+                    let current =
+                        Current::new(index, &target.address, 0, authorization.link(channel));
                     return Ok(Client {
                         shared: Arc::new(Shared {
                             current: Mutex::new(current),
                             targets,
+                            tls: tls.clone(),
                             authorization,
                         }),
                     });
@@ -764,19 +781,23 @@ impl Client {
     {
         let searching_since = std::time::Instant::now();
         loop {
-            let (index, generation, link) = {
+            let (address, generation, link) = {
                 let mut current = self.current();
-                (current.index, current.generation, link(&mut current))
+                (
+                    current.address.clone(),
+                    current.generation,
+                    link(&mut current),
+                )
             };
             let status = match send(link, request.clone()).await {
                 Ok(response) => return Ok(response),
                 Err(status) => status,
             };
-            let error = Error::from_status(&status, &self.shared.targets[index].address);
-            if error.points_elsewhere() {
-                self.move_on(generation, error.leader());
-            }
-            let elsewhere = self.shared.targets.len() > 1 || error.kind() == ErrorKind::NotLeader;
+            let error = Error::from_status(&status, &address);
+            let moved = error.points_elsewhere() && self.move_on(generation, error.leader());
+            // A call that never took effect is worth sending again where the
+            // client moved to, or to the leader once one is elected.
+            let elsewhere = moved || error.kind() == ErrorKind::NotLeader;
             if !error.had_no_effect() || !elsewhere || searching_since.elapsed() > LEADER_SEARCH {
                 return Err(error);
             }
@@ -786,31 +807,74 @@ impl Client {
         }
     }
 
-    /// Points later calls at the leader the failed call named, if it is one
-    /// of our endpoints, or else at the next endpoint; unless another call
-    /// already moved on from the one that failed.
-    fn move_on(&self, failed_generation: u64, leader: Option<&str>) {
+    /// Points later calls at the leader the failed call named: one of our
+    /// endpoints, or an address outside them, dialled the same way as the
+    /// endpoint that named it. With no leader named, at the next endpoint
+    /// (from a named leader: back to the endpoint that named it). Nothing
+    /// changes if another call already moved on from the one that failed,
+    /// or if there is nowhere else to go. Says whether calls now go
+    /// elsewhere than the failed one did.
+    fn move_on(&self, failed_generation: u64, leader: Option<&str>) -> bool {
         let targets = &self.shared.targets;
-        // With a single endpoint there is nowhere to go; its channel
-        // reconnects by itself on the next call.
-        if targets.len() < 2 {
-            return;
-        }
         let mut current = self.current();
         if current.generation != failed_generation {
-            return;
+            return true;
         }
+        let on_named_leader = *current.address != targets[current.index].address;
         // A leader hint is `host:port`; our endpoints may say `https://`.
         let leader = leader.map(|leader| authority(&normalize_endpoint(leader)).to_owned());
-        let index = targets
-            .iter()
-            .position(|target| Some(authority(&target.address)) == leader.as_deref())
-            .unwrap_or((current.index + 1) % targets.len());
+        let given = leader.as_deref().and_then(|leader| {
+            targets
+                .iter()
+                .position(|target| authority(&target.address) == leader)
+        });
+        let named = match (given, &leader) {
+            (None, Some(leader)) => self.named_leader(&current.address, leader),
+            _ => None,
+        };
+        let (index, address, endpoint) = match (given, named) {
+            (Some(index), _) => (index, &targets[index].address, &targets[index].endpoint),
+            (None, Some(named)) => {
+                let channel = (self.shared.authorization).link(named.endpoint.connect_lazy());
+                *current = Current::new(
+                    current.index,
+                    &named.address,
+                    current.generation + 1,
+                    channel,
+                );
+                tracing::debug!(endpoint = %named.address, "switched to the leader named");
+                return true;
+            }
+            (None, None) if on_named_leader => {
+                let index = current.index;
+                (index, &targets[index].address, &targets[index].endpoint)
+            }
+            // With a single endpoint there is nowhere to go; its channel
+            // reconnects by itself on the next call.
+            (None, None) if targets.len() < 2 => return false,
+            (None, None) => {
+                let index = (current.index + 1) % targets.len();
+                (index, &targets[index].address, &targets[index].endpoint)
+            }
+        };
         // Lazy: dialling happens on the next call, which reports failure the
         // same way as any other call.
-        let channel = (self.shared.authorization).link(targets[index].endpoint.connect_lazy());
-        *current = Current::new(index, current.generation + 1, channel);
-        tracing::debug!(endpoint = %targets[current.index].address, "switched endpoint");
+        let channel = (self.shared.authorization).link(endpoint.connect_lazy());
+        *current = Current::new(index, address, current.generation + 1, channel);
+        tracing::debug!(endpoint = %address, "switched endpoint");
+        true
+    }
+
+    /// The leader a node named at `leader` (`host:port`), outside the
+    /// endpoints given, reached with the scheme of the endpoint that named it
+    /// (`via`) and the same TLS settings: a node's certificate must still
+    /// verify against the CA given, so a hint cannot lead the client (and its
+    /// access token) to a server the CA does not vouch for.
+    fn named_leader(&self, via: &str, leader: &str) -> Option<Target> {
+        let scheme = via.split_once("://").map_or("http", |(scheme, _)| scheme);
+        Target::parse(format!("{scheme}://{leader}"), &self.shared.tls)
+            .inspect_err(|error| tracing::debug!(%error, "cannot dial the leader named"))
+            .ok()
     }
 
     fn current(&self) -> MutexGuard<'_, Current> {
