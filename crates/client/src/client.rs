@@ -832,36 +832,23 @@ impl Client {
             (None, Some(leader)) => self.named_leader(&current.address, leader),
             _ => None,
         };
-        let (index, address, endpoint) = match (given, named) {
-            (Some(index), _) => (index, &targets[index].address, &targets[index].endpoint),
-            (None, Some(named)) => {
-                let channel = (self.shared.authorization).link(named.endpoint.connect_lazy());
-                *current = Current::new(
-                    current.index,
-                    &named.address,
-                    current.generation + 1,
-                    channel,
-                );
-                tracing::debug!(endpoint = %named.address, "switched to the leader named");
-                return true;
-            }
-            (None, None) if on_named_leader => {
-                let index = current.index;
-                (index, &targets[index].address, &targets[index].endpoint)
-            }
+        let (index, target) = match (given, &named) {
+            (Some(index), _) => (index, &targets[index]),
+            (None, Some(named)) => (current.index, named),
+            (None, None) if on_named_leader => (current.index, &targets[current.index]),
             // With a single endpoint there is nowhere to go; its channel
             // reconnects by itself on the next call.
             (None, None) if targets.len() < 2 => return false,
             (None, None) => {
                 let index = (current.index + 1) % targets.len();
-                (index, &targets[index].address, &targets[index].endpoint)
+                (index, &targets[index])
             }
         };
         // Lazy: dialling happens on the next call, which reports failure the
         // same way as any other call.
-        let channel = (self.shared.authorization).link(endpoint.connect_lazy());
-        *current = Current::new(index, address, current.generation + 1, channel);
-        tracing::debug!(endpoint = %address, "switched endpoint");
+        let channel = (self.shared.authorization).link(target.endpoint.connect_lazy());
+        *current = Current::new(index, &target.address, current.generation + 1, channel);
+        tracing::debug!(endpoint = %target.address, "switched endpoint");
         true
     }
 
