@@ -51,7 +51,7 @@ Exit codes:
     after_help = AFTER_HELP
 )]
 struct Cli {
-    /// Server address(es), comma-separated.
+    /// Server address(es), comma-separated. One node of a cluster is enough (a follower names the leader, and the CLI goes there); give every node's to get in while one is down.
     #[arg(
         long,
         global = true,
