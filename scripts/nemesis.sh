@@ -5,7 +5,7 @@
 #   scripts/nemesis.sh [--duration 60s] [--seed N] [--debug] [-- MORE RUN FLAGS]
 #
 # Builds `deadbolt` and `deadbolt-nemesis` (release by default; --debug uses
-# debug builds, as the test command does), then runs
+# the debug build of the test command, scripts/test.sh), then runs
 # `deadbolt-nemesis run`. Its last line is the summary:
 #   ops=N faults=N violations=N
 # and the exit code is 0 only without violations. A run is reproducible in
@@ -37,6 +37,10 @@ fi
 if [[ $profile == release ]]; then
     cargo build --release --quiet -p deadbolt-cli -p deadbolt-nemesis
 else
-    cargo build --quiet -p deadbolt-cli -p deadbolt-nemesis
+    # What `cargo test --workspace` built, so after the test command this
+    # builds nothing: a `cargo build -p ...` would unify features without the
+    # dev-dependencies' (tokio's test-util) and compile tokio and everything
+    # above it again, three minutes of CI.
+    cargo test --workspace --locked --no-run --quiet
 fi
 exec "${CARGO_TARGET_DIR:-target}/$profile/deadbolt-nemesis" run --duration "$duration" --seed "$seed" "${extra[@]}"

@@ -12,7 +12,7 @@
 //! [`SeedReport::digest`] proves it.
 //!
 //! The history the clients record is judged by the same checker as the
-//! fault-injection suite on real processes (`deadbolt_nemesis::checker`);
+//! fault-injection suite on real processes (`deadbolt_checker::checker`);
 //! an operator changing the table's limits meanwhile is checked on its own
 //! (`operator.rs`).
 
@@ -30,8 +30,8 @@ compile_error!(
 );
 
 use cluster::SimCluster;
-use deadbolt_nemesis::checker::{check, Finals, Violation};
-use deadbolt_nemesis::history::{Accepted, Record};
+use deadbolt_checker::checker::{check, Finals, Violation};
+use deadbolt_checker::history::{Accepted, Record};
 use deadbolt_proto::v1::{LockHistoryRequest, StoreGetRequest};
 use deadbolt_server::embedded::{seed_node_rng, SecretSource};
 use network::Fabric;

@@ -11,7 +11,7 @@
 //! five is out of range and must be refused.
 
 use crate::workload::{Failure, Router};
-use deadbolt_nemesis::checker::Violation;
+use deadbolt_checker::checker::Violation;
 use deadbolt_proto::v1::{SetLimitsRequest, TableLimits};
 use deadbolt_proto::ErrorKind;
 use rand::rngs::StdRng;

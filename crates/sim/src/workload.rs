@@ -8,8 +8,8 @@
 //! scenario), keepalives included, and writes with its old token afterwards.
 
 use crate::network::{node_at, Fabric, Lost, Sender};
+use deadbolt_checker::history::{Accepted, Op, Phase, Record};
 use deadbolt_fence::FenceGates;
-use deadbolt_nemesis::history::{Accepted, Op, Phase, Record};
 use deadbolt_proto::v1::{
     AcquireRequest, CloseSessionRequest, KeepAliveRequest, OpenSessionRequest, ReleaseRequest,
     StoreGetRequest, StorePutRequest,

@@ -12,17 +12,44 @@ pub mod pki;
 pub use cluster::{ClusterNode, TestCluster};
 pub use pki::TestPki;
 
+use rand::Rng;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, for a server to bind a moment later
+/// (and again after each restart).
+///
+/// Not one the kernel picks (`bind` to port 0): those come from its
+/// ephemeral range, which every other `bind(0)` and every outgoing
+/// connection draws on too, so the port could be taken before the server
+/// binds it, or while a node is down between two runs on it. A CI run lost
+/// a server that way ("cannot listen on 127.0.0.1:32919: Address already in
+/// use"). Below that range a port is only taken by someone choosing it, as
+/// this does, at random among about 20,000.
 pub fn free_port() -> u16 {
+    const FIRST: u16 = 10_000;
+    const ATTEMPTS: usize = 64;
+    let ephemeral_from = ephemeral_range_start().unwrap_or(32_768);
+    if ephemeral_from > FIRST + 1_000 {
+        for _ in 0..ATTEMPTS {
+            let port = rand::thread_rng().gen_range(FIRST..ephemeral_from);
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The first port of the kernel's ephemeral range (Linux).
+fn ephemeral_range_start() -> Option<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
 }
 
 pub fn signal(pid: i32, signal: i32) {
@@ -69,4 +96,20 @@ fn parse_response(response: &[u8]) -> std::io::Result<(u16, String)> {
         .ok_or_else(|| std::io::Error::other(format!("not HTTP: {text:?}")))?;
     let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
     Ok((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_free_port_is_free_and_not_one_the_kernel_hands_out() {
+        let ports: Vec<u16> = (0..8).map(|_| free_port()).collect();
+        for port in &ports {
+            assert!(*port < ephemeral_range_start().unwrap(), "{ports:?}");
+            TcpListener::bind(("127.0.0.1", *port)).unwrap();
+        }
+        // Chosen at random, not the same one every time.
+        assert!(ports.windows(2).any(|pair| pair[0] != pair[1]), "{ports:?}");
+    }
 }

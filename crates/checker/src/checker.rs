@@ -21,7 +21,7 @@
 //!   to a crash or a leader change).
 
 use crate::history::{Accepted, Op, Phase, Record};
-use deadbolt_client::AuditEntry;
+use deadbolt_proto::v1::AuditEntry;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 

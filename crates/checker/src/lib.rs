@@ -3,6 +3,10 @@
 //! (`deadbolt-sim`, one process): both record the same operations and are
 //! judged by the same rules; and the tally of how many times a run broke
 //! mutual exclusion (`deadbolt-nemesis run --backend`, docs/backends.md).
+//!
+//! A crate of its own because it is pure (records in, violations out) and
+//! neither runner's: the simulation depends on it without building the
+//! nemesis's process launcher and its Redis, etcd and PostgreSQL clients.
 
 pub mod checker;
 pub mod history;
