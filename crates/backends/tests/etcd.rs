@@ -1,7 +1,7 @@
 //! etcd against a real single-member `etcd` process, started and killed by
 //! each test.
 
-mod common;
+use crate::common;
 
 use common::{contract, lost_within, unique, Expect};
 use deadbolt_backends::{ErrorKind, Locker, Lost, Token};

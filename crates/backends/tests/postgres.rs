@@ -1,7 +1,7 @@
 //! PostgreSQL advisory locks against the real server of
 //! `scripts/postgres.sh` (`DEADBOLT_TEST_POSTGRES_URL`).
 
-mod common;
+use crate::common;
 
 use common::{contract, lost_within, Expect};
 use deadbolt_backends::{ErrorKind, Lost};

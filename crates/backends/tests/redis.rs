@@ -1,7 +1,7 @@
 //! Redis and Redlock against real `redis-server` processes (no persistence,
 //! as the seeds' lock assumes), started and killed by each test.
 
-mod common;
+use crate::common;
 
 use common::{contract, lost_within, unique, Expect};
 use deadbolt_backends::{ErrorKind, Locker, Lost, Token};

@@ -390,16 +390,17 @@ async fn refused_then_rebuilt(lose: impl AsyncFnOnce(&mut TestCluster, u64), why
     // An election during the catch-up (two cores shared with the compiler
     // can starve a 50 ms heartbeat) ends the add with the learner still
     // listed; the client sends it on to the new leader, which finishes it.
-    // Should that election outlast the client's leader search, the same add
-    // run again finishes it, as its message says.
+    // Should that election outlast the client's leader search, the add exits
+    // 69 ("unavailable", as sysexits has it: try again), and the same add run
+    // again finishes it. A CI run's add ended so, with the joining learner
+    // still naming the deposed leader.
     for attempt in 1.. {
         let added = run(&endpoint, &["cluster", "add", &id, &address]).await;
         if added.status.success() {
             break;
         }
-        let stderr = String::from_utf8_lossy(&added.stderr);
         assert!(
-            attempt < 3 && stderr.contains("stopped leading"),
+            attempt < 3 && added.status.code() == Some(69),
             "{added:?}\n{}",
             cluster.logs()
         );
@@ -419,6 +420,11 @@ async fn refused_then_rebuilt(lose: impl AsyncFnOnce(&mut TestCluster, u64), why
 /// A holder that dies must not keep its lock for about two TTLs because the
 /// leader died too: a quiet session's lease is checkpointed into the log, and
 /// the new leader starts it from there rather than from a full TTL.
+///
+/// What the new leader gave the lease is read from the new leader itself
+/// (its dashboard's `lease_left_ms`). Timing the waiter's grant instead also
+/// timed the client's search for the new leader, and on a loaded CI machine
+/// that read 4.97 s after the takeover with the checkpoints working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_holders_lock_is_freed_about_one_ttl_after_its_last_keepalive() {
     // Long enough that a spurious election early on (a loaded CI machine)
@@ -433,7 +439,7 @@ async fn a_dead_holders_lock_is_freed_about_one_ttl_after_its_last_keepalive() {
     // leader, which checkpoints it only half a TTL after it took over, and
     // the scenario is not the one measured here: it starts over.
     let mut attempts = 0;
-    let (opened, dead_token, waiter, lock, leader) = loop {
+    let (opened, dead_session, dead_token, waiter, lock, leader) = loop {
         attempts += 1;
         assert!(attempts <= 5, "an election came before the kill five times");
         let term = client.health().await.unwrap().term;
@@ -443,10 +449,11 @@ async fn a_dead_holders_lock_is_freed_about_one_ttl_after_its_last_keepalive() {
         let lock = format!("dead-holder-{attempts}");
         let dead = async {
             let (dead, _) = client.open_session_raw(TTL).await?;
-            client.acquire_raw(&dead, &lock, false, None).await
+            let token = client.acquire_raw(&dead, &lock, false, None).await?;
+            Ok::<_, deadbolt_client::Error>((dead.id(), token))
         };
-        let dead_token = match dead.await {
-            Ok(token) => token,
+        let (dead_session, dead_token) = match dead.await {
+            Ok(dead) => dead,
             // Raw calls do not follow a new leader.
             Err(err) => {
                 eprintln!("{err}; starting over");
@@ -462,14 +469,21 @@ async fn a_dead_holders_lock_is_freed_about_one_ttl_after_its_last_keepalive() {
         tokio::time::sleep_until((opened + TTL * 85 / 100).into()).await;
         let leader = cluster.leader_within(Duration::from_secs(5)).await;
         if client.health().await.unwrap().term == term {
-            break (opened, dead_token, waiter, lock, leader);
+            break (opened, dead_session, dead_token, waiter, lock, leader);
         }
         eprintln!("an election came before the kill; starting over");
     };
     cluster.kill9(leader);
     let granted = tokio::spawn(async move { waiter.lock(&lock).await.map(|g| g.token()) });
-    cluster.leader_within(Duration::from_secs(15)).await;
-    let took_over = Instant::now();
+
+    // The last checkpoint before the kill had at most TTL/2 left (the first
+    // is taken once the session was quiet for TTL/2); a new leader that
+    // ignored them would start the lease with the full TTL.
+    let left = lease_left_on_a_new_leader(&cluster, dead_session).await;
+    assert!(
+        left <= TTL / 2,
+        "the new leader gave the dead session {left:?} of its {TTL:?} lease: it restarted the lease with a full TTL"
+    );
 
     let token = granted.await.unwrap().unwrap();
     let freed = Instant::now();
@@ -479,18 +493,40 @@ async fn a_dead_holders_lock_is_freed_about_one_ttl_after_its_last_keepalive() {
         "freed {:?} after the open: before the TTL ran out",
         freed - opened
     );
-    // The checkpoints (every TTL/10 once the session was quiet for TTL/2)
-    // left the new leader well under half a TTL to wait.
-    assert!(
-        freed - took_over < TTL * 3 / 4,
-        "freed {:?} after the new leader took over: it restarted the lease with a full TTL (TTL {TTL:?})",
-        freed - took_over
-    );
     eprintln!(
-        "dead holder's lock freed {:?} after its last keepalive, {:?} after the new leader took over (TTL {TTL:?})",
+        "the new leader gave the dead session {left:?}; its lock was freed {:?} after its last keepalive (TTL {TTL:?})",
         freed - opened,
-        freed - took_over
     );
+}
+
+/// Asks the running nodes until one leads: the time `session`'s lease has
+/// left by that leader's timers, zero if it has expired it already.
+async fn lease_left_on_a_new_leader(cluster: &TestCluster, session: u64) -> Duration {
+    let path = format!("/ui/api/sessions?after={}&limit=1", session - 1);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        for node in cluster.nodes.iter().filter(|node| node.is_running()) {
+            let Ok((200, body)) = node.get(&path) else {
+                continue;
+            };
+            let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let row = &page["rows"][0];
+            if page["leading"] != true {
+                continue;
+            }
+            if row["session"] != session {
+                return Duration::ZERO;
+            }
+            let left = row["lease_left_ms"].as_u64();
+            return Duration::from_millis(left.expect("a leader tracks every lease"));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new leader within 15 s; logs:\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 /// Polls `check` until it holds, sleeping on tokio's timer in between: a
@@ -635,9 +671,16 @@ async fn adding_a_node_that_never_answers_is_refused_and_loses_no_quorum() {
         "{stderr}"
     );
 
+    // Compare whole columns: the voter's own port may begin with a 1, and a
+    // substring check then failed on "127.0.0.1:13900" (stop 26's red CI).
     let status = run(&endpoint, &["cluster", "status"]).await;
     let status = String::from_utf8_lossy(&status.stdout);
-    assert!(!status.contains("127.0.0.1:1"), "{status}");
+    let addresses: Vec<&str> = status
+        .lines()
+        .skip(1)
+        .filter_map(|row| row.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(addresses, [server.addr.to_string()], "{status}");
     // Writes still commit on the one voter.
     let client = server.client().await;
     let session = client.open_session(Duration::from_secs(10)).await.unwrap();

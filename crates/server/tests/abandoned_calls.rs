@@ -12,7 +12,7 @@
 //! with real processes (`an_acquire_given_up_by_its_caller_does_not_leak_the_lock`
 //! goes through the client's stream cancel).
 
-mod common;
+use crate::common;
 
 use common::{acquire, lock_state, open_session, release, wait_for_waiters, Cluster, ErrorKind};
 use std::time::Duration;

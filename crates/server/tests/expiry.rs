@@ -8,7 +8,7 @@
 //! every lease run out in the same instant, and replication held back
 //! keeps the expiries uncommitted (their tasks alive) long enough to count.
 
-mod common;
+use crate::common;
 
 use common::{open_session, Cluster};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! again to the new leader, and an add that would silently keep a member's
 //! old address is refused.
 
-mod common;
+use crate::common;
 
 use common::{Api, ApiError, Cluster, Credentials, ErrorKind, NodeId};
 use deadbolt_proto::v1::{AddMemberRequest, ClusterStatusResponse};

@@ -10,7 +10,7 @@
 //! is also tested where its fix lives: `crates/core/tests/regressions.rs`
 //! and `crates/server/src/store/suite.rs`.)
 
-mod common;
+use crate::common;
 
 use common::{
     acquire, keep_alive, lock_state, metric, open_session, release, wait_for_waiters, Cluster,

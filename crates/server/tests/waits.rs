@@ -8,7 +8,7 @@
 //! clock answers exactly. Group commit (the proposer's batching) is
 //! likewise only measured by benchmarks; here it is asserted.
 
-mod common;
+use crate::common;
 
 use common::{
     acquire, acquire_within, lock_state, metric, open_session, release, wait_for_waiters, Cluster,

@@ -25,9 +25,22 @@ pub struct TestServer {
 
 impl TestServer {
     /// Starts a server on a fresh port with its data in `data_dir`, and
-    /// waits until it leads and serves.
+    /// waits until it leads and serves. The port `free_port` found can be
+    /// bound by someone else before the server binds it (another test
+    /// that chose the same one): then the server is started again on
+    /// another, a few times.
     pub fn start(data_dir: &Path) -> TestServer {
-        Self::start_on(data_dir, SocketAddr::from(([127, 0, 0, 1], free_port())))
+        const ATTEMPTS: usize = 5;
+        let fresh = || SocketAddr::from(([127, 0, 0, 1], free_port()));
+        for _ in 1..ATTEMPTS {
+            let mut server = Self::spawn(data_dir, fresh(), &[]);
+            match server.wait_ready() {
+                Ok(()) => return server,
+                Err(exit) if exit.contains("Address already in use") => continue,
+                Err(exit) => panic!("{exit}"),
+            }
+        }
+        Self::start_on(data_dir, fresh())
     }
 
     pub fn start_on(data_dir: &Path, addr: SocketAddr) -> TestServer {
@@ -36,6 +49,14 @@ impl TestServer {
 
     /// Like `start_on`, with extra `deadbolt server` flags.
     pub fn start_with(data_dir: &Path, addr: SocketAddr, flags: &[&str]) -> TestServer {
+        let mut server = Self::spawn(data_dir, addr, flags);
+        if let Err(exit) = server.wait_ready() {
+            panic!("{exit}");
+        }
+        server
+    }
+
+    fn spawn(data_dir: &Path, addr: SocketAddr, flags: &[&str]) -> TestServer {
         let log = data_dir.with_extension(format!("{}.log", addr.port()));
         let child = Command::new(BIN)
             .args(["server", "--listen", &addr.to_string(), "--data-dir"])
@@ -46,28 +67,27 @@ impl TestServer {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("start deadbolt server");
-        let mut server = TestServer {
+        TestServer {
             addr,
             data_dir: data_dir.to_owned(),
             child: Some(child),
             log,
-        };
-        server.wait_ready();
-        server
+        }
     }
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits until the server is healthy; if it exits first, how it exited.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("server exited with {status}: {}", self.log_text());
+                return Err(format!("server exited with {status}: {}", self.log_text()));
             }
             if let Ok((200, _)) = http(self.addr, "GET", "/health", None) {
-                return;
+                return Ok(());
             }
             assert!(
                 started.elapsed() < Duration::from_secs(20),

@@ -14,11 +14,10 @@
 //! gRPC and HTTP front ends call. Only the disk, the network and the clock
 //! are the test's, as in the simulation (`crates/sim`).
 
-#![allow(dead_code, unused_imports)] // each test binary uses a different part of the harness
-
 // The simulation's disk, compiled from its own source (`crates/sim` depends
 // on this crate, so it cannot be a dependency of this crate's tests).
 #[path = "../../../sim/src/disk.rs"]
+#[allow(dead_code)] // the simulation uses parts of its disk this harness does not
 mod disk;
 
 pub use deadbolt_proto::ErrorKind;
