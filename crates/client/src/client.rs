@@ -186,11 +186,12 @@ struct Target {
 /// The endpoint calls go to now.
 #[derive(Debug)]
 pub(crate) struct Current {
-    /// The endpoint given that calls go to, or that named the leader they
-    /// go to.
+    /// How far the search for a leader has come through the endpoints
+    /// given: the one calls go to, or the one that named the leader they go
+    /// to. Only a failure that names no leader moves it on.
     index: usize,
     /// Where calls go: `targets[index]`, or a leader that endpoint named
-    /// outside the endpoints given.
+    /// (one of the endpoints given, or an address outside them).
     address: Arc<str>,
     /// Bumped on every switch, so that many calls failing together move
     /// the client on by one endpoint rather than one each.
@@ -810,17 +811,16 @@ impl Client {
     /// Points later calls at the leader the failed call named: one of our
     /// endpoints, or an address outside them, dialled the same way as the
     /// endpoint that named it. With no leader named, at the next endpoint
-    /// (from a named leader: back to the endpoint that named it). Nothing
-    /// changes if another call already moved on from the one that failed,
-    /// or if there is nowhere else to go. Says whether calls now go
-    /// elsewhere than the failed one did.
+    /// given after the search's position, skipping the one that just
+    /// failed. Nothing changes if another call already moved on from the one
+    /// that failed, or if there is nowhere else to go. Says whether calls
+    /// now go elsewhere than the failed one did.
     fn move_on(&self, failed_generation: u64, leader: Option<&str>) -> bool {
         let targets = &self.shared.targets;
         let mut current = self.current();
         if current.generation != failed_generation {
             return true;
         }
-        let on_named_leader = *current.address != targets[current.index].address;
         // A leader hint is `host:port`; our endpoints may say `https://`.
         let leader = leader.map(|leader| authority(&normalize_endpoint(leader)).to_owned());
         let given = leader.as_deref().and_then(|leader| {
@@ -832,15 +832,21 @@ impl Client {
             (None, Some(leader)) => self.named_leader(&current.address, leader),
             _ => None,
         };
+        // A hint takes calls elsewhere but leaves the search where it was:
+        // going back to the endpoint that named a leader, once that leader
+        // knows none, would ping-pong between the two while the leader is
+        // elected among the others. A learner still names the leader it last
+        // heard from, and a CI run's `cluster add` spent its whole search so.
         let (index, target) = match (given, &named) {
-            (Some(index), _) => (index, &targets[index]),
+            (Some(given), _) => (current.index, &targets[given]),
             (None, Some(named)) => (current.index, named),
-            (None, None) if on_named_leader => (current.index, &targets[current.index]),
-            // With a single endpoint there is nowhere to go; its channel
-            // reconnects by itself on the next call.
-            (None, None) if targets.len() < 2 => return false,
             (None, None) => {
-                let index = (current.index + 1) % targets.len();
+                let next = (1..=targets.len())
+                    .map(|step| (current.index + step) % targets.len())
+                    .find(|index| targets[*index].address != *current.address);
+                // With a single endpoint there is nowhere else to go; its
+                // channel reconnects by itself on the next call.
+                let Some(index) = next else { return false };
                 (index, &targets[index])
             }
         };
@@ -1029,6 +1035,61 @@ mod tests {
             Target::parse("http://exa mple:1".to_owned(), &TlsOptions::default()).unwrap_err();
         assert_eq!(error.kind(), ErrorKind::InvalidArgument);
         assert!(error.message().contains("exa mple"), "{error}");
+    }
+
+    /// A client on `addresses`, calling the first, without dialling any.
+    fn undialled(addresses: &[&str]) -> Client {
+        let tls = TlsOptions::default();
+        let targets: Vec<Target> = addresses
+            .iter()
+            .map(|address| Target::parse((*address).to_owned(), &tls).unwrap())
+            .collect();
+        let authorization = Authorization::default();
+        let channel = authorization.link(targets[0].endpoint.connect_lazy());
+        let current = Current::new(0, &targets[0].address, 0, channel);
+        Client {
+            shared: Arc::new(Shared {
+                current: Mutex::new(current),
+                targets,
+                tls,
+                authorization,
+            }),
+        }
+    }
+
+    /// Fails the call in flight with `leader` as its hint; returns where
+    /// calls go next.
+    fn fail(client: &Client, leader: Option<&str>) -> String {
+        let generation = client.current().generation;
+        client.move_on(generation, leader);
+        client.current().address.to_string()
+    }
+
+    /// CI, `cluster add` after an election: node 2, a learner, kept naming
+    /// node 1, which had stopped leading and knew no leader. The search went
+    /// 2, 1, 2, 1, ... for its whole two seconds and never asked node 3,
+    /// which was being elected.
+    #[tokio::test]
+    async fn a_learner_naming_a_deposed_leader_does_not_keep_the_search_from_the_others() {
+        let (n1, n2, n3) = ("127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003");
+        let client = undialled(&[n1, n2, n3]);
+        let mut asked = vec![fail(&client, None)];
+        for _ in 0..4 {
+            let hint = (asked.last().unwrap() == &format!("http://{n2}")).then_some(n1);
+            asked.push(fail(&client, hint));
+        }
+        let asked: Vec<&str> = asked.iter().map(|a| authority(a)).collect();
+        assert_eq!(asked, [n2, n1, n3, n1, n2]);
+    }
+
+    #[tokio::test]
+    async fn a_leader_named_outside_the_endpoints_is_tried_then_the_endpoint_again() {
+        let client = undialled(&["127.0.0.1:7001"]);
+        assert_eq!(fail(&client, Some("10.0.0.9:7001")), "http://10.0.0.9:7001");
+        assert_eq!(fail(&client, None), "http://127.0.0.1:7001");
+        // Nowhere else to go: the one endpoint's channel reconnects itself.
+        let generation = client.current().generation;
+        assert!(!client.move_on(generation, None));
     }
 
     #[test]

@@ -398,7 +398,7 @@ pub async fn follow_leadership(
                     tracing::info!(
                         node_id,
                         term,
-                        "leading: all sessions restarted with a full TTL"
+                        "leading: every lease restarted, with a full TTL or what its checkpoint left"
                     );
                 }
                 Err(err) => {
