@@ -15,6 +15,9 @@
 # With DEADBOLT_CLUSTER_TLS=1, `start` first makes a CA and certificates with
 # `deadbolt certs` (in $dir/certs) and the nodes speak mutual TLS only, to
 # clients and to each other; it prints the DEADBOLT_CA/CERT/KEY to export.
+# Without it the nodes speak plain text and prove to each other that they
+# are peers with a cluster secret ($dir/peer-secret, made once by
+# `deadbolt peer-secret new`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,12 +48,13 @@ start() {
     [[ -n ${DEADBOLT_BIN:-} ]] || cargo build --release --quiet -p deadbolt-cli
     mkdir -p "$dir"
     [[ -n $tls ]] && make_certs
+    [[ -n $tls || -f $dir/peer-secret ]] || "$bin" peer-secret new "$dir/peer-secret" >/dev/null
     for id in 1 2 3; do
         if running "$id"; then
             echo "node $id is already running (pid $(cat "$dir/node$id.pid"))"
             continue
         fi
-        node_tls=()
+        node_tls=(--peer-secret-file "$dir/peer-secret")
         [[ -n $tls ]] && node_tls=(--tls-cert "$certs/node$id.pem" --tls-key "$certs/node$id-key.pem" \
             --tls-client-ca "$certs/ca.pem")
         "$bin" server --node-id "$id" --listen "127.0.0.1:707$id" \

@@ -195,7 +195,7 @@ fn write_pair(dir: &Path, name: &str, cert: &str, key: &str) -> anyhow::Result<V
     Ok(vec![cert_path, key_path])
 }
 
-fn write_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+pub(crate) fn write_new(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()
         .write(true)

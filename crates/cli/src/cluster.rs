@@ -239,11 +239,12 @@ async fn status(client: &Client, endpoints: &Endpoints, json: bool) -> i32 {
                 ),
             }
         }
+        println!("peers authenticate with: {}", view.peer_authentication);
         if view.transport_security == "none" && view.members.len() > 1 {
             eprintln!(
-                "deadbolt: WARNING: this cluster runs without TLS: its peers are \
-                 unauthenticated, and anything that can reach a node's port can speak Raft to \
-                 it (docs/security.md)"
+                "deadbolt: WARNING: this cluster runs without TLS: its peers prove who they are \
+                 with the cluster secret, but anyone who can watch its traffic can read that \
+                 secret, tokens and session secrets (docs/security.md)"
             );
         }
         if !healthy {

@@ -15,6 +15,7 @@ mod demo;
 mod exit;
 mod guard;
 mod locks;
+mod peer_secret;
 mod run;
 mod run_backend;
 mod server;
@@ -172,6 +173,10 @@ enum Command {
     /// Create a CA and node or client certificates for TLS.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Make the cluster secret a plain-text cluster's nodes authenticate
+    /// each other with (--peer-secret-file), or add one to rotate it.
+    #[command(subcommand)]
+    PeerSecret(peer_secret::PeerSecretCommand),
     /// Check a stopped node's data directory without changing it.
     #[command(subcommand)]
     Data(data::DataCommand),
@@ -228,6 +233,7 @@ fn main() {
         // Offline: no server, no network.
         Command::Data(command) => std::process::exit(data::main(command)),
         Command::Certs(command) => std::process::exit(certs::main(command)),
+        Command::PeerSecret(command) => std::process::exit(peer_secret::main(command)),
         Command::Backends(args) => std::process::exit(backends::main(args)),
         _ => {}
     }
@@ -267,7 +273,11 @@ fn main() {
             Command::Demo(command) => demo::main(command).await,
             Command::Bench(args) => bench::main(endpoint, args).await,
             Command::Snapshot(command) => snapshot::save(endpoint, command).await,
-            Command::Guard(_) | Command::Data(_) | Command::Certs(_) | Command::Backends(_) => {
+            Command::Guard(_)
+            | Command::Data(_)
+            | Command::Certs(_)
+            | Command::PeerSecret(_)
+            | Command::Backends(_) => {
                 unreachable!("handled before the runtime starts")
             }
         }

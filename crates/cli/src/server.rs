@@ -120,6 +120,17 @@ pub struct ServerArgs {
     /// no authentication. Only on a network you trust completely.
     #[arg(long, conflicts_with = "tls_cert")]
     insecure: bool,
+    /// Without TLS, the cluster secret file the nodes prove to each other
+    /// they are peers with (`deadbolt peer-secret new FILE` makes one; the
+    /// same file on every node, mode 0600). Needed by every node of a
+    /// plain-text cluster. SIGHUP reloads it.
+    #[arg(
+        long,
+        env = "DEADBOLT_PEER_SECRET_FILE",
+        value_name = "FILE",
+        conflicts_with = "tls_cert"
+    )]
+    peer_secret_file: Option<PathBuf>,
     /// `text` for people, `json` (one object a line) for log shippers.
     #[arg(long, value_enum, default_value = "text", env = "DEADBOLT_LOG_FORMAT")]
     log_format: LogFormat,
@@ -158,6 +169,7 @@ pub async fn main(args: ServerArgs) -> i32 {
             _ => None,
         },
         insecure: args.insecure,
+        peer_secret_file: args.peer_secret_file,
         membership: match (args.initial_cluster, args.join) {
             (Some(cluster), _) => StartMembership::Initial(cluster),
             (None, true) => StartMembership::Join,

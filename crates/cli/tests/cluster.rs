@@ -5,10 +5,11 @@
 
 mod common;
 
-use common::{deadbolt, log_segments, roll_back_log, TestCluster};
+use common::{deadbolt, free_port, log_segments, roll_back_log, TestCluster};
 use deadbolt_client::{Client, ErrorKind};
 use std::collections::{HashMap, HashSet};
 use std::future::{ready, Future};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -656,10 +657,12 @@ async fn a_client_given_only_a_follower_goes_to_the_leader_it_names() {
 async fn adding_a_node_that_never_answers_is_refused_and_loses_no_quorum() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     // It polls until the server is ready: not on a worker thread.
-    let server = tokio::task::spawn_blocking(move || common::TestServer::start(&data))
-        .await
-        .unwrap();
+    let (server, _) =
+        tokio::task::spawn_blocking(move || common::TestServer::start_growable(&data, addr))
+            .await
+            .unwrap();
     let endpoint = server.endpoint();
     // Port 1 on loopback: nothing listens there.
     let added = run(&endpoint, &["cluster", "add", "4", "127.0.0.1:1"]).await;
@@ -678,7 +681,9 @@ async fn adding_a_node_that_never_answers_is_refused_and_loses_no_quorum() {
     let addresses: Vec<&str> = status
         .lines()
         .skip(1)
-        .filter_map(|row| row.split_whitespace().nth(1))
+        .map(|row| row.split_whitespace().collect::<Vec<_>>())
+        .filter(|row| row.first().is_some_and(|id| id.parse::<u64>().is_ok()))
+        .map(|row| row[1])
         .collect();
     assert_eq!(addresses, [server.addr.to_string()], "{status}");
     // Writes still commit on the one voter.

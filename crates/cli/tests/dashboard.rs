@@ -142,6 +142,10 @@ async fn the_dashboard_shows_a_lock_while_it_is_held_and_its_history() {
     browser
         .wait_text("#leader", "the leader", |t| t.starts_with("node 1"))
         .await;
+    // A single node without a cluster secret: no peer can authenticate.
+    browser
+        .wait_text("#peer-auth", "how peers authenticate", |t| t == "none")
+        .await;
 
     let (session, token) = acquire(&endpoint, "dash/invoices");
     acquire(&endpoint, "other/reports");
@@ -289,6 +293,12 @@ async fn the_dashboard_on_a_follower_shows_the_new_leader_after_the_leader_is_ki
             cluster.logs()
         );
     };
+
+    browser
+        .wait_text("#peer-auth", "how peers authenticate", |t| {
+            t == "cluster-secret"
+        })
+        .await;
 
     cluster.kill9(leader);
     let new_leader = cluster.wait_for_leader(Duration::from_secs(30));

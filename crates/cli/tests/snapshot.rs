@@ -148,7 +148,8 @@ fn a_restored_cluster_keeps_the_state_and_never_reissues_a_token() {
     );
     assert!(checked.status.success(), "{checked:?}");
 
-    let new = TestServer::start_on(&new_dir, addr);
+    // With a cluster secret, to take the second member in below.
+    let (new, secret) = TestServer::start_growable(&new_dir, addr);
     let endpoint = new.endpoint();
     let locks = String::from_utf8_lossy(&deadbolt(&endpoint, &["locks"]).stdout).into_owned();
     assert!(
@@ -176,6 +177,8 @@ fn a_restored_cluster_keeps_the_state_and_never_reissues_a_token() {
             "--join",
             "--listen",
             &second.to_string(),
+            "--peer-secret-file",
+            &secret.to_string_lossy(),
             "--data-dir",
         ])
         .arg(dir.path().join("second"))

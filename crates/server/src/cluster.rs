@@ -10,6 +10,7 @@
 //! removed, then started with `--join` and added again, which makes it a
 //! learner until it has caught up.
 
+use crate::auth::peers::PeerAuthentication;
 use crate::network::peer_endpoint;
 use crate::node::{ApiError, Node};
 use crate::raft_types::NodeId;
@@ -277,6 +278,7 @@ impl Node {
                 None => "none",
             }
             .to_owned(),
+            peer_authentication: self.peer_authentication().as_str().to_owned(),
             access_control: self
                 .table
                 .read()
@@ -285,6 +287,10 @@ impl Node {
                 .acl()
                 .enabled(),
         }
+    }
+
+    pub fn peer_authentication(&self) -> PeerAuthentication {
+        PeerAuthentication::of(self.tls.as_deref(), self.peer_secrets.as_deref())
     }
 
     /// Adds `id` as a learner, waits until it has caught up, then makes it
@@ -303,6 +309,18 @@ impl Node {
     pub async fn add_member(&self, id: NodeId, address: &str) -> Result<(), ApiError> {
         if let Err(reason) = peer_endpoint(address, self.tls.as_deref()) {
             return Err(ApiError::new(ErrorKind::InvalidArgument, reason));
+        }
+        // A member it could not authenticate would be a door left open.
+        if self.peer_authentication() == PeerAuthentication::Unavailable {
+            let fix = if self.tls.is_some() {
+                "restart it with --tls-client-ca (its members authenticate with node certificates that CA signed)"
+            } else {
+                "restart it with --peer-secret-file (`deadbolt peer-secret new FILE` makes one; every node gets the same file), or with TLS"
+            };
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("this node has no way for its peers to authenticate, so it takes no members in: {fix}"),
+            ));
         }
         // Not openraft's blocking wait: it counts a learner as caught up
         // once it is within `replication_lag_threshold` (5000) entries of

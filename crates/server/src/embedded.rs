@@ -14,12 +14,12 @@ pub use crate::api::Api;
 pub use crate::auth::{Credentials, InFlight};
 pub use crate::clock::Clock;
 pub use crate::node::{ApiError, Node};
-pub use crate::raft_types::{NodeId, Raft, TypeConfig};
+pub use crate::raft_types::{Batch, NodeId, Raft, TypeConfig};
 pub use crate::runtime::seed_node_rng;
 pub use crate::secret::SecretSource;
 use crate::store::StorageIo;
 pub use crate::store::{SimulatedDisk, SimulatedDisks, SimulatedSegments};
-use crate::{open_node, raft_config, spawn_duties, NodeRun, QueueLimits, RaftTiming};
+use crate::{open_node, raft_config, spawn_duties, NodeRun, QueueLimits, RaftTiming, Transport};
 use anyhow::Context;
 use openraft::network::RaftNetworkFactory;
 use openraft::BasicNode;
@@ -49,7 +49,13 @@ impl EmbeddedNode {
             io: StorageIo::Inline,
             queue: QueueLimits::DEFAULT,
         };
-        let node = open_node(id, config, data, network, run, None).await?;
+        // Its peers' messages are handed to its Raft directly: there is no
+        // peer service to authenticate for.
+        let transport = Transport {
+            tls: None,
+            peer_secrets: None,
+        };
+        let node = open_node(id, config, data, network, run, transport).await?;
         let (stop, stopped) = watch::channel(false);
         spawn_duties(&node, stopped);
         Ok(EmbeddedNode { node, stop })

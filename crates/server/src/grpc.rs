@@ -5,6 +5,7 @@
 //! service is mounted here too, on the same port.
 
 use crate::api::Api;
+use crate::auth::peers::PeerGate;
 use crate::auth::Credentials;
 use crate::calls::CallStream;
 use crate::network::PeerService;
@@ -22,18 +23,22 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Every gRPC service of a node, as one axum router.
+/// Every gRPC service of a node, as one axum router. The peer service sits
+/// behind `gate`, which refuses a caller before its message is read.
 /// `stopping` turns true when the server begins to shut down.
 pub fn router(
     api: Api,
     raft: Raft,
     ready_to_join: Option<Arc<AtomicBool>>,
-    tls: Option<Arc<crate::tls::NodeTls>>,
+    gate: PeerGate,
     stopping: watch::Receiver<bool>,
 ) -> axum::Router {
-    let peers = RaftPeerServer::new(PeerService::new(raft, ready_to_join, tls))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let peers = tonic::service::interceptor::InterceptedService::new(
+        RaftPeerServer::new(PeerService::new(raft, ready_to_join))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        gate,
+    );
     tonic::service::Routes::new(DeadboltServer::new(GrpcApi::new(
         api.clone(),
         stopping.clone(),

@@ -41,10 +41,12 @@ pub use backup::{Backup, BadBackup, Summary as BackupSummary, MAX_FILE_BYTES as 
 pub use cluster::InitialCluster;
 pub use listener::ConnectionLimits;
 pub use proposer::QueueLimits;
+pub use secret::new_peer_secret;
 pub use store::{check_data_dir, DataDirError, DataReport};
 pub use tls::TlsFiles;
 
 use anyhow::Context;
+use auth::peers::{PeerAuthentication, PeerGate, PeerSecrets};
 use clock::Clock;
 use leases::Leases;
 use node::{Node, Observers};
@@ -101,6 +103,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsFiles>,
     /// Serve plain text on a non-loopback address, knowingly.
     pub insecure: bool,
+    /// Without TLS, the cluster secret file the peers authenticate with
+    /// (`auth/peers.rs`); a plain-text cluster needs it.
+    pub peer_secret_file: Option<PathBuf>,
 }
 
 /// How often the leader sends heartbeats, and how long a follower waits
@@ -181,7 +186,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     data: store::OpenedData,
     network: N,
     NodeRun { clock, io, queue }: NodeRun,
-    tls: Option<Arc<tls::NodeTls>>,
+    Transport { tls, peer_secrets }: Transport,
 ) -> anyhow::Result<Node> {
     match &data.report {
         Some(report) => tracing::info!(
@@ -228,6 +233,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         metrics,
         ready_to_join: Default::default(),
         tls,
+        peer_secrets,
     })
 }
 
@@ -258,36 +264,60 @@ fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
     ));
 }
 
-/// Loads the TLS files, and refuses what would leave the service open to
-/// anyone on the network: plain text on a non-loopback address without
-/// `--insecure`, or a TLS cluster whose peers could not authenticate each
-/// other.
-fn check_transport(config: &ServerConfig) -> anyhow::Result<Option<Arc<tls::NodeTls>>> {
+/// How a node authenticates clients and peers: the TLS files, or without
+/// TLS the cluster secret, as loaded at start.
+struct Transport {
+    tls: Option<Arc<tls::NodeTls>>,
+    peer_secrets: Option<Arc<PeerSecrets>>,
+}
+
+/// Loads the TLS files and the cluster secret, and refuses what would leave
+/// the service open to anyone on the network: plain text on a non-loopback
+/// address without `--insecure`, or a cluster whose peers could not
+/// authenticate each other.
+fn check_transport(config: &ServerConfig) -> anyhow::Result<Transport> {
     let loopback = config.listen.ip().is_loopback();
     let Some(files) = &config.tls else {
         if !loopback && !config.insecure {
             anyhow::bail!(
                 "refusing to listen on {} without TLS: anyone who can reach it could release any \
-                 lock and forge Raft messages. Give --tls-cert and --tls-key (and --tls-client-ca \
-                 for a cluster; `deadbolt certs` makes them), or --insecure on a network you trust",
+                 lock. Give --tls-cert and --tls-key (and --tls-client-ca for a cluster; `deadbolt \
+                 certs` makes them), or --insecure on a network you trust",
                 config.listen
             );
         }
-        if config.membership != StartMembership::SingleNode {
-            tracing::warn!(
-                "this cluster's peers are unauthenticated (no TLS): anything that can reach a \
-                 node's port can speak Raft to it; `deadbolt cluster status` says so too"
-            );
-        }
+        let peer_secrets = match &config.peer_secret_file {
+            Some(path) => {
+                Some(Arc::new(PeerSecrets::load(path).map_err(|err| {
+                    anyhow::anyhow!("refusing to start: {err}")
+                })?))
+            }
+            None if config.membership != StartMembership::SingleNode => anyhow::bail!(
+                "refusing to start a plain-text cluster node without --peer-secret-file: its \
+                 peers would have no way to prove they are the cluster's nodes. `deadbolt \
+                 peer-secret new FILE` makes one; give every node the same file (or run the \
+                 cluster over TLS with --tls-client-ca)"
+            ),
+            None => None,
+        };
         if !loopback {
             tracing::warn!(
                 listen = %config.listen,
-                "--insecure: serving plain text with no authentication; anyone who can reach this \
-                 address can take or release any lock and speak Raft to this node"
+                "--insecure: serving plain text; anyone who can reach this address and watch \
+                 its traffic can read tokens, session secrets and the cluster secret"
             );
         }
-        return Ok(None);
+        return Ok(Transport {
+            tls: None,
+            peer_secrets,
+        });
     };
+    if config.peer_secret_file.is_some() {
+        anyhow::bail!(
+            "--peer-secret-file is for plain-text clusters: over TLS the peers authenticate with \
+             node certificates (--tls-client-ca); drop one or the other"
+        );
+    }
     let tls = tls::NodeTls::load(files.clone())
         .map_err(|err| anyhow::anyhow!("refusing to start: {err}"))?;
     if config.membership != StartMembership::SingleNode && !tls.mutual() {
@@ -296,7 +326,65 @@ fn check_transport(config: &ServerConfig) -> anyhow::Result<Option<Arc<tls::Node
              certificates that CA signed (clients must then show one too)"
         );
     }
-    Ok(Some(Arc::new(tls)))
+    Ok(Transport {
+        tls: Some(Arc::new(tls)),
+        peer_secrets: None,
+    })
+}
+
+/// Refuses to restart a node whose data lists other members when its peers
+/// would have no way to authenticate: it could take no part in its cluster.
+fn check_peers_can_authenticate(node: &Node) -> anyhow::Result<()> {
+    let members = node
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .nodes()
+        .count();
+    if members > 1 && node.peer_authentication() == PeerAuthentication::Unavailable {
+        let fix = if node.tls.is_some() {
+            "--tls-client-ca (its peers authenticate with node certificates that CA signed)"
+        } else {
+            "--peer-secret-file, the same file on every node (`deadbolt peer-secret new FILE` \
+             makes one; docs/security.md, \"Peers\", says how to move a running plain-text \
+             cluster onto it one node at a time)"
+        };
+        anyhow::bail!(
+            "refusing to start: this node's data lists {members} members, and without {fix} \
+             none of them could prove it is a peer"
+        );
+    }
+    Ok(())
+}
+
+/// Reloads the files a SIGHUP reloads, the TLS certificates or the cluster
+/// secret, until `stopped`. A file that is refused leaves the old ones in
+/// use.
+async fn reload_on_sighup(
+    transport: Transport,
+    mut hangups: tokio::signal::unix::Signal,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = hangups.recv() => {
+                if let Some(tls) = &transport.tls {
+                    match tls.reload() {
+                        Ok(()) => tracing::info!("SIGHUP: reloaded the TLS certificates; new connections use them"),
+                        Err(err) => tracing::error!(%err, "SIGHUP: the TLS files were refused; still using the ones loaded before"),
+                    }
+                }
+                if let Some(secrets) = &transport.peer_secrets {
+                    match secrets.reload() {
+                        Ok(()) => tracing::info!(file = %secrets.path().display(), "SIGHUP: reloaded the cluster secret"),
+                        Err(err) => tracing::error!(%err, "SIGHUP: the cluster secret file was refused; still using the secrets loaded before"),
+                    }
+                }
+            }
+            _ = stopped.wait_for(|stopped| *stopped) => return,
+        }
+    }
 }
 
 /// A server that has opened its data and bound its port, but is not yet
@@ -320,8 +408,10 @@ impl Server {
         if let StartMembership::Initial(cluster) = &config.membership {
             cluster::check_listed(config.node_id, cluster)?;
         }
-        let tls = check_transport(&config)?;
-        let hangups = tls.as_ref().and_then(|_| tls::hangups());
+        let transport = check_transport(&config)?;
+        let hangups = (transport.tls.is_some() || transport.peer_secrets.is_some())
+            .then(tls::hangups)
+            .flatten();
         // Bind next: a port in use is the most common start-up failure and
         // should not wait for the data directory.
         let listener = listener::bind(config.listen, config.limits.backlog)
@@ -332,15 +422,20 @@ impl Server {
             config.node_id,
             raft_config,
             data,
-            network::PeerNetwork::new(tls.clone()),
+            network::PeerNetwork::new(transport.tls.clone(), transport.peer_secrets.clone()),
             NodeRun {
                 clock: Clock::host(),
                 io: StorageIo::Threads,
                 queue: config.queue,
             },
-            tls,
+            transport,
         )
         .await?;
+        check_peers_can_authenticate(&node)?;
+        tracing::info!(
+            peers = node.peer_authentication().as_str(),
+            "how peers authenticate (a node whose membership is itself alone serves no peer calls)"
+        );
         let raft = node.raft.clone();
         // A restart finds the cluster in its data; only a new node needs this.
         let mut forming = None;
@@ -406,8 +501,12 @@ impl Server {
             });
         }
         let (stop, stopped) = watch::channel(false);
-        if let (Some(tls), Some(hangups)) = (&node.tls, hangups) {
-            tokio::spawn(tls::reload_on_sighup(tls.clone(), hangups, stopped.clone()));
+        if let Some(hangups) = hangups {
+            let transport = Transport {
+                tls: node.tls.clone(),
+                peer_secrets: node.peer_secrets.clone(),
+            };
+            tokio::spawn(reload_on_sighup(transport, hangups, stopped.clone()));
         }
         spawn_duties(&node, stopped);
         let in_flight = auth::InFlight::new(limits.max_calls_per_identity);
@@ -416,7 +515,12 @@ impl Server {
             api.clone(),
             node.raft.clone(),
             ready_to_join,
-            node.tls.clone(),
+            PeerGate::new(
+                node.raft.clone(),
+                node.tls.clone(),
+                node.peer_secrets.clone(),
+                node.metrics.clone(),
+            ),
             stop.subscribe(),
         )
         .merge(http::router(api, limits.body_read_timeout))

@@ -14,6 +14,7 @@
 //! connections wait in the kernel's listen backlog (`backlog`) until one
 //! ends, instead of costing a file descriptor each.
 
+use crate::auth::peers::RemoteAddr;
 use crate::tls::{NodeTls, TlsClient};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -138,7 +139,7 @@ pub async fn serve(
             slot = slots.clone().acquire_owned() => slot.expect("the semaphore is never closed"),
             () = &mut shutdown => break,
         };
-        let (stream, _) = tokio::select! {
+        let (stream, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
@@ -167,9 +168,18 @@ pub async fn serve(
                 Ok(Ok(n)) if n > 0 => {}
                 _ => return drop(slot),
             }
+            // Every request on this connection carries where it came from
+            // (for the peer gate's log lines), and over TLS who sent it.
+            let remote = RemoteAddr(remote);
             match tls {
                 None => {
-                    let service = TowerToHyperService::new(app);
+                    let service = TowerToHyperService::new(tower::util::MapRequest::new(
+                        app,
+                        move |mut request: hyper::Request<hyper::body::Incoming>| {
+                            request.extensions_mut().insert(remote);
+                            request
+                        },
+                    ));
                     let connection =
                         builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
                     let _ = watcher.watch(connection.into_owned()).await;
@@ -186,11 +196,11 @@ pub async fn serve(
                         }
                         Err(_) => return drop(slot),
                     };
-                    // Every request on this connection carries who sent it.
                     let client = TlsClient::from_chain(stream.get_ref().1.peer_certificates());
                     let service = TowerToHyperService::new(tower::util::MapRequest::new(
                         app,
                         move |mut request: hyper::Request<hyper::body::Incoming>| {
+                            request.extensions_mut().insert(remote);
                             request.extensions_mut().insert(client.clone());
                             request
                         },

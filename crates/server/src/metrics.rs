@@ -37,6 +37,7 @@
 //! Durations are measured on `std::time::Instant`: they decide nothing, so
 //! they need not come from the node's [`crate::clock::Clock`].
 
+use crate::auth::peers::Refusal;
 use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::SharedTable;
 use deadbolt_core::{Event, LockError, Outcome, SessionEnd};
@@ -171,6 +172,8 @@ pub struct Metrics {
     snapshot_build_seconds: Histogram,
     snapshot_bytes: Gauge,
     leader_changes: Counter,
+    /// By position in [`Refusal::ALL`].
+    peer_calls_refused: Vec<Counter>,
     sessions: Gauge,
     locks_held: Gauge,
     /// The table's `max_sessions` and `max_locks` (`deadbolt cluster limits`).
@@ -242,6 +245,7 @@ impl Metrics {
         let wait = || Histogram::new(wait_buckets());
         let calls: Vec<&str> = Call::ALL.iter().map(|call| call.as_str()).collect();
         let kinds: Vec<&str> = ErrorKind::ALL.iter().map(|kind| kind.as_str()).collect();
+        let refusals: Vec<&str> = Refusal::ALL.iter().map(|why| why.as_str()).collect();
         Metrics {
             grants: register(
                 r,
@@ -358,6 +362,14 @@ impl Metrics {
                 "Times this node saw a new leader (the first one it saw included)",
                 None,
                 Counter::default(),
+            ),
+            peer_calls_refused: register_labelled(
+                r,
+                "deadbolt_peer_calls_refused",
+                "Raft peer calls this node refused before reading them: it has no peers, or the caller is no node of its cluster",
+                None,
+                ("reason", &refusals),
+                Counter::default,
             ),
             sessions: register(
                 r,
@@ -483,6 +495,11 @@ impl Metrics {
             };
             counter.inc();
         }
+    }
+
+    pub fn peer_call_refused(&self, why: Refusal) {
+        let index = Refusal::ALL.iter().position(|known| *known == why);
+        self.peer_calls_refused[index.expect("every refusal is in Refusal::ALL")].inc();
     }
 
     pub fn lease_renewed(&self) {

@@ -16,6 +16,9 @@
 //! tells nothing about how close a guess was. It runs in the server rather
 //! than in `deadbolt-core`, which stays free of randomness and cryptography.
 //!
+//! The cluster secret that peers show each other without TLS
+//! (`auth/peers.rs`) is drawn here too, and checked with [`matches`].
+//!
 //! Secrets come from the operating system's CSPRNG, except in the
 //! deterministic simulation, which seeds them so that a seed replays exactly.
 
@@ -66,6 +69,18 @@ impl SecretSource {
         let hash = hash(&secret);
         (secret, hash)
     }
+}
+
+/// Random bytes in a cluster secret (`deadbolt peer-secret new`): 256
+/// bits. It is checked on every peer call for as long as the cluster runs,
+/// so it gets twice a session secret's margin.
+const PEER_SECRET_BYTES: usize = 32;
+
+/// A new cluster secret from the operating system's CSPRNG, as hex digits.
+pub fn new_peer_secret() -> String {
+    let mut bytes = [0; PEER_SECRET_BYTES];
+    OsRng.fill_bytes(&mut bytes);
+    hex(&bytes)
 }
 
 /// Lowercase hex digits, two per byte.

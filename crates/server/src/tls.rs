@@ -5,7 +5,7 @@
 //! verifies client certificates and, in a cluster, the peers' certificates.
 //! One set of files, loaded and reloaded in one place.
 //!
-//! Reloading: SIGHUP re-reads the files. New connections use the new
+//! Reloading: SIGHUP re-reads the files (`reload_on_sighup` in lib.rs). New connections use the new
 //! certificates; open ones keep theirs (a rotation drops nobody). A file
 //! that cannot be read or does not parse is refused with a log line, and
 //! the old certificates stay in use.
@@ -197,25 +197,8 @@ pub fn hangups() -> Option<Signal> {
     match signal(SignalKind::hangup()) {
         Ok(hangups) => Some(hangups),
         Err(err) => {
-            tracing::warn!(%err, "cannot install the SIGHUP handler: certificates reload only on restart");
+            tracing::warn!(%err, "cannot install the SIGHUP handler: certificates and the cluster secret reload only on restart");
             None
-        }
-    }
-}
-
-/// Reloads `tls` on every SIGHUP until `stopped`.
-pub async fn reload_on_sighup(
-    tls: Arc<NodeTls>,
-    mut hangups: Signal,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            _ = hangups.recv() => match tls.reload() {
-                Ok(()) => tracing::info!("SIGHUP: reloaded the TLS certificates; new connections use them"),
-                Err(err) => tracing::error!(%err, "SIGHUP: the TLS files were refused; still using the ones loaded before"),
-            },
-            _ = stopped.wait_for(|stopped| *stopped) => return,
         }
     }
 }

@@ -80,6 +80,8 @@ pub struct TestCluster {
     network: Arc<Mutex<Network>>,
     initial_cluster: String,
     pki: Option<TestPki>,
+    /// Without TLS, the cluster secret file every node is given.
+    peer_secret: Option<PathBuf>,
 }
 
 impl TestCluster {
@@ -118,12 +120,16 @@ impl TestCluster {
             .map(|n| format!("{}={}", n.id, n.advertised))
             .collect::<Vec<_>>()
             .join(",");
+        // Without TLS, the nodes authenticate each other with a secret
+        // file, made as an operator would.
+        let peer_secret = pki.is_none().then(|| new_peer_secret(bin, dir));
         let mut cluster = TestCluster {
             nodes,
             bin: bin.to_owned(),
             network,
             initial_cluster,
             pki,
+            peer_secret,
         };
         for id in 1..=size {
             cluster.start_node(id);
@@ -154,6 +160,11 @@ impl TestCluster {
         Client::connect_with(self.endpoints(), &tls)
             .await
             .expect("connect")
+    }
+
+    /// The cluster secret file, when the cluster runs without TLS.
+    pub fn peer_secret(&self) -> Option<&Path> {
+        self.peer_secret.as_deref()
     }
 
     /// The certificates, when the cluster runs over mutual TLS.
@@ -194,11 +205,14 @@ impl TestCluster {
         max_file_bytes: Option<u64>,
     ) {
         let bin = self.bin.clone();
-        let tls_flags = self
-            .pki
-            .as_ref()
-            .map(TestPki::server_flags)
-            .unwrap_or_default();
+        let tls_flags = match (&self.pki, &self.peer_secret) {
+            (Some(pki), _) => pki.server_flags(),
+            (None, Some(secret)) => vec![
+                "--peer-secret-file".to_owned(),
+                secret.to_string_lossy().into_owned(),
+            ],
+            (None, None) => Vec::new(),
+        };
         let node = self.node_mut(id);
         assert!(node.child.is_none(), "node {id} is already running");
         let log = std::fs::OpenOptions::new()
@@ -474,4 +488,17 @@ fn socket_owner(peer: SocketAddr, local: SocketAddr, pids: &[i32]) -> Option<i32
             })
             .unwrap_or(false)
     })
+}
+
+/// Makes a cluster secret file in `dir` with `bin peer-secret new`, and
+/// returns its path.
+pub fn new_peer_secret(bin: &Path, dir: &Path) -> PathBuf {
+    let path = dir.join("peer-secret");
+    let out = Command::new(bin)
+        .args(["peer-secret", "new"])
+        .arg(&path)
+        .output()
+        .expect("run deadbolt peer-secret new");
+    assert!(out.status.success(), "deadbolt peer-secret new: {out:?}");
+    path
 }

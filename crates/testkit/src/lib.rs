@@ -9,7 +9,7 @@ pub mod cluster;
 pub mod peers;
 pub mod pki;
 
-pub use cluster::{ClusterNode, TestCluster};
+pub use cluster::{new_peer_secret, ClusterNode, TestCluster};
 pub use pki::TestPki;
 
 use rand::Rng;

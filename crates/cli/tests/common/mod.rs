@@ -47,6 +47,26 @@ impl TestServer {
         Self::start_with(data_dir, addr, &[])
     }
 
+    /// A single node that can take members in (`deadbolt cluster add`): it
+    /// has a cluster secret (`peer-secret` beside its data directory) for
+    /// them to authenticate with.
+    pub fn start_growable(data_dir: &Path, addr: SocketAddr) -> (TestServer, PathBuf) {
+        Self::start_growable_with(data_dir, addr, &[])
+    }
+
+    /// Like `start_growable`, with extra `deadbolt server` flags.
+    pub fn start_growable_with(
+        data_dir: &Path,
+        addr: SocketAddr,
+        flags: &[&str],
+    ) -> (TestServer, PathBuf) {
+        let secret = peer_secret_beside(data_dir);
+        let secret_text = secret.to_string_lossy();
+        let mut all = vec!["--peer-secret-file", &secret_text];
+        all.extend_from_slice(flags);
+        (Self::start_with(data_dir, addr, &all), secret)
+    }
+
     /// Like `start_on`, with extra `deadbolt server` flags.
     pub fn start_with(data_dir: &Path, addr: SocketAddr, flags: &[&str]) -> TestServer {
         let mut server = Self::spawn(data_dir, addr, flags);
@@ -212,4 +232,17 @@ pub fn roll_back_log(older: &Path, data: &Path) {
     {
         std::fs::copy(older.join(&name), data.join(&name)).unwrap();
     }
+}
+
+/// A cluster secret file beside `data_dir`, made with `deadbolt peer-secret
+/// new` (once; later calls return the same file).
+pub fn peer_secret_beside(data_dir: &Path) -> PathBuf {
+    let dir = data_dir
+        .parent()
+        .expect("a data directory in a temp directory");
+    let path = dir.join("peer-secret");
+    if path.exists() {
+        return path;
+    }
+    deadbolt_testkit::new_peer_secret(Path::new(BIN), dir)
 }

@@ -1,5 +1,5 @@
 //! Who is calling, and may they: authentication and authorization for
-//! every call of the client API.
+//! every call of the client API (and, in [`peers`], of the peer service).
 //!
 //! Why one module between the wire and [`Node`]: both front ends (gRPC and
 //! HTTP) and the `Calls` stream hand over the same [`Credentials`] (the
@@ -20,6 +20,8 @@
 //! may do everything, as on the loopback default, but a session still
 //! belongs to the identity that opened it (see `secret.rs` for the other
 //! half: its secret).
+
+pub mod peers;
 
 use crate::node::{ApiError, Node};
 use crate::secret::{self, SecretSource};

@@ -74,6 +74,7 @@ function showCluster(c) {
   $("leader").textContent = s.leader_id ? "node " + s.leader_id + " at " + c.leader_address : "none (election under way?)";
   $("leader").dataset.leaderId = s.leader_id || "";
   $("term").textContent = s.term;
+  $("peer-auth").textContent = s.peer_authentication;
   $("counts").textContent = c.locks + " locks held, " + c.sessions + " sessions, next token " + c.next_token;
   const matched = new Map(c.matched || []);
   fill($("members"), s.members, (tr, m) => {

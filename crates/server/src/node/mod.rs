@@ -77,6 +77,8 @@ pub struct Node {
     pub(crate) ready_to_join: Arc<std::sync::atomic::AtomicBool>,
     /// The node's TLS settings, which its peer connections use too.
     pub(crate) tls: Option<Arc<crate::tls::NodeTls>>,
+    /// Without TLS, the cluster secret its peers authenticate with.
+    pub(crate) peer_secrets: Option<Arc<crate::auth::peers::PeerSecrets>>,
 }
 
 /// How long a read or keepalive waits for a quorum to confirm this node still
