@@ -7,7 +7,7 @@ use crate::Endpoints;
 use deadbolt_client::{
     Client, ClusterStatusResponse, Error, LimitsResponse, SetLimitsRequest, TableLimits,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(clap::Subcommand)]
 pub enum ClusterCommand {
@@ -217,29 +217,39 @@ async fn status(client: &Client, endpoints: &Endpoints, json: bool) -> i32 {
             .unwrap_or(7)
             .max(7);
         println!(
-            "{:>4}  {:width$}  {:9}  {:5}  {:>6}  {:>10}  {:>10}  HEALTH",
-            "NODE", "ADDRESS", "ROLE", "VOTER", "TERM", "LOG", "APPLIED"
+            "{:>4}  {:width$}  {:9}  {:5}  {:>6}  {:>10}  {:>10}  {:8}  HEALTH",
+            "NODE", "ADDRESS", "ROLE", "VOTER", "TERM", "LOG", "APPLIED", "RELEASE"
         );
         for member in &view.members {
             let voter = if member.voter { "yes" } else { "no" };
             match &answers[&member.node_id] {
                 Ok(status) => println!(
-                    "{:>4}  {:width$}  {:9}  {:5}  {:>6}  {:>10}  {:>10}  ok",
+                    "{:>4}  {:width$}  {:9}  {:5}  {:>6}  {:>10}  {:>10}  {:8}  ok",
                     member.node_id,
                     member.address,
                     status.role,
                     voter,
                     status.term,
                     status.last_log_index,
-                    status.applied_index
+                    status.applied_index,
+                    // A release before 0.1.0's numbers answers without them.
+                    status.versions.as_ref().map_or("-", |v| v.release.as_str()),
                 ),
                 Err(err) => println!(
-                    "{:>4}  {:width$}  {:9}  {:5}  {:>6}  {:>10}  {:>10}  {}",
-                    member.node_id, member.address, "-", voter, "-", "-", "-", err
+                    "{:>4}  {:width$}  {:9}  {:5}  {:>6}  {:>10}  {:>10}  {:8}  {}",
+                    member.node_id, member.address, "-", voter, "-", "-", "-", "-", err
                 ),
             }
         }
         println!("peers authenticate with: {}", view.peer_authentication);
+        let numbers: BTreeSet<String> = answers
+            .values()
+            .filter_map(|answer| answer.as_ref().ok()?.versions.as_ref())
+            .map(deadbolt_server::version::describe)
+            .collect();
+        for described in &numbers {
+            println!("release: {described}");
+        }
         if view.transport_security == "none" && view.members.len() > 1 {
             eprintln!(
                 "deadbolt: WARNING: this cluster runs without TLS: its peers prove who they are \

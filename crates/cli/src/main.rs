@@ -47,7 +47,7 @@ Exit codes:
 #[derive(Parser)]
 #[command(
     name = "deadbolt",
-    version,
+    version = long_version(),
     about = "A Raft-backed distributed lock service with fencing tokens",
     after_help = AFTER_HELP
 )]
@@ -177,6 +177,13 @@ enum Command {
     /// each other with (--peer-secret-file), or add one to rotate it.
     #[command(subcommand)]
     PeerSecret(peer_secret::PeerSecretCommand),
+    /// Print this build's release and compatibility numbers (data format,
+    /// backup format, peer protocol, client API; docs/upgrading.md).
+    Version {
+        /// One JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check a stopped node's data directory without changing it.
     #[command(subcommand)]
     Data(data::DataCommand),
@@ -201,6 +208,14 @@ pub async fn stop_signal() -> i32 {
         _ = interrupt.recv() => libc::SIGINT,
         _ = terminate.recv() => libc::SIGTERM,
     }
+}
+
+/// `deadbolt --version`: the release and its compatibility numbers.
+fn long_version() -> &'static str {
+    static LONG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        deadbolt_server::version::describe(&deadbolt_server::version::build_versions())
+    });
+    &LONG
 }
 
 /// Parses human durations: `500ms`, `30s`, `5m`, `1h 30m`.
@@ -234,6 +249,18 @@ fn main() {
         Command::Data(command) => std::process::exit(data::main(command)),
         Command::Certs(command) => std::process::exit(certs::main(command)),
         Command::PeerSecret(command) => std::process::exit(peer_secret::main(command)),
+        Command::Version { json } => {
+            let versions = deadbolt_server::version::build_versions();
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&versions).expect("serializable")
+                );
+            } else {
+                println!("deadbolt {}", deadbolt_server::version::describe(&versions));
+            }
+            std::process::exit(exit::OK)
+        }
         Command::Backends(args) => std::process::exit(backends::main(args)),
         _ => {}
     }
@@ -277,6 +304,7 @@ fn main() {
             | Command::Data(_)
             | Command::Certs(_)
             | Command::PeerSecret(_)
+            | Command::Version { .. }
             | Command::Backends(_) => {
                 unreachable!("handled before the runtime starts")
             }

@@ -146,6 +146,11 @@ async fn the_dashboard_shows_a_lock_while_it_is_held_and_its_history() {
     browser
         .wait_text("#peer-auth", "how peers authenticate", |t| t == "none")
         .await;
+    browser
+        .wait_text("#release", "the release", |t| {
+            t == env!("CARGO_PKG_VERSION")
+        })
+        .await;
 
     let (session, token) = acquire(&endpoint, "dash/invoices");
     acquire(&endpoint, "other/reports");
@@ -299,6 +304,14 @@ async fn the_dashboard_on_a_follower_shows_the_new_leader_after_the_leader_is_ki
             t == "cluster-secret"
         })
         .await;
+    // Each member's release, as each member reports it.
+    let release = env!("CARGO_PKG_VERSION");
+    for id in 1..=3 {
+        let row = format!(r#"#members tr[data-node="{id}"]"#);
+        browser
+            .wait_text(&row, "the member's release", |t| t.ends_with(release))
+            .await;
+    }
 
     cluster.kill9(leader);
     let new_leader = cluster.wait_for_leader(Duration::from_secs(30));

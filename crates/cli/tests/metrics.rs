@@ -295,7 +295,31 @@ async fn a_cluster_exposes_every_metric_the_example_alerts_use() {
         .map(|id| (id, scrape(&cluster.node(id).endpoint())))
         .collect();
     let promtool = promtool();
+    // Every node says which build it runs, with the numbers `deadbolt
+    // version` prints; so does `cluster status`, member by member.
+    let version = Command::new(common::BIN)
+        .args(["version", "--json"])
+        .output()
+        .unwrap();
+    let version: serde_json::Value = serde_json::from_slice(&version.stdout).unwrap();
+    let build_info = format!(
+        r#"deadbolt_build_info{{release="{}",data_format="{}",backup_format="{}",peer_protocol="{}",client_api="{}"}}"#,
+        version["release"].as_str().unwrap(),
+        version["data_format"],
+        version["backup_format"],
+        version["peer_protocol"],
+        version["client_api"]
+    );
+    let status = common::deadbolt(
+        &cluster.node(1).endpoint(),
+        &["cluster", "status", "--json"],
+    );
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    for member in status["members"].as_array().unwrap() {
+        assert_eq!(member["state"]["versions"], version, "{member}");
+    }
     for (id, scrape) in &scrapes {
+        assert_eq!(scrape.get(&build_info), 1.0, "node {id}: {}", scrape.text);
         let leads = f64::from(*id == leader);
         assert_eq!(scrape.get("deadbolt_raft_is_leader"), leads, "node {id}");
         assert_eq!(scrape.get("deadbolt_raft_has_leader"), 1.0, "node {id}");

@@ -29,6 +29,13 @@ pub const ERROR_KIND_KEY: &str = "deadbolt-error";
 /// should send the request instead.
 pub const LEADER_KEY: &str = "deadbolt-leader";
 
+/// The client API's compatibility number: what `proto/deadbolt.proto` and
+/// the HTTP API promise clients. Additions (a new field, call or error
+/// kind) keep it; a change that could break a client of the previous
+/// number (a field renumbered or retyped, a call or enum value removed)
+/// bumps it, and `tests/compatibility.rs` holds the proto to that.
+pub const CLIENT_API: u32 = 1;
+
 /// The largest gRPC message either side accepts. Raft appends carry batches
 /// of commands and snapshot chunks are a few MiB; tonic's 4 MiB default
 /// would cut them off.

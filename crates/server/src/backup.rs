@@ -37,7 +37,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 const MAGIC: &str = "deadbolt-snapshot/";
 /// Bump when [`Contents`] changes incompatibly. Version 2: the table holds
 /// its limits; version 1 (its table a [`LockTableV9`]) is still read.
-const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 2;
 /// The largest backup read: above what the table's limits allow (1 M locks
 /// with 512-byte names and their queues, 100 000 store values of 64 KiB).
 pub const MAX_FILE_BYTES: u64 = 8 << 30;
@@ -161,8 +161,16 @@ impl Backup {
             .and_then(|text| text.parse::<u32>().ok())
             .ok_or_else(|| bad("its version line is damaged".into()))?;
         if version != VERSION && version != 1 {
+            let advice = if version > VERSION {
+                "a newer release saved it: restore it with that release or a newer one \
+                 (docs/upgrading.md, \"Downgrades\")"
+            } else {
+                "the file is not a backup this release knows"
+            };
             return Err(bad(format!(
-                "it is a version {version} snapshot; this build reads versions 1 to {VERSION}"
+                "it is a version {version} snapshot; this build ({}) reads versions 1 to \
+                 {VERSION}: {advice}",
+                crate::version::RELEASE
             )));
         }
         let body = codec::unseal(&rest[newline + 1..]).map_err(|err| {
@@ -269,6 +277,18 @@ mod tests {
             table: &table,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_backup_of_a_newer_release_is_refused_with_what_to_do() {
+        let newer = format!("deadbolt-snapshot/{}\n", VERSION + 1);
+        let err = Backup::decode(newer.as_bytes()).err().unwrap().to_string();
+        assert!(
+            err.contains(&format!("version {}", VERSION + 1))
+                && err.contains(crate::version::RELEASE)
+                && err.contains("a newer release saved it"),
+            "{err}"
+        );
     }
 
     /// `testdata/before-limits.snap`: saved by the build before the table

@@ -279,6 +279,7 @@ impl Node {
             }
             .to_owned(),
             peer_authentication: self.peer_authentication().as_str().to_owned(),
+            versions: Some(crate::version::build_versions()),
             access_control: self
                 .table
                 .read()

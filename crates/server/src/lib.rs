@@ -35,6 +35,7 @@ mod store;
 #[cfg(test)]
 mod testing;
 mod tls;
+pub mod version;
 mod waits;
 
 pub use backup::{Backup, BadBackup, Summary as BackupSummary, MAX_FILE_BYTES as MAX_BACKUP_BYTES};

@@ -236,6 +236,28 @@ fn pair<M>(labelled: Vec<M>) -> [M; 2] {
     labelled.try_into().ok().expect("two label values")
 }
 
+/// `deadbolt_build_info`, always 1, with the release and its compatibility
+/// numbers as labels (Prometheus's convention for what a build is): a
+/// cluster's members can be told apart in one query during an upgrade.
+fn register_build_info(registry: &mut Registry) {
+    let versions = crate::version::build_versions();
+    let labels = vec![
+        ("release", versions.release),
+        ("data_format", versions.data_format.to_string()),
+        ("backup_format", versions.backup_format.to_string()),
+        ("peer_protocol", versions.peer_protocol.to_string()),
+        ("client_api", versions.client_api.to_string()),
+    ];
+    let info = register(
+        registry,
+        "deadbolt_build_info",
+        "The release this node runs and its compatibility numbers (docs/upgrading.md), as labels; always 1",
+        None,
+        Family::<Vec<(&'static str, String)>, Gauge>::default(),
+    );
+    info.get_or_create(&labels).set(1);
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
@@ -246,6 +268,7 @@ impl Metrics {
         let calls: Vec<&str> = Call::ALL.iter().map(|call| call.as_str()).collect();
         let kinds: Vec<&str> = ErrorKind::ALL.iter().map(|kind| kind.as_str()).collect();
         let refusals: Vec<&str> = Refusal::ALL.iter().map(|why| why.as_str()).collect();
+        register_build_info(r);
         Metrics {
             grants: register(
                 r,

@@ -77,6 +77,8 @@ function showCluster(c) {
   $("peer-auth").textContent = s.peer_authentication;
   $("counts").textContent = c.locks + " locks held, " + c.sessions + " sessions, next token " + c.next_token;
   const matched = new Map(c.matched || []);
+  const releases = new Map((c.releases || []).map(r => [r.node_id, r.release]));
+  $("release").textContent = s.versions ? s.versions.release : "-";
   fill($("members"), s.members, (tr, m) => {
     tr.dataset.node = m.node_id;
     const leads = m.node_id === s.leader_id;
@@ -94,6 +96,7 @@ function showCluster(c) {
       health = behind <= 100 ? "ok" : behind + " entries behind";
     }
     cell(tr, health);
+    cell(tr, releases.get(m.node_id) || "-");
   });
 }
 

@@ -115,6 +115,45 @@ struct ClusterView {
     sessions: usize,
     locks: usize,
     next_token: u64,
+    /// Each member's release, as the member itself reports it.
+    releases: Vec<MemberRelease>,
+}
+
+#[derive(Serialize)]
+struct MemberRelease {
+    node_id: u64,
+    /// `None`: the member did not answer in time.
+    release: Option<String>,
+}
+
+/// How long the page waits for a member to say which release it runs: a
+/// member down or cut off must not hold the page up.
+const RELEASE_QUERY_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Each member's release, asked of the member itself (its `Cluster.Status`,
+/// as `deadbolt cluster status` does), so that during a rolling upgrade the
+/// page shows who runs what. One query per member and refresh: the members
+/// are few (a cluster is 3 or 5 voters).
+async fn member_releases(
+    node: &Node,
+    status: &deadbolt_proto::v1::ClusterStatusResponse,
+) -> Vec<MemberRelease> {
+    let queries = status.members.iter().map(|member| async move {
+        let release = if member.node_id == node.id {
+            Some(crate::version::RELEASE.to_owned())
+        } else {
+            let query = crate::cluster::query_status(&member.address, node.tls.as_deref());
+            match tokio::time::timeout(RELEASE_QUERY_TIMEOUT, query).await {
+                Ok(Ok(answer)) => answer.versions.map(|versions| versions.release),
+                _ => None,
+            }
+        };
+        MemberRelease {
+            node_id: member.node_id,
+            release,
+        }
+    });
+    futures::future::join_all(queries).await
 }
 
 async fn cluster(State(node): State<Node>, credentials: Credentials) -> Reply<ClusterView> {
@@ -130,7 +169,9 @@ async fn cluster(State(node): State<Node>, credentials: Credentials) -> Reply<Cl
             .collect()
     });
     let health = node.health();
+    let releases = member_releases(&node, &status).await;
     Ok(Json(ClusterView {
+        releases,
         status,
         leader_address,
         matched,

@@ -104,12 +104,34 @@ pub enum DataDirError {
         found: NodeId,
         expected: NodeId,
     },
-    #[error("{path} holds data of format {found:?}, this build reads {expected:?}")]
+    #[error(
+        "{path} holds data of format {found:?}, and this build ({release}) reads {expected:?} and \
+         the formats before it back to \"deadbolt-data/9\": {advice}",
+        release = crate::version::RELEASE,
+        advice = format_advice(found)
+    )]
     WrongFormat {
         path: PathBuf,
         found: String,
         expected: String,
     },
+}
+
+/// What to do about a data directory of a format this build does not read:
+/// a newer one came from a newer release (there is no downgrade of data,
+/// `docs/upgrading.md`), anything else is not a Deadbolt data directory of a
+/// release this build knows.
+fn format_advice(found: &str) -> &'static str {
+    let number = found
+        .strip_prefix("deadbolt-data/")
+        .and_then(|number| number.parse::<u32>().ok());
+    match number {
+        Some(number) if number > super::DATA_FORMAT => {
+            "a newer release wrote it; run that release (or a newer one) on it, or restore a \
+             backup this release reads (docs/upgrading.md, \"Downgrades\")"
+        }
+        _ => "point --data-dir at this node's own data directory, or an empty one",
+    }
 }
 
 /// A data directory's databases, opened for writing after every check, and
@@ -676,6 +698,14 @@ fn prepare_snapshots(db: &Database, instance: u128, disk: &dyn Disk) -> Result<(
 mod tests {
     use super::*;
 
+    /// `deadbolt version` reports the number in the marker every data
+    /// directory is checked against, not a copy that could drift.
+    #[test]
+    fn the_reported_data_format_is_the_one_in_the_format_marker() {
+        let marker = format!("deadbolt-data/{}", super::super::DATA_FORMAT);
+        assert_eq!(FORMAT, marker.as_bytes());
+    }
+
     fn open(dir: &Path) -> Result<OpenedData, DataDirError> {
         open_data_dir(dir, 1)
     }
@@ -715,6 +745,34 @@ mod tests {
         let again = open(&data).unwrap();
         assert_eq!(again.witness.current().instance, instance);
         assert!(again.report.is_some());
+    }
+
+    /// A newer release's directory is refused (not opened, not changed),
+    /// with both versions and what to do; so is a format no release wrote.
+    #[test]
+    fn a_directory_of_a_newer_release_is_refused_with_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        drop(open(&data).unwrap());
+        let newer = format!("deadbolt-data/{}", super::super::DATA_FORMAT + 1);
+        set_meta(&data, DB_FILE, FORMAT_KEY, newer.as_bytes());
+        let err = open(&data).err().unwrap().to_string();
+        assert!(
+            err.contains(&newer)
+                && err.contains(crate::version::RELEASE)
+                && err.contains("a newer release wrote it")
+                && err.contains("docs/upgrading.md"),
+            "{err}"
+        );
+        assert_eq!(
+            format(&data),
+            newer.as_bytes(),
+            "the refusal changed the marker"
+        );
+
+        set_meta(&data, DB_FILE, FORMAT_KEY, b"deadbolt-data/8");
+        let err = open(&data).err().unwrap().to_string();
+        assert!(err.contains("point --data-dir"), "{err}");
     }
 
     #[test]

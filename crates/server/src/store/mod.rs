@@ -51,8 +51,11 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 const FORMAT_KEY: &str = "format";
 /// Written once into a new data directory and checked at every start. Bump
-/// the version when the on-disk encoding changes incompatibly.
+/// the version when the on-disk encoding changes incompatibly (and
+/// [`DATA_FORMAT`] with it).
 const FORMAT: &[u8] = b"deadbolt-data/12";
+/// The number in [`FORMAT`], as `deadbolt version` reports it.
+pub const DATA_FORMAT: u32 = 12;
 /// The format whose log was a table of the database: read, and moved into
 /// segments when opened for writing.
 const FORMAT_LOG_IN_DATABASE: &[u8] = b"deadbolt-data/11";

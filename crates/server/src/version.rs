@@ -1,0 +1,48 @@
+//! What this build is, and what it stays compatible with: one release
+//! number and one number per thing that must keep working across releases.
+//!
+//! Why explicit numbers next to the release: semver says whether an upgrade
+//! may break something; these say what. An operator (and, later, the
+//! cluster version) compares them member by member: two releases with the
+//! same data format open each other's directories, the same backup format
+//! each other's backups, the same peer protocol run in one cluster, and the
+//! same client API serve each other's clients. `docs/upgrading.md` writes
+//! down the rules; `CHANGELOG.md` says which release changed which number.
+//!
+//! Every number is read from where it is enforced (the store's format
+//! marker, the backup header, the proto crate), so it cannot drift from it.
+
+use deadbolt_proto::v1::BuildVersions;
+
+/// The release: the workspace's version (semver; `docs/upgrading.md`).
+pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
+
+/// The encoding of what nodes send each other: openraft's messages with
+/// Deadbolt's log entries (`Batch` of `Command`s) and snapshots (the
+/// `LockTable`), bincode-encoded. Bump when a node of the previous value
+/// could not decode what this build sends.
+pub const PEER_PROTOCOL: u32 = 1;
+
+/// This build's numbers.
+pub fn build_versions() -> BuildVersions {
+    BuildVersions {
+        release: RELEASE.to_owned(),
+        data_format: crate::store::DATA_FORMAT,
+        backup_format: crate::backup::VERSION,
+        peer_protocol: PEER_PROTOCOL,
+        client_api: deadbolt_proto::CLIENT_API,
+    }
+}
+
+/// One line for people: `0.1.0 (data format 12, backup format 2, peer
+/// protocol 1, client API 1)`.
+pub fn describe(versions: &BuildVersions) -> String {
+    format!(
+        "{} (data format {}, backup format {}, peer protocol {}, client API {})",
+        versions.release,
+        versions.data_format,
+        versions.backup_format,
+        versions.peer_protocol,
+        versions.client_api
+    )
+}
