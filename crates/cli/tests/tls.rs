@@ -50,6 +50,12 @@ impl Drop for Server {
 }
 
 fn start(root: &Path, name: &str, flags: &[String]) -> Server {
+    // Leading (and so serving) once the log says so.
+    start_until(root, name, flags, "leading")
+}
+
+/// Starts a server and waits until its log says `ready`.
+fn start_until(root: &Path, name: &str, flags: &[String], ready: &str) -> Server {
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let log = root.join(format!("{name}.log"));
     let child = Command::new(BIN)
@@ -61,10 +67,9 @@ fn start(root: &Path, name: &str, flags: &[String]) -> Server {
         .unwrap();
     let server = Server { addr, child, log };
     let deadline = Instant::now() + Duration::from_secs(20);
-    // Leading (and so serving) once the log says so.
     while !std::fs::read_to_string(&server.log)
         .unwrap()
-        .contains("leading")
+        .contains(ready)
     {
         assert!(
             Instant::now() < deadline,
@@ -551,6 +556,8 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
 /// The Raft service shares the client port, so over TLS it checks who
 /// calls: a client certificate from the cluster's own CA is refused before
 /// the message is even decoded; a node certificate gets through to Raft.
+/// The nodes wait to join a cluster: a single node serves no peer at all
+/// (`peer_door.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_cannot_speak_raft() {
     use deadbolt_proto::v1::raft_peer_client::RaftPeerClient;
@@ -559,8 +566,14 @@ async fn a_client_certificate_cannot_speak_raft() {
 
     let root = tempfile::tempdir().unwrap();
     let certs = pki(root.path());
-    let server =
-        tokio::task::block_in_place(|| start(root.path(), "data", &tls_flags(&certs, true)));
+    let joining = |name: &str, flags: &[String]| {
+        let mut flags = flags.to_vec();
+        flags.push("--join".to_owned());
+        tokio::task::block_in_place(|| {
+            start_until(root.path(), name, &flags, "waiting to be added")
+        })
+    };
+    let server = joining("data", &tls_flags(&certs, true));
     let read = |name: &str| std::fs::read(certs.join(name)).unwrap();
     // A forged vote to `server`, over TLS with the certificate `name`.
     let vote = |server: &Server, name: &str| {
@@ -600,7 +613,7 @@ async fn a_client_certificate_cannot_speak_raft() {
     // With --peer-names, a node certificate of another name is refused too.
     let mut flags = tls_flags(&certs, true);
     flags.extend(["--peer-names".to_owned(), "node2,node3".to_owned()]);
-    let listed = tokio::task::block_in_place(|| start(root.path(), "listed", &flags));
+    let listed = joining("listed", &flags);
     let refused = vote(&listed, "node1").await;
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     assert!(

@@ -69,11 +69,11 @@ async fn undecodable_requests_are_invalid_arguments(
     let internal = headers
         .get("grpc-status")
         .is_some_and(|status| status == "13");
-    let undecodable = headers
+    let message = headers
         .get("grpc-message")
         .and_then(|message| message.to_str().ok())
-        .is_some_and(|message| message.contains("decode"));
-    if internal && undecodable {
+        .unwrap_or_default();
+    if is_undecodable(internal, message) {
         let invalid = (Status::invalid_argument("").code() as i32).to_string();
         headers.insert(
             "grpc-status",
@@ -85,6 +85,12 @@ async fn undecodable_requests_are_invalid_arguments(
         );
     }
     response
+}
+
+/// Whether a status is tonic's answer to a request message it could not
+/// decode: INTERNAL, with a message that says so.
+pub(crate) fn is_undecodable(internal: bool, message: &str) -> bool {
+    internal && message.contains("decode")
 }
 
 pub struct GrpcApi {
