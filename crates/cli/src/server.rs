@@ -52,7 +52,8 @@ pub struct ServerArgs {
     #[arg(long, default_value = "150ms", value_parser = parse_duration)]
     election_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog until
-    /// one ends.
+    /// one ends. At start the node raises its soft open-file limit to the
+    /// hard one, and lowers this to what that limit leaves (saying so).
     #[arg(long, default_value_t = ConnectionLimits::DEFAULT.max_connections)]
     max_connections: usize,
     /// Connections the kernel queues before they are accepted (capped by

@@ -454,3 +454,50 @@ fn limits_need_admin_to_change_and_a_value_out_of_range_is_refused_with_its_rang
         "the change is not logged with who made it"
     );
 }
+
+/// The black-box finding: with the open-file limit at 1,024 and the
+/// default `--max-connections` of 4,096, accepts failed with EMFILE once
+/// the files ran out. A node started with a soft limit below its hard one
+/// raises it, and sizes its connection limit to what the files leave,
+/// saying both in its log. (Lowering the hard limit needs no privilege, so
+/// any user can run this.)
+#[test]
+fn a_low_open_file_limit_is_raised_and_the_connection_limit_fitted_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], common::free_port()));
+    let log = dir.path().join("server.log");
+    let script = format!(
+        "ulimit -Sn 512 && ulimit -Hn 1024 && exec {} server --listen {addr} --data-dir {}",
+        common::BIN,
+        dir.path().join("data").display()
+    );
+    let mut child = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !matches!(http(addr, "GET", "/health", None), Ok((200, _))) {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>();
+    assert_eq!(&open_files[3..5], ["1024", "1024"], "{limits}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("raised the open-file limit") && text.contains("serving at most 768"),
+        "{text}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

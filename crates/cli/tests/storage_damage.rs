@@ -152,6 +152,9 @@ fn sweep(
                                     stderr.contains("deadbolt data check:"),
                                     "case {case}: {stderr}"
                                 );
+                                // The refusal is all an operator reads, even
+                                // when the storage library panicked on it.
+                                assert!(!stderr.contains("panicked"), "case {case}: {stderr}");
                                 outcome.refused += 1;
                             }
                             other => panic!("case {case}: exit {other}: {stderr}"),

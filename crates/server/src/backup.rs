@@ -192,8 +192,12 @@ impl Backup {
             bincode::deserialize(body).map_err(undecodable)?
         };
         let table = &contents.table;
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| table.check_invariants()))
-            .map_err(|_| bad("its lock table breaks the lock invariants".into()))?;
+        crate::quiet_panic::catch_quietly(|| table.check_invariants()).map_err(|panic| {
+            bad(format!(
+                "its lock table breaks the lock invariants ({})",
+                crate::quiet_panic::message(&*panic)
+            ))
+        })?;
         Ok(Backup {
             version,
             contents,

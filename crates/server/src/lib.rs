@@ -28,6 +28,7 @@ mod metrics;
 mod network;
 mod node;
 mod proposer;
+mod quiet_panic;
 mod raft_types;
 mod runtime;
 mod secret;
@@ -417,6 +418,7 @@ impl Server {
         // should not wait for the data directory.
         let listener = listener::bind(config.listen, config.limits.backlog)
             .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let limits = listener::fit_open_file_limit(config.limits);
         let data =
             store::open_data_dir(&config.data_dir, config.node_id).context("refusing to start")?;
         let node = open_node(
@@ -466,7 +468,7 @@ impl Server {
         }
         Ok(Server {
             listener,
-            limits: config.limits,
+            limits,
             hangups,
             node,
             forming,

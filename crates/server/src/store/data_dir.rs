@@ -492,7 +492,7 @@ fn checked_read_only(disk: &dyn Disk, which: Db) -> Result<Option<Database>, Ref
 /// Opens both databases on read-only overlays, has redb check their pages,
 /// and reads every record: nothing is written, and a panic is a refusal.
 fn check(disk: &dyn Disk, witness: &Witness) -> Result<DataReport, DataDirError> {
-    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let checked = crate::quiet_panic::catch_quietly(|| {
         let db = checked_read_only(disk, Db::Log)?
             .ok_or_else(|| Refusal::Damaged("it is empty".to_owned()))?;
         let snapshots = checked_read_only(disk, Db::Snapshots)?;
@@ -502,7 +502,7 @@ fn check(disk: &dyn Disk, witness: &Witness) -> Result<DataReport, DataDirError>
             disk.segments(false).as_ref(),
             witness,
         )
-    }));
+    });
     let (which, reason) = match checked {
         Ok(Ok(report)) => return Ok(report),
         Ok(Err(Refusal::Damaged(reason))) => (Db::Log, reason),
@@ -518,11 +518,7 @@ fn check(disk: &dyn Disk, witness: &Witness) -> Result<DataReport, DataDirError>
             Db::Log,
             format!(
                 "the storage library failed on it: {}",
-                panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or(panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("a panic")
+                crate::quiet_panic::message(&*panic)
             ),
         ),
     };
