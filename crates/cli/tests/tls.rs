@@ -321,7 +321,7 @@ fn plain_text_beyond_loopback_is_refused_unless_insecure() {
     }
     insecure.kill().unwrap();
     let out = insecure.wait_with_output().unwrap();
-    assert!(text(&out).contains("no authentication"), "{}", text(&out));
+    assert!(text(&out).contains("no encryption"), "{}", text(&out));
 }
 
 #[test]

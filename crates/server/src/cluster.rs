@@ -291,6 +291,9 @@ impl Node {
     }
 
     pub fn peer_authentication(&self) -> PeerAuthentication {
+        if self.in_process_peers {
+            return PeerAuthentication::InProcess;
+        }
         PeerAuthentication::of(self.tls.as_deref(), self.peer_secrets.as_deref())
     }
 

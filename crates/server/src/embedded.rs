@@ -54,6 +54,7 @@ impl EmbeddedNode {
         let transport = Transport {
             tls: None,
             peer_secrets: None,
+            in_process: true,
         };
         let node = open_node(id, config, data, network, run, transport).await?;
         let (stop, stopped) = watch::channel(false);

@@ -188,7 +188,11 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     data: store::OpenedData,
     network: N,
     NodeRun { clock, io, queue }: NodeRun,
-    Transport { tls, peer_secrets }: Transport,
+    Transport {
+        tls,
+        peer_secrets,
+        in_process,
+    }: Transport,
 ) -> anyhow::Result<Node> {
     match &data.report {
         Some(report) => tracing::info!(
@@ -236,6 +240,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         ready_to_join: Default::default(),
         tls,
         peer_secrets,
+        in_process_peers: in_process,
     })
 }
 
@@ -271,6 +276,8 @@ fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
 struct Transport {
     tls: Option<Arc<tls::NodeTls>>,
     peer_secrets: Option<Arc<PeerSecrets>>,
+    /// An embedded node: its peers' messages never cross a wire.
+    in_process: bool,
 }
 
 /// Loads the TLS files and the cluster secret, and refuses what would leave
@@ -305,13 +312,16 @@ fn check_transport(config: &ServerConfig) -> anyhow::Result<Transport> {
         if !loopback {
             tracing::warn!(
                 listen = %config.listen,
-                "--insecure: serving plain text; anyone who can reach this address and watch \
-                 its traffic can read tokens, session secrets and the cluster secret"
+                "--insecure: serving plain text with no encryption: anyone who can watch this \
+                 address's traffic can read tokens, session secrets and the cluster secret, and \
+                 without access control (deadbolt acl bootstrap) anyone who can reach it can take \
+                 or release any lock"
             );
         }
         return Ok(Transport {
             tls: None,
             peer_secrets,
+            in_process: false,
         });
     };
     if config.peer_secret_file.is_some() {
@@ -331,6 +341,7 @@ fn check_transport(config: &ServerConfig) -> anyhow::Result<Transport> {
     Ok(Transport {
         tls: Some(Arc::new(tls)),
         peer_secrets: None,
+        in_process: false,
     })
 }
 
@@ -353,8 +364,8 @@ fn check_peers_can_authenticate(node: &Node) -> anyhow::Result<()> {
              cluster onto it one node at a time)"
         };
         anyhow::bail!(
-            "refusing to start: this node's data lists {members} members, and without {fix} \
-             none of them could prove it is a peer"
+            "refusing to start: this node's data lists other members, and without {fix} none \
+             of them could prove it is a peer"
         );
     }
     Ok(())
@@ -508,6 +519,7 @@ impl Server {
             let transport = Transport {
                 tls: node.tls.clone(),
                 peer_secrets: node.peer_secrets.clone(),
+                in_process: false,
             };
             tokio::spawn(reload_on_sighup(transport, hangups, stopped.clone()));
         }

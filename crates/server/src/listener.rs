@@ -125,7 +125,7 @@ pub fn fit_open_file_limit(limits: ConnectionLimits) -> ConnectionLimits {
             current: open_files.maximum,
             maximum: open_files.maximum,
         };
-        match setrlimit(Resource::Nofile, raised.clone()) {
+        match setrlimit(Resource::Nofile, raised) {
             Ok(()) => {
                 tracing::info!(
                     from = soft,

@@ -175,6 +175,9 @@ pub enum PeerAuthentication {
     MutualTls,
     /// Plain text, with the secret file every node holds.
     ClusterSecret,
+    /// A node embedded in another program (the simulation), which hands
+    /// its peers' messages to its Raft itself: no peer service to guard.
+    InProcess,
     /// No way for a peer to authenticate (TLS without a client CA, or plain
     /// text without a secret): the node serves no peer calls and takes no
     /// members in.
@@ -194,6 +197,7 @@ impl PeerAuthentication {
         match self {
             PeerAuthentication::MutualTls => "mutual-tls",
             PeerAuthentication::ClusterSecret => "cluster-secret",
+            PeerAuthentication::InProcess => "in-process",
             PeerAuthentication::Unavailable => "none",
         }
     }
@@ -230,6 +234,21 @@ impl Refusal {
     }
 }
 
+/// Whether a node has peers to serve: a member besides itself, or no
+/// membership yet (a node forming a cluster or waiting to be added).
+/// Counted as "anyone but me", not "more than one": a node being added
+/// first learns the membership from a snapshot taken before it was listed,
+/// which names only the leader (a CI run: the restored node's new member
+/// refused every append after the first).
+pub fn has_peers(raft: &Raft) -> bool {
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    let me = metrics.id;
+    let mut members = metrics.membership_config.nodes().map(|(id, _)| *id);
+    let first = members.next();
+    first.is_none() || first != Some(me) || members.next().is_some()
+}
+
 /// The interceptor in front of `RaftPeer`.
 #[derive(Clone)]
 pub struct PeerGate {
@@ -263,16 +282,8 @@ impl PeerGate {
         }
     }
 
-    /// Whether this node has peers to serve: any member besides itself, or
-    /// no membership yet (a node forming a cluster or waiting to be added).
-    fn has_peers(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let members = metrics.borrow().membership_config.nodes().count();
-        members != 1
-    }
-
     fn check(&self, request: &tonic::Request<()>) -> Result<(), (Refusal, String)> {
-        if !self.has_peers() {
+        if !has_peers(&self.raft) {
             return Err((
                 Refusal::NoPeers,
                 "this node is a cluster of one and serves no peers; it takes Raft messages only \

@@ -79,6 +79,8 @@ pub struct Node {
     pub(crate) tls: Option<Arc<crate::tls::NodeTls>>,
     /// Without TLS, the cluster secret its peers authenticate with.
     pub(crate) peer_secrets: Option<Arc<crate::auth::peers::PeerSecrets>>,
+    /// Embedded in another program, which delivers its peers' messages.
+    pub(crate) in_process_peers: bool,
 }
 
 /// How long a read or keepalive waits for a quorum to confirm this node still
