@@ -29,6 +29,10 @@ pub const ERROR_KIND_KEY: &str = "deadbolt-error";
 /// should send the request instead.
 pub const LEADER_KEY: &str = "deadbolt-leader";
 
+/// The encoded descriptors of `proto/deadbolt.proto`, for gRPC server
+/// reflection (grpcurl and similar tools list and call the API from it).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/current.bin"));
+
 /// The client API's compatibility number: what `proto/deadbolt.proto` and
 /// the HTTP API promise clients. Additions (a new field, call or error
 /// kind) keep it; a change that could break a client of the previous

@@ -223,6 +223,12 @@ impl Api {
         crate::backup::take(&self.node).await
     }
 
+    /// Ready for clients (`readiness.rs`): open to every caller, as
+    /// `health` is.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.node.readiness()
+    }
+
     pub fn health(&self) -> HealthResponse {
         let Health {
             node_id,

@@ -28,6 +28,9 @@ use tonic::{Request, Response, Status, Streaming};
 /// `stopping` turns true when the server begins to shut down.
 pub fn router(
     api: Api,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
     raft: Raft,
     ready_to_join: Option<Arc<AtomicBool>>,
     gate: PeerGate,
@@ -49,10 +52,25 @@ pub fn router(
     )))
     .add_service(AccessServer::new(GrpcApi::new(api, stopping)))
     .add_service(peers)
+    .add_service(health)
+    .add_service(reflection())
     .into_axum_router()
     .layer(axum::middleware::map_response(
         undecodable_requests_are_invalid_arguments,
     ))
+}
+
+/// gRPC server reflection (v1, which grpcurl and Postman ask first), from
+/// the proto's own descriptors: the API can be listed and called without a
+/// copy of `deadbolt.proto`. Open to everyone, as the proto is public.
+fn reflection(
+) -> tonic_reflection::server::ServerReflectionServer<impl tonic_reflection::server::ServerReflection>
+{
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(deadbolt_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the proto's own descriptors build a reflection service")
 }
 
 /// tonic answers a request message it cannot decode with INTERNAL, which

@@ -48,6 +48,7 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/acl/revoke", post(acl_revoke_role))
         .route("/v1/snapshot", get(crate::backup::serve))
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             body_read_timeout,
@@ -428,6 +429,18 @@ async fn health(State(api): State<Api>) -> (StatusCode, Json<HealthResponse>) {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (status, Json(health))
+}
+
+/// Ready for clients: a member of a cluster with a known leader
+/// (`readiness.rs`). 200 with `{"ready": true}`, or 503 with why not.
+async fn ready(State(api): State<Api>) -> (StatusCode, Json<serde_json::Value>) {
+    match api.readiness() {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({ "ready": true }))),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "ready": false, "reason": why })),
+        ),
+    }
 }
 
 /// The Prometheus scrape (see docs/operations.md).

@@ -30,6 +30,7 @@ mod node;
 mod proposer;
 mod quiet_panic;
 mod raft_types;
+mod readiness;
 mod runtime;
 mod secret;
 mod store;
@@ -526,8 +527,15 @@ impl Server {
         spawn_duties(&node, stopped);
         let in_flight = auth::InFlight::new(limits.max_calls_per_identity);
         let api = api::Api::new(node.clone(), secret::SecretSource::os(), in_flight);
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        tokio::spawn(readiness::report(
+            node.clone(),
+            health_reporter,
+            stop.subscribe(),
+        ));
         let app = grpc::router(
             api.clone(),
+            health_service,
             node.raft.clone(),
             ready_to_join,
             PeerGate::new(
