@@ -43,6 +43,8 @@ pub struct DataReport {
     pub next_token: u64,
     pub sessions: usize,
     pub locks: usize,
+    /// Blocking acquires queued behind a holder.
+    pub waiters: usize,
     pub store_keys: usize,
 }
 
@@ -194,6 +196,7 @@ pub fn verify(
         next_token: state.table.next_token().0,
         sessions: state.table.session_count(),
         locks: state.table.lock_count(),
+        waiters: state.table.waits().count(),
         store_keys: state.table.store().len(),
     })
 }

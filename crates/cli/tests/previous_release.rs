@@ -1,0 +1,160 @@
+//! What earlier releases left on disk still opens: every release's fixture
+//! in `testdata/<release>/` (made by `scripts/make-fixture.sh` with that
+//! release's binary when it was tagged) is opened by this build on every
+//! test run, as an operator upgrading would: `deadbolt data check`, then a
+//! server on the data directory, then a restore of the backup.
+//!
+//! Why on every run: a change to the data format, the backup format or the
+//! table's encoding that forgets a migration fails here, not in a user's
+//! upgrade (docs/upgrading.md).
+
+mod common;
+
+use common::{deadbolt, free_port, TestServer, BIN};
+use deadbolt_client::{Client, TlsOptions};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Every release's fixture directory.
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap_or_else(|err| panic!("{}: {err}", root.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.join("expected.json").exists())
+        .collect();
+    found.sort();
+    assert!(
+        !found.is_empty(),
+        "no release fixture in {}",
+        root.display()
+    );
+    found
+}
+
+fn expected(fixture: &Path) -> Value {
+    let text = std::fs::read_to_string(fixture.join("expected.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn json(out: &std::process::Output) -> Value {
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("not JSON: {out:?}"))
+}
+
+/// Checks that the node at `server` holds what the fixture says, and that
+/// it goes on granting with tokens above every one the fixture issued.
+async fn holds_the_fixture(server: &TestServer, expected: &Value) {
+    let root = expected["root_token"].as_str().unwrap();
+    let client =
+        Client::connect_with_token([server.endpoint()], &TlsOptions::default(), Some(root))
+            .await
+            .unwrap();
+    let release = expected["release"].as_str().unwrap();
+    for (lock, token) in expected["tokens"].as_object().unwrap() {
+        let status = client.lock_status(lock).await.unwrap();
+        let status = status.unwrap_or_else(|| panic!("{release}: {lock} is free"));
+        assert_eq!(status.token, token.as_u64().unwrap(), "{release}: {lock}");
+    }
+    for (key, value) in expected["store"].as_object().unwrap() {
+        let stored = client.store_get(key, None).await.unwrap();
+        assert_eq!(stored.value.as_deref(), value.as_str(), "{release}: {key}");
+    }
+    // The rules came along: the worker's token is still its identity.
+    let worker = expected["worker_token"].as_str().unwrap();
+    let as_worker =
+        Client::connect_with_token([server.endpoint()], &TlsOptions::default(), Some(worker))
+            .await
+            .unwrap();
+    let me = as_worker.acl_whoami().await.unwrap();
+    assert_eq!(me.identity, "fixture-worker", "{release}: {me:?}");
+
+    let highest = expected["tokens"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(Value::as_u64)
+        .max()
+        .unwrap();
+    let session = client
+        .open_session(std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    let guard = session.lock("fixture/new").await.unwrap();
+    assert!(
+        guard.token() > highest,
+        "{release}: token {} after {highest}",
+        guard.token()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_earlier_releases_data_directory_opens_and_holds_what_it_held() {
+    for fixture in fixtures() {
+        let expected = expected(&fixture);
+        let dir = tempfile::tempdir().unwrap();
+        let unpacked = Command::new("tar")
+            .arg("xzf")
+            .arg(fixture.join("data.tgz"))
+            .arg("-C")
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(unpacked.success());
+        let data = dir.path().join("data");
+
+        // Checked as it is, without changing it: the report it had.
+        let check = json(&deadbolt(
+            "",
+            &[
+                "data",
+                "check",
+                "--json",
+                "--data-dir",
+                data.to_str().unwrap(),
+            ],
+        ));
+        assert_eq!(check, expected["data_check"], "{}", fixture.display());
+
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let server = tokio::task::spawn_blocking(move || TestServer::start_on(&data, addr))
+            .await
+            .unwrap();
+        holds_the_fixture(&server, &expected).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_earlier_releases_backup_inspects_and_restores() {
+    for fixture in fixtures() {
+        let expected = expected(&fixture);
+        let backup = fixture.join("backup.snap");
+        let inspected = json(&deadbolt(
+            "",
+            &["snapshot", "inspect", backup.to_str().unwrap(), "--json"],
+        ));
+        assert_eq!(inspected, expected["backup"], "{}", fixture.display());
+
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("restored");
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let restored = Command::new(BIN)
+            .args([
+                "snapshot",
+                "restore",
+                backup.to_str().unwrap(),
+                "--data-dir",
+            ])
+            .arg(&data)
+            .args(["--listen", &addr.to_string()])
+            .output()
+            .unwrap();
+        assert!(restored.status.success(), "{restored:?}");
+        let server = tokio::task::spawn_blocking(move || TestServer::start_on(&data, addr))
+            .await
+            .unwrap();
+        holds_the_fixture(&server, &expected).await;
+    }
+}
