@@ -3,6 +3,8 @@
 # simulates and checks: docs/safety.md).
 #
 #   scripts/sim.sh [--seeds N] [--first S] [--fault-time 20s]   # a range of seeds
+#   scripts/sim.sh --seeds N --replay-every 10   # and every 10th twice: a digest
+#                                               # that differs is a violation
 #   scripts/sim.sh --seed S --verbose                           # replay one seed
 #
 # Builds `deadbolt-sim` in release mode and runs it; its last line is the

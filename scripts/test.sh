@@ -82,5 +82,5 @@ if ! wait "$sim_build"; then
     exit 1
 fi
 sim_build=
-scripts/sim.sh --seeds 300
+scripts/sim.sh --seeds 300 --replay-every 10
 stage "all passed"

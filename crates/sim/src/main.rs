@@ -37,6 +37,11 @@ struct Cli {
     /// --seed: of that seed).
     #[arg(long)]
     verbose: bool,
+    /// Also run every Nth seed of the range a second time, and count a
+    /// digest that differs as a violation: a failing seed must replay (0:
+    /// never).
+    #[arg(long, default_value_t = 0, conflicts_with = "seed")]
+    replay_every: u64,
     /// Remove the resource's fence, to see the checker catch stale writes.
     #[arg(long, hide = true)]
     unfenced: bool,
@@ -125,10 +130,13 @@ fn main() {
     let next = Arc::new(AtomicU64::new(cli.first));
     let end = cli.first + cli.seeds;
     let totals = Arc::new(Mutex::new((0u64, 0usize, 0u64, 0usize, 0u64)));
+    let replayed = Arc::new(AtomicU64::new(0));
+    let replay_every = cli.replay_every;
     let started = Instant::now();
     let workers: Vec<_> = (0..threads)
         .map(|_| {
             let (next, totals, options) = (next.clone(), totals.clone(), options.clone());
+            let replayed = replayed.clone();
             let verbose = cli.verbose;
             std::thread::spawn(move || loop {
                 let seed = next.fetch_add(1, Ordering::Relaxed);
@@ -136,7 +144,20 @@ fn main() {
                     return;
                 }
                 let report = simulate(seed, &options);
+                let same_again = (replay_every > 0 && seed % replay_every == 0).then(|| {
+                    replayed.fetch_add(1, Ordering::Relaxed);
+                    let again = simulate(seed, &options);
+                    if again.digest != report.digest {
+                        println!(
+                            "seed {seed}: DIFFERENT: digest {:016x}, then {:016x}: the run is not \
+                             deterministic (replay: deadbolt-sim --seed {seed} --verbose)",
+                            report.digest, again.digest
+                        );
+                    }
+                    again.digest == report.digest
+                });
                 let mut totals = totals.lock().expect("totals poisoned");
+                totals.3 += usize::from(same_again == Some(false));
                 totals.0 += 1;
                 totals.1 += report.ops;
                 totals.2 += report.faults;
@@ -165,8 +186,9 @@ fn main() {
     let (seeds, ops, faults, violations, leases_checked) =
         *totals.lock().unwrap_or_else(|p| p.into_inner());
     eprintln!(
-        "ran {seeds} seeds in {:.1?}; lease timing checked in {leases_checked} (the others had a clock fault)",
-        started.elapsed()
+        "ran {seeds} seeds in {:.1?}; lease timing checked in {leases_checked} (the others had a clock fault); {} replayed a second time",
+        started.elapsed(),
+        replayed.load(Ordering::Relaxed)
     );
     println!("seeds={seeds} ops={ops} faults={faults} violations={violations}");
     std::process::exit(i32::from(violations > 0));
