@@ -460,3 +460,84 @@ async fn a_single_node_without_a_secret_refuses_to_take_members_in() {
     assert_eq!(status.members.len(), 1);
     assert_eq!(status.peer_authentication, "none");
 }
+
+/// The cluster secret rotates without downtime, as docs/security.md says:
+/// add a new secret (every node accepts both), put it first (every node
+/// sends it), drop the old one, each step ended by a SIGHUP to every node.
+/// The cluster commits after every step, and at the end the old secret is
+/// refused while the new one is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_secret_rotates_without_downtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TestCluster::start(Path::new(BIN), dir.path(), 3).await;
+    let client = cluster.client().await;
+    let file = cluster.peer_secret().unwrap().to_owned();
+    let secrets = |file: &Path| -> Vec<String> {
+        let text = std::fs::read_to_string(file).unwrap();
+        let lines = text
+            .lines()
+            .filter(|line| !line.starts_with('#') && !line.is_empty());
+        lines.map(str::to_owned).collect()
+    };
+    let old = secrets(&file)[0].clone();
+    let hang_up_and_commit = |step: &'static str| {
+        for id in 1..=3 {
+            common::signal(cluster.pid(id).unwrap(), libc::SIGHUP);
+        }
+        let client = client.clone();
+        async move {
+            // Time for the reloads; a peer refused meanwhile would show as
+            // a lost leader and a failed commit below.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let session = client.open_session(Duration::from_secs(10)).await.unwrap();
+            let guard = session
+                .lock(&format!("rotation/{step}"))
+                .await
+                .unwrap_or_else(|err| panic!("after {step}: {err}"));
+            guard.release().await.unwrap();
+        }
+    };
+
+    let added = deadbolt("", &["peer-secret", "add", file.to_str().unwrap()]);
+    assert!(added.status.success(), "{added:?}");
+    let new = secrets(&file)[1].clone();
+    hang_up_and_commit("add").await;
+    let mode = std::fs::metadata(&file).unwrap().permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
+
+    std::fs::write(&file, format!("{new}\n{old}\n")).unwrap();
+    hang_up_and_commit("use").await;
+    std::fs::write(&file, format!("{new}\n")).unwrap();
+    hang_up_and_commit("drop").await;
+    assert!(
+        cluster.logs().contains("reloaded the cluster secret"),
+        "{}",
+        cluster.logs()
+    );
+
+    // The old secret opens nothing; the new one is a peer's (a stale vote,
+    // answered rather than refused).
+    let node = cluster.node(1).listen;
+    let mut peer = RaftPeerClient::new(
+        Endpoint::from_shared(format!("http://{node}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let stale_vote =
+        bincode::serialize(&VoteRequest::<NodeId>::new(Vote::new(0, ATTACKER), None)).unwrap();
+    for (secret, accepted) in [(&old, false), (&new, true)] {
+        let mut request = tonic::Request::new(RaftPayload {
+            data: stale_vote.clone(),
+        });
+        request
+            .metadata_mut()
+            .insert("deadbolt-peer-secret", secret.parse().unwrap());
+        let answer = peer.vote(request).await;
+        assert_eq!(answer.is_ok(), accepted, "{answer:?}");
+    }
+}
