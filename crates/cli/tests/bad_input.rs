@@ -314,7 +314,14 @@ async fn call_stream_answers_by_id_and_refuses_malformed_calls() {
     }
 
     // Reusing a cancelled call's id at once, again and again: every new
-    // call is answered, never taken for the cancelled one.
+    // call is answered, never taken for the cancelled one. The holder takes
+    // the lock back first, so that every acquire blocks until its cancel:
+    // on a free lock the acquire could be granted before the cancel arrived
+    // (a loaded CI run answered id 132 with its grant).
+    client
+        .acquire_raw(&holder, "a", false, None)
+        .await
+        .expect("the holder takes the lock back");
     for id in 100..150 {
         send(id, acquire(&waiter, true));
         send(id, Some(Call::Cancel(CancelCall {})));
