@@ -349,20 +349,24 @@ fn check_transport(config: &ServerConfig) -> anyhow::Result<Transport> {
 /// Refuses to restart a node whose data lists other members when its peers
 /// would have no way to authenticate: it could take no part in its cluster.
 fn check_peers_can_authenticate(node: &Node) -> anyhow::Result<()> {
-    let members = node
+    let initialized = node
         .raft
         .metrics()
         .borrow()
         .membership_config
         .nodes()
-        .count();
-    if members > 1 && node.peer_authentication() == PeerAuthentication::Unavailable {
+        .next()
+        .is_some();
+    if initialized
+        && auth::peers::has_peers(&node.raft)
+        && node.peer_authentication() == PeerAuthentication::Unavailable
+    {
         let fix = if node.tls.is_some() {
             "--tls-client-ca (its peers authenticate with node certificates that CA signed)"
         } else {
             "--peer-secret-file, the same file on every node (`deadbolt peer-secret new FILE` \
              makes one; docs/security.md, \"Peers\", says how to move a running plain-text \
-             cluster onto it one node at a time)"
+             cluster onto it)"
         };
         anyhow::bail!(
             "refusing to start: this node's data lists other members, and without {fix} none \
