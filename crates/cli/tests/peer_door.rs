@@ -224,10 +224,11 @@ async fn a_plain_text_single_node_with_access_control_on_refuses_forged_raft_mes
         metrics.contains("deadbolt_peer_calls_refused_total{reason=\"no_peers\"} 3"),
         "{metrics}"
     );
+    // Logged with where the call came from.
+    let log = server.log_text();
     assert!(
-        server.log_text().contains("refused a Raft peer call"),
-        "{}",
-        server.log_text()
+        log.contains("refused a Raft peer call") && log.contains("remote=\"127.0.0.1:"),
+        "{log}"
     );
 }
 

@@ -235,15 +235,15 @@ pub async fn serve(
                 Ok(Ok(n)) if n > 0 => {}
                 _ => return drop(slot),
             }
-            // Every request on this connection carries where it came from
-            // (for the peer gate's log lines), and over TLS who sent it.
+            // Peer calls carry where they came from (for the peer gate's log
+            // lines); over TLS every request carries who sent it.
             let remote = RemoteAddr(remote);
             match tls {
                 None => {
                     let service = TowerToHyperService::new(tower::util::MapRequest::new(
                         app,
                         move |mut request: hyper::Request<hyper::body::Incoming>| {
-                            request.extensions_mut().insert(remote);
+                            remote.mark_peer_call(&mut request);
                             request
                         },
                     ));
@@ -267,7 +267,7 @@ pub async fn serve(
                     let service = TowerToHyperService::new(tower::util::MapRequest::new(
                         app,
                         move |mut request: hyper::Request<hyper::body::Incoming>| {
-                            request.extensions_mut().insert(remote);
+                            remote.mark_peer_call(&mut request);
                             request.extensions_mut().insert(client.clone());
                             request
                         },

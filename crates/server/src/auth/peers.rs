@@ -162,10 +162,24 @@ fn read_ring(path: &Path) -> Result<Ring, String> {
     })
 }
 
-/// The connection's remote address, put into every request's extensions by
-/// the listener, for the log lines of refusals.
+/// The connection's remote address, put into the extensions of every peer
+/// call by the listener, for the log lines of refusals.
 #[derive(Debug, Clone, Copy)]
 pub struct RemoteAddr(pub SocketAddr);
+
+impl RemoteAddr {
+    /// Adds this address to `request` if it is a peer call. Only those: an
+    /// extension costs every request an allocation, and the lock path
+    /// stays lean.
+    pub fn mark_peer_call<B>(self, request: &mut axum::http::Request<B>) {
+        if request.uri().path().starts_with(PEER_SERVICE_PATH) {
+            request.extensions_mut().insert(self);
+        }
+    }
+}
+
+/// The path prefix of the peer service's calls.
+const PEER_SERVICE_PATH: &str = "/deadbolt.v1.RaftPeer/";
 
 /// How this node's peers authenticate, as `cluster status` and the
 /// dashboard show it.
