@@ -53,12 +53,17 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             body_read_timeout,
         ))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            MAX_BODY_BYTES as usize,
+        ))
         .layer(axum::middleware::from_fn(refuse_declared_oversize_bodies))
         .with_state(api)
 }
 
-/// The largest request body the HTTP API reads: axum's default limit, well
-/// above its largest legitimate body (a 64 KiB store value in JSON).
+/// The largest request body the HTTP API reads (what axum's extractors
+/// enforce while reading, and what a declared length is checked against up
+/// front): well above its largest legitimate body, a 64 KiB store value in
+/// JSON.
 const MAX_BODY_BYTES: u64 = 2 << 20;
 
 /// A body that declares a `Content-Length` above [`MAX_BODY_BYTES`] is
