@@ -304,12 +304,24 @@ async fn the_dashboard_on_a_follower_shows_the_new_leader_after_the_leader_is_ki
             t == "cluster-secret"
         })
         .await;
-    // Each member's release, as each member reports it.
+    // Each member's release and numbers, as each member reports them.
+    let version = std::process::Command::new(common::BIN)
+        .arg("version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8(version.stdout).unwrap();
     let release = env!("CARGO_PKG_VERSION");
+    let data_format = version
+        .split("data format ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .unwrap()
+        .to_owned();
     for id in 1..=3 {
         let row = format!(r#"#members tr[data-node="{id}"]"#);
+        let expected = format!("{release} (data {data_format}, backup ");
         browser
-            .wait_text(&row, "the member's release", |t| t.ends_with(release))
+            .wait_text(&row, "the member's release", |t| t.contains(&expected))
             .await;
     }
 

@@ -77,7 +77,10 @@ function showCluster(c) {
   $("peer-auth").textContent = s.peer_authentication;
   $("counts").textContent = c.locks + " locks held, " + c.sessions + " sessions, next token " + c.next_token;
   const matched = new Map(c.matched || []);
-  const releases = new Map((c.releases || []).map(r => [r.node_id, r.release]));
+  // A member's release and compatibility numbers (docs/upgrading.md).
+  const described = v => v ? v.release + " (data " + v.data_format + ", backup " + v.backup_format +
+    ", peer " + v.peer_protocol + ", API " + v.client_api + ")" : null;
+  const releases = new Map((c.releases || []).map(r => [r.node_id, described(r.versions)]));
   $("release").textContent = s.versions ? s.versions.release : "-";
   fill($("members"), s.members, (tr, m) => {
     tr.dataset.node = m.node_id;

@@ -115,15 +115,16 @@ struct ClusterView {
     sessions: usize,
     locks: usize,
     next_token: u64,
-    /// Each member's release, as the member itself reports it.
+    /// Each member's release and numbers, as the member itself reports them.
     releases: Vec<MemberRelease>,
 }
 
 #[derive(Serialize)]
 struct MemberRelease {
     node_id: u64,
-    /// `None`: the member did not answer in time.
-    release: Option<String>,
+    /// The member's release and compatibility numbers; `None`: it did not
+    /// answer in time.
+    versions: Option<deadbolt_proto::v1::BuildVersions>,
 }
 
 /// How long the page waits for a member to say which release it runs: a
@@ -139,18 +140,18 @@ async fn member_releases(
     status: &deadbolt_proto::v1::ClusterStatusResponse,
 ) -> Vec<MemberRelease> {
     let queries = status.members.iter().map(|member| async move {
-        let release = if member.node_id == node.id {
-            Some(crate::version::RELEASE.to_owned())
+        let versions = if member.node_id == node.id {
+            Some(crate::version::build_versions())
         } else {
             let query = crate::cluster::query_status(&member.address, node.tls.as_deref());
             match tokio::time::timeout(RELEASE_QUERY_TIMEOUT, query).await {
-                Ok(Ok(answer)) => answer.versions.map(|versions| versions.release),
+                Ok(Ok(answer)) => answer.versions,
                 _ => None,
             }
         };
         MemberRelease {
             node_id: member.node_id,
-            release,
+            versions,
         }
     });
     futures::future::join_all(queries).await
