@@ -242,6 +242,10 @@ async fn status(client: &Client, endpoints: &Endpoints, json: bool) -> i32 {
             }
         }
         println!("peers authenticate with: {}", view.peer_authentication);
+        println!(
+            "cluster version: {}",
+            deadbolt_server::FeatureLevel::reported(view.cluster_version)
+        );
         let numbers: BTreeSet<String> = answers
             .values()
             .filter_map(|answer| answer.as_ref().ok()?.versions.as_ref())

@@ -69,6 +69,7 @@ fn print_report(dir: &std::path::Path, report: &DataReport) {
     );
     println!("  members     {:?}", report.members);
     println!("  next token  {}", report.next_token);
+    println!("  features    cluster version {}", report.cluster_version);
     println!(
         "  state       {} sessions, {} locks, {} store keys",
         report.sessions, report.locks, report.store_keys

@@ -2,8 +2,9 @@
 
 use crate::exit;
 use crate::parse_duration;
+
 use deadbolt_server::{
-    ConnectionLimits, InitialCluster, QueueLimits, RaftTiming, Server, ServerConfig,
+    ConnectionLimits, FeatureLevel, InitialCluster, QueueLimits, RaftTiming, Server, ServerConfig,
     StartMembership, TlsFiles,
 };
 use std::net::SocketAddr;
@@ -132,6 +133,20 @@ pub struct ServerArgs {
         conflicts_with = "tls_cert"
     )]
     peer_secret_file: Option<PathBuf>,
+    /// The highest feature level this node says it supports (default: this
+    /// release's newest). The cluster version moves up only to a level
+    /// every member supports, and never back; once it moves, the previous
+    /// release can no longer run on this node's data. Start every node with
+    /// the level it had before an upgrade to keep a rollback possible
+    /// (docs/upgrading.md), and drop the flag once the new release is kept.
+    #[arg(
+        long,
+        env = "DEADBOLT_MAX_FEATURE_LEVEL",
+        value_name = "LEVEL",
+        default_value_t = FeatureLevel::NEWEST.0,
+        value_parser = clap::value_parser!(u32).range(i64::from(FeatureLevel::BASE.0)..=i64::from(FeatureLevel::NEWEST.0))
+    )]
+    max_feature_level: u32,
     /// `text` for people, `json` (one object a line) for log shippers.
     #[arg(long, value_enum, default_value = "text", env = "DEADBOLT_LOG_FORMAT")]
     log_format: LogFormat,
@@ -171,6 +186,7 @@ pub async fn main(args: ServerArgs) -> i32 {
         },
         insecure: args.insecure,
         peer_secret_file: args.peer_secret_file,
+        feature_level: FeatureLevel(args.max_feature_level),
         membership: match (args.initial_cluster, args.join) {
             (Some(cluster), _) => StartMembership::Initial(cluster),
             (None, true) => StartMembership::Join,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{deadbolt, free_port, log_segments, roll_back_log, TestCluster};
+use common::{free_port, log_segments, roll_back_log, run, TestCluster};
 use deadbolt_client::{Client, ErrorKind};
 use std::collections::{HashMap, HashSet};
 use std::future::{ready, Future};
@@ -550,17 +550,6 @@ where
 
 /// `deadbolt ARGS...` against `endpoint`, on a blocking thread: `cluster
 /// add` waits for a catch-up that the proxies on this runtime carry.
-async fn run(endpoint: &str, args: &[&str]) -> std::process::Output {
-    let endpoint = endpoint.to_owned();
-    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        deadbolt(&endpoint, &args)
-    })
-    .await
-    .expect("the command ran")
-}
-
 /// Repeats `attempt` until it succeeds.
 async fn retry<T, F, Fut>(within: Duration, mut attempt: F) -> T
 where

@@ -151,6 +151,11 @@ async fn the_dashboard_shows_a_lock_while_it_is_held_and_its_history() {
             t == env!("CARGO_PKG_VERSION")
         })
         .await;
+    // The single node raises its cluster version by itself.
+    let newest = deadbolt_server::FeatureLevel::NEWEST.to_string();
+    browser
+        .wait_text("#cluster-version", "the cluster version", |t| t == newest)
+        .await;
 
     let (session, token) = acquire(&endpoint, "dash/invoices");
     acquire(&endpoint, "other/reports");

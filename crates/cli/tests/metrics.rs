@@ -303,12 +303,13 @@ async fn a_cluster_exposes_every_metric_the_example_alerts_use() {
         .unwrap();
     let version: serde_json::Value = serde_json::from_slice(&version.stdout).unwrap();
     let build_info = format!(
-        r#"deadbolt_build_info{{release="{}",data_format="{}",backup_format="{}",peer_protocol="{}",client_api="{}"}}"#,
+        r#"deadbolt_build_info{{release="{}",data_format="{}",backup_format="{}",peer_protocol="{}",client_api="{}",feature_level="{}"}}"#,
         version["release"].as_str().unwrap(),
         version["data_format"],
         version["backup_format"],
         version["peer_protocol"],
-        version["client_api"]
+        version["client_api"],
+        version["feature_level"]
     );
     let status = common::deadbolt(
         &cluster.node(1).endpoint(),

@@ -6,7 +6,8 @@
 //! and writing them to the log would cost an fsync per heartbeat.
 
 use crate::{
-    AclCommand, LimitsChange, LockError, SecretHash, SessionId, StoredValue, TableLimits, Token,
+    AclCommand, FeatureLevel, LimitsChange, LockError, SecretHash, SessionId, StoredValue,
+    TableLimits, Token,
 };
 use serde::{Deserialize, Serialize};
 
@@ -112,6 +113,13 @@ pub enum Command {
     /// values it sets, or none if one is out of range. Last in the enum so
     /// that log entries written before it still decode.
     SetLimits(LimitsChange),
+    /// The leader found that every member supports `level`: raise the
+    /// cluster version to it (never lower; see [`FeatureLevel`]). Release
+    /// 0.1.0 cannot decode this command, so it is itself proposed only
+    /// once every member supports [`FeatureLevel::CLUSTER_VERSION`].
+    /// Last in the enum, as every new command: log entries written before
+    /// it still decode.
+    SetClusterVersion { level: FeatureLevel },
 }
 
 impl Command {
@@ -144,6 +152,7 @@ impl Command {
             Command::OpenSession { owner, .. } => owner.as_ref().map_or(0, String::len),
             Command::Acl(change) => change.text_bytes(),
             Command::SetLimits(_)
+            | Command::SetClusterVersion { .. }
             | Command::CloseSession { .. }
             | Command::ExpireSession { .. }
             | Command::CheckpointLease { .. }
@@ -193,6 +202,8 @@ pub enum Outcome {
     AclChanged,
     /// The table's limits, as they are now.
     LimitsSet(TableLimits),
+    /// The cluster version, as it is now.
+    ClusterVersionSet(FeatureLevel),
 }
 
 /// Where an acquire left the session.

@@ -17,6 +17,7 @@ mod acl;
 mod audit;
 mod command;
 mod error;
+mod feature_level;
 mod fenced;
 mod lease;
 mod limits;
@@ -29,6 +30,7 @@ pub use acl::{
 pub use audit::{AuditKind, AuditRecord};
 pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};
 pub use error::LockError;
+pub use feature_level::FeatureLevel;
 pub use fenced::{FencedStore, StoredValue};
 pub use lease::{DueCheckpoint, LeaseTracker, RenewError};
 pub use limits::{

@@ -14,8 +14,8 @@
 //! is the same [`Command`], serialized as before.
 
 use crate::{
-    AclCommand, AcquireOutcome, Command, LimitsChange, Outcome, SecretHash, SessionId, StoredValue,
-    TableLimits, Token,
+    AclCommand, AcquireOutcome, Command, FeatureLevel, LimitsChange, Outcome, SecretHash,
+    SessionId, StoredValue, TableLimits, Token,
 };
 use std::fmt;
 
@@ -161,6 +161,17 @@ impl Proposal<TableLimits> {
             "limits change",
             Command::SetLimits(change),
             answer!(Outcome::LimitsSet(limits) => limits),
+        )
+    }
+}
+
+impl Proposal<FeatureLevel> {
+    /// [`Command::SetClusterVersion`]: answered with the cluster version now.
+    pub fn set_cluster_version(level: FeatureLevel) -> Self {
+        Proposal::new(
+            "cluster version change",
+            Command::SetClusterVersion { level },
+            answer!(Outcome::ClusterVersionSet(level) => level),
         )
     }
 }

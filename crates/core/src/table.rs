@@ -20,7 +20,8 @@ use crate::fenced::Change;
 use crate::limits::validate_lock_delay;
 use crate::{
     validate_key, validate_lock_name, validate_ttl, validate_value, AcquireOutcome, Command, Event,
-    FencedStore, Limits, LockError, Outcome, SecretHash, SessionId, TableLimits, Token,
+    FeatureLevel, FencedStore, Limits, LockError, Outcome, SecretHash, SessionId, TableLimits,
+    Token,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -49,6 +50,12 @@ pub struct LockTable {
     /// that [`LockTableV9`] (the same fields without it) reads the older
     /// encoding.
     limits: TableLimits,
+    /// The cluster version ([`Command::SetClusterVersion`]). Not in the
+    /// table's own encoding, which stays release 0.1.0's: the store and
+    /// backups write it beside the table, and only once it is above
+    /// [`FeatureLevel::BASE`] (see [`LockTable::with_cluster_version`]).
+    #[serde(skip)]
+    cluster_version: FeatureLevel,
 }
 
 /// A [`LockTable`] as data format 9 and backup version 1 encoded it
@@ -79,6 +86,7 @@ impl From<LockTableV9> for LockTable {
             audit: old.audit,
             acl: old.acl,
             limits: TableLimits::DEFAULT,
+            cluster_version: FeatureLevel::BASE,
         }
     }
 }
@@ -195,7 +203,21 @@ impl LockTable {
             audit: VecDeque::new(),
             acl: AccessControl::default(),
             limits: TableLimits::DEFAULT,
+            cluster_version: FeatureLevel::BASE,
         }
+    }
+
+    /// The cluster version: the feature level the replicated state may use.
+    pub fn cluster_version(&self) -> FeatureLevel {
+        self.cluster_version
+    }
+
+    /// A table decoded from a snapshot or backup, with the cluster version
+    /// that was recorded beside it. For decoding only: a running table
+    /// changes its version by [`Command::SetClusterVersion`].
+    pub fn with_cluster_version(mut self, level: FeatureLevel) -> Self {
+        self.cluster_version = level;
+        self
     }
 
     /// The limits this table enforces: [`Limits::STANDARD`] with the
@@ -283,6 +305,10 @@ impl LockTable {
                 self.limits = limits;
                 Outcome::LimitsSet(limits)
             }),
+            Command::SetClusterVersion { level } => {
+                self.cluster_version = self.cluster_version.max(*level);
+                Ok(Outcome::ClusterVersionSet(self.cluster_version))
+            }
             Command::CloseSession { session } => {
                 self.end_session(*session, SessionEnd::Closed, &mut events)
             }
@@ -884,6 +910,11 @@ impl LockTable {
     /// Panics if any structural invariant is broken. O(size of the table):
     /// for tests and for checking a snapshot once at load time.
     pub fn check_invariants(&self) {
+        assert!(
+            (FeatureLevel::BASE..=FeatureLevel::NEWEST).contains(&self.cluster_version),
+            "cluster version {} is not one this build knows",
+            self.cluster_version
+        );
         assert!(
             self.limits.in_bounds(),
             "limits out of bounds: {:?}",

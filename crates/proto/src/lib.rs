@@ -78,11 +78,17 @@ pub enum ErrorKind {
     /// Access control is on and the call carries no valid credentials (a
     /// bearer token or a client certificate).
     Unauthenticated,
+    /// A node's release is too old for what was asked: a feature the
+    /// cluster version does not allow yet, or a node that cannot join at
+    /// the cluster version. The message names the nodes to upgrade
+    /// (docs/upgrading.md). Added after release 0.1.0, whose clients read
+    /// it by its gRPC code (`FAILED_PRECONDITION`) as `internal`.
+    NeedsUpgrade,
 }
 
 impl ErrorKind {
     /// Every kind: what `parse` knows, and the server's error metric's labels.
-    pub const ALL: [ErrorKind; 15] = [
+    pub const ALL: [ErrorKind; 16] = [
         ErrorKind::UnknownSession,
         ErrorKind::Busy,
         ErrorKind::NotHolder,
@@ -98,6 +104,7 @@ impl ErrorKind {
         ErrorKind::Internal,
         ErrorKind::PermissionDenied,
         ErrorKind::Unauthenticated,
+        ErrorKind::NeedsUpgrade,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -117,6 +124,7 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::NeedsUpgrade => "needs_upgrade",
         }
     }
 
@@ -130,9 +138,10 @@ impl ErrorKind {
         match self {
             ErrorKind::UnknownSession => Code::NotFound,
             ErrorKind::Busy | ErrorKind::LimitReached => Code::ResourceExhausted,
-            ErrorKind::NotHolder | ErrorKind::StaleToken | ErrorKind::SessionExpiring => {
-                Code::FailedPrecondition
-            }
+            ErrorKind::NotHolder
+            | ErrorKind::StaleToken
+            | ErrorKind::SessionExpiring
+            | ErrorKind::NeedsUpgrade => Code::FailedPrecondition,
             ErrorKind::InvalidArgument => Code::InvalidArgument,
             ErrorKind::WaitTimeout => Code::DeadlineExceeded,
             ErrorKind::WaitCancelled => Code::Aborted,

@@ -23,11 +23,12 @@ use crate::http::HttpError;
 use crate::node::{ApiError, Node};
 use crate::raft_types::NodeId;
 use crate::store::codec;
+use crate::store::table_image;
 use crate::store::{seed_data_dir, DataReport};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use deadbolt_core::{LockTable, LockTableV9};
+use deadbolt_core::{FeatureLevel, LockTable, LockTableV9};
 use deadbolt_proto::ErrorKind;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -35,9 +36,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The first bytes of every backup, followed by the version and a newline.
 const MAGIC: &str = "deadbolt-snapshot/";
-/// Bump when [`Contents`] changes incompatibly. Version 2: the table holds
-/// its limits; version 1 (its table a [`LockTableV9`]) is still read.
-pub(crate) const VERSION: u32 = 2;
+/// Bump when [`Contents`] changes incompatibly. Version 3: the table is a
+/// table image (`store/table_image.rs`), which records the cluster version;
+/// written only once the cluster version is above the base level, so that
+/// until then release 0.1.0 restores what this one saves. Version 2: the
+/// table holds its limits; version 1 (its table a [`LockTableV9`]) is still
+/// read.
+pub(crate) const VERSION: u32 = 3;
+/// The version written while the cluster version is the base level.
+const VERSION_OF_0_1_0: u32 = 2;
 /// The largest backup read: above what the table's limits allow (1 M locks
 /// with 512-byte names and their queues, 100 000 store values of 64 KiB).
 pub const MAX_FILE_BYTES: u64 = 8 << 30;
@@ -54,6 +61,19 @@ struct Contents<T> {
     term: u64,
     index: u64,
     table: T,
+}
+
+impl<T> Contents<T> {
+    /// The same contents with the table turned into another form.
+    fn with_table<U, E>(self, convert: impl FnOnce(T) -> Result<U, E>) -> Result<Contents<U>, E> {
+        Ok(Contents {
+            saved_at_ms: self.saved_at_ms,
+            node_id: self.node_id,
+            term: self.term,
+            index: self.index,
+            table: convert(self.table)?,
+        })
+    }
 }
 
 /// A backup read back from its file.
@@ -138,8 +158,20 @@ pub(crate) async fn serve(State(api): State<Api>, credentials: Credentials) -> R
 }
 
 fn encode(contents: &Contents<&LockTable>) -> bincode::Result<Vec<u8>> {
-    let mut file = format!("{MAGIC}{VERSION}\n").into_bytes();
-    file.extend_from_slice(&codec::seal(&bincode::serialize(contents)?));
+    let (version, body) = if contents.table.cluster_version() == FeatureLevel::BASE {
+        (VERSION_OF_0_1_0, bincode::serialize(contents)?)
+    } else {
+        let with_image = Contents {
+            saved_at_ms: contents.saved_at_ms,
+            node_id: contents.node_id,
+            term: contents.term,
+            index: contents.index,
+            table: table_image::encode(contents.table)?,
+        };
+        (VERSION, bincode::serialize(&with_image)?)
+    };
+    let mut file = format!("{MAGIC}{version}\n").into_bytes();
+    file.extend_from_slice(&codec::seal(&body));
     Ok(file)
 }
 
@@ -160,7 +192,7 @@ impl Backup {
             .ok()
             .and_then(|text| text.parse::<u32>().ok())
             .ok_or_else(|| bad("its version line is damaged".into()))?;
-        if version != VERSION && version != 1 {
+        if !(1..=VERSION).contains(&version) {
             let advice = if version > VERSION {
                 "a newer release saved it: restore it with that release or a newer one \
                  (docs/upgrading.md, \"Downgrades\")"
@@ -179,17 +211,15 @@ impl Backup {
             ))
         })?;
         let undecodable = |err: bincode::Error| bad(format!("its contents do not decode: {err}"));
-        let contents: Contents<LockTable> = if version == 1 {
-            let old: Contents<LockTableV9> = bincode::deserialize(body).map_err(undecodable)?;
-            Contents {
-                saved_at_ms: old.saved_at_ms,
-                node_id: old.node_id,
-                term: old.term,
-                index: old.index,
-                table: old.table.into(),
-            }
-        } else {
-            bincode::deserialize(body).map_err(undecodable)?
+        let contents: Contents<LockTable> = match version {
+            1 => bincode::deserialize::<Contents<LockTableV9>>(body)
+                .map_err(undecodable)?
+                .with_table(|old| Ok::<_, BadBackup>(LockTable::from(old)))?,
+            2 => bincode::deserialize(body).map_err(undecodable)?,
+            _ => bincode::deserialize::<Contents<Vec<u8>>>(body)
+                .map_err(undecodable)?
+                .with_table(|image| table_image::decode(&image))
+                .map_err(|err| bad(err.to_string()))?,
         };
         let table = &contents.table;
         crate::quiet_panic::catch_quietly(|| table.check_invariants()).map_err(|panic| {
@@ -266,13 +296,15 @@ mod tests {
     use super::*;
     use deadbolt_core::{Command, SecretHash};
 
-    fn sample() -> Vec<u8> {
+    /// A backup of a table with one session, at cluster version `level`.
+    fn sample_at(level: FeatureLevel) -> Vec<u8> {
         let mut table = LockTable::new();
         table.apply(&Command::OpenSession {
             ttl_ms: 10_000,
             secret: SecretHash([7; 32]),
             owner: None,
         });
+        table.apply(&Command::SetClusterVersion { level });
         encode(&Contents {
             saved_at_ms: 1,
             node_id: 1,
@@ -281,6 +313,36 @@ mod tests {
             table: &table,
         })
         .unwrap()
+    }
+
+    fn sample() -> Vec<u8> {
+        sample_at(FeatureLevel::BASE)
+    }
+
+    #[test]
+    fn a_backup_records_the_cluster_version_once_it_moved_and_only_then() {
+        let base = sample();
+        assert!(
+            base.starts_with(b"deadbolt-snapshot/2\n"),
+            "release 0.1.0 could not restore it"
+        );
+        let backup = Backup::decode(&base).unwrap();
+        assert_eq!(backup.contents.table.cluster_version(), FeatureLevel::BASE);
+
+        let raised = sample_at(FeatureLevel::CLUSTER_VERSION);
+        assert!(raised.starts_with(b"deadbolt-snapshot/3\n"));
+        let backup = Backup::decode(&raised).unwrap();
+        assert_eq!(backup.summary().version, 3);
+        assert_eq!(backup.summary().sessions, 1);
+        let table = &backup.contents.table;
+        assert_eq!(table.cluster_version(), FeatureLevel::CLUSTER_VERSION);
+        // Restored, the data directory keeps the level.
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let report = backup
+            .restore(&data, 1, "127.0.0.1:7070", Duration::ZERO)
+            .unwrap();
+        assert_eq!(report.cluster_version, FeatureLevel::CLUSTER_VERSION.0);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::raft_types::NodeId;
 use crate::tls::NodeTls;
 use anyhow::{bail, Context};
 use deadbolt_proto::v1::cluster_client::ClusterClient;
-use deadbolt_proto::v1::{ClusterStatusRequest, ClusterStatusResponse, Member};
+use deadbolt_proto::v1::{BuildVersions, ClusterStatusRequest, ClusterStatusResponse, Member};
 use deadbolt_proto::ErrorKind;
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
@@ -279,7 +279,11 @@ impl Node {
             }
             .to_owned(),
             peer_authentication: self.peer_authentication().as_str().to_owned(),
-            versions: Some(crate::version::build_versions()),
+            versions: Some(BuildVersions {
+                feature_level: self.feature_level.0,
+                ..crate::version::build_versions()
+            }),
+            cluster_version: self.cluster_version().0,
             access_control: self
                 .table
                 .read()
@@ -326,6 +330,7 @@ impl Node {
                 format!("this node has no way for its peers to authenticate, so it takes no members in: {fix}"),
             ));
         }
+        self.check_supports_cluster_version(id, address).await?;
         // Not openraft's blocking wait: it counts a learner as caught up
         // once it is within `replication_lag_threshold` (5000) entries of
         // the leader, which a node that was never reached always is on a

@@ -21,6 +21,7 @@ use crate::store::StorageIo;
 pub use crate::store::{SimulatedDisk, SimulatedDisks, SimulatedSegments};
 use crate::{open_node, raft_config, spawn_duties, NodeRun, QueueLimits, RaftTiming, Transport};
 use anyhow::Context;
+use deadbolt_core::FeatureLevel;
 use openraft::network::RaftNetworkFactory;
 use openraft::BasicNode;
 use std::collections::BTreeMap;
@@ -48,6 +49,7 @@ impl EmbeddedNode {
             clock,
             io: StorageIo::Inline,
             queue: QueueLimits::DEFAULT,
+            feature_level: FeatureLevel::NEWEST,
         };
         // Its peers' messages are handed to its Raft directly: there is no
         // peer service to authenticate for.

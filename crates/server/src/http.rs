@@ -147,6 +147,7 @@ fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::NeedsUpgrade => StatusCode::PRECONDITION_FAILED,
     }
 }
 

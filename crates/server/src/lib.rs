@@ -17,6 +17,7 @@ mod backup;
 mod calls;
 mod clock;
 mod cluster;
+mod cluster_version;
 mod dashboard;
 pub mod embedded;
 mod grpc;
@@ -42,6 +43,8 @@ mod waits;
 
 pub use backup::{Backup, BadBackup, Summary as BackupSummary, MAX_FILE_BYTES as MAX_BACKUP_BYTES};
 pub use cluster::InitialCluster;
+pub use cluster_version::ASK_EVERY as CLUSTER_VERSION_ASK_EVERY;
+pub use deadbolt_core::FeatureLevel;
 pub use listener::ConnectionLimits;
 pub use proposer::QueueLimits;
 pub use secret::new_peer_secret;
@@ -49,6 +52,7 @@ pub use store::{check_data_dir, DataDirError, DataReport};
 pub use tls::TlsFiles;
 
 use anyhow::Context;
+
 use auth::peers::{PeerAuthentication, PeerGate, PeerSecrets};
 use clock::Clock;
 use leases::Leases;
@@ -109,6 +113,10 @@ pub struct ServerConfig {
     /// Without TLS, the cluster secret file the peers authenticate with
     /// (`auth/peers.rs`); a plain-text cluster needs it.
     pub peer_secret_file: Option<PathBuf>,
+    /// The highest feature level this node says it supports
+    /// (`--max-feature-level`): its build's newest, or lower to hold the
+    /// cluster version back (so that a rollback stays possible).
+    pub feature_level: FeatureLevel,
 }
 
 /// How often the leader sends heartbeats, and how long a follower waits
@@ -179,6 +187,7 @@ struct NodeRun {
     clock: Clock,
     io: StorageIo,
     queue: QueueLimits,
+    feature_level: FeatureLevel,
 }
 
 /// Opens a node's Raft log and state machine in `db` and starts Raft, with
@@ -188,7 +197,12 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     raft_config: Arc<Config>,
     data: store::OpenedData,
     network: N,
-    NodeRun { clock, io, queue }: NodeRun,
+    NodeRun {
+        clock,
+        io,
+        queue,
+        feature_level,
+    }: NodeRun,
     Transport {
         tls,
         peer_secrets,
@@ -223,7 +237,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         metrics.log_append_seconds(),
     );
     let appended = log_store.appended();
-    let state_machine = StateMachineStore::open(data.snapshots, io, observers)
+    let state_machine = StateMachineStore::open(data.snapshots, io, observers, feature_level)
         .context("cannot load the snapshot from the data directory")?;
     let table = state_machine.shared();
     let raft = openraft::Raft::new(id, raft_config, network, log_store, state_machine)
@@ -242,6 +256,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         tls,
         peer_secrets,
         in_process_peers: in_process,
+        feature_level,
     })
 }
 
@@ -446,6 +461,7 @@ impl Server {
                 clock: Clock::host(),
                 io: StorageIo::Threads,
                 queue: config.queue,
+                feature_level: config.feature_level,
             },
             transport,
         )
@@ -528,6 +544,10 @@ impl Server {
             };
             tokio::spawn(reload_on_sighup(transport, hangups, stopped.clone()));
         }
+        tokio::spawn(cluster_version::raise_when_supported(
+            node.clone(),
+            stopped.clone(),
+        ));
         spawn_duties(&node, stopped);
         let in_flight = auth::InFlight::new(limits.max_calls_per_identity);
         let api = api::Api::new(node.clone(), secret::SecretSource::os(), in_flight);

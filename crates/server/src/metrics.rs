@@ -247,6 +247,7 @@ fn register_build_info(registry: &mut Registry) {
         ("backup_format", versions.backup_format.to_string()),
         ("peer_protocol", versions.peer_protocol.to_string()),
         ("client_api", versions.client_api.to_string()),
+        ("feature_level", versions.feature_level.to_string()),
     ];
     let info = register(
         registry,

@@ -426,6 +426,7 @@ mod tests {
             tls: None,
             insecure: false,
             peer_secret_file: Some(secret.clone()),
+            feature_level: crate::FeatureLevel::NEWEST,
         })
         .await
         .unwrap();

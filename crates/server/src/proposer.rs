@@ -134,7 +134,8 @@ impl Admission {
             | Command::StoreRead { .. }
             | Command::StoreDelete { .. }
             | Command::Acl(_)
-            | Command::SetLimits(_) => Admission::Refusable,
+            | Command::SetLimits(_)
+            | Command::SetClusterVersion { .. } => Admission::Refusable,
             Command::ExpireSession { .. }
             | Command::CheckpointLease { .. }
             | Command::EndLockDelay { .. }

@@ -12,6 +12,7 @@
 //! Every number is read from where it is enforced (the store's format
 //! marker, the backup header, the proto crate), so it cannot drift from it.
 
+use deadbolt_core::FeatureLevel;
 use deadbolt_proto::v1::BuildVersions;
 
 /// The release: the workspace's version (semver; `docs/upgrading.md`).
@@ -23,7 +24,8 @@ pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
 /// could not decode what this build sends.
 pub const PEER_PROTOCOL: u32 = 1;
 
-/// This build's numbers.
+/// This build's numbers; its feature level is the newest it supports (a
+/// node started with `--max-feature-level` reports less in its status).
 pub fn build_versions() -> BuildVersions {
     BuildVersions {
         release: RELEASE.to_owned(),
@@ -31,18 +33,20 @@ pub fn build_versions() -> BuildVersions {
         backup_format: crate::backup::VERSION,
         peer_protocol: PEER_PROTOCOL,
         client_api: deadbolt_proto::CLIENT_API,
+        feature_level: FeatureLevel::NEWEST.0,
     }
 }
 
-/// One line for people: `0.1.0 (data format 12, backup format 2, peer
-/// protocol 1, client API 1)`.
+/// One line for people: `0.2.0-dev (data format 12, backup format 3, peer
+/// protocol 1, client API 1, feature level 2)`.
 pub fn describe(versions: &BuildVersions) -> String {
     format!(
-        "{} (data format {}, backup format {}, peer protocol {}, client API {})",
+        "{} (data format {}, backup format {}, peer protocol {}, client API {}, feature level {})",
         versions.release,
         versions.data_format,
         versions.backup_format,
         versions.peer_protocol,
-        versions.client_api
+        versions.client_api,
+        FeatureLevel::reported(versions.feature_level)
     )
 }

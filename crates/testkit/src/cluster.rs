@@ -99,6 +99,18 @@ impl TestCluster {
         size: u64,
         pki: Option<TestPki>,
     ) -> TestCluster {
+        let mut cluster = Self::stopped(bin, dir, size, pki).await;
+        for id in 1..=size {
+            cluster.start_node(id);
+        }
+        cluster.leader_within(Duration::from_secs(30)).await;
+        cluster
+    }
+
+    /// A cluster of `size` nodes with empty data directories under `dir`,
+    /// none started: for a test that starts some of them its own way
+    /// ([`start_node_with_env`](Self::start_node_with_env)).
+    pub async fn stopped(bin: &Path, dir: &Path, size: u64, pki: Option<TestPki>) -> TestCluster {
         std::fs::create_dir_all(dir).expect("create the cluster directory");
         let network = Arc::new(Mutex::new(Network::default()));
         let mut nodes = Vec::new();
@@ -123,19 +135,14 @@ impl TestCluster {
         // Without TLS, the nodes authenticate each other with a secret
         // file, made as an operator would.
         let peer_secret = pki.is_none().then(|| new_peer_secret(bin, dir));
-        let mut cluster = TestCluster {
+        TestCluster {
             nodes,
             bin: bin.to_owned(),
             network,
             initial_cluster,
             pki,
             peer_secret,
-        };
-        for id in 1..=size {
-            cluster.start_node(id);
         }
-        cluster.leader_within(Duration::from_secs(30)).await;
-        cluster
     }
 
     pub fn node(&self, id: u64) -> &ClusterNode {

@@ -173,6 +173,19 @@ pub fn deadbolt(endpoint: &str, args: &[&str]) -> Output {
         .expect("run deadbolt")
 }
 
+/// [`deadbolt`] for async tests: run on the blocking pool, so the runtime
+/// (which may run a test cluster's proxies) keeps going.
+pub async fn run(endpoint: &str, args: &[&str]) -> Output {
+    let endpoint = endpoint.to_owned();
+    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        deadbolt(&endpoint, &args)
+    })
+    .await
+    .expect("the command ran")
+}
+
 /// POSTs JSON and parses the JSON reply.
 pub fn post(addr: SocketAddr, path: &str, json: serde_json::Value) -> (u16, serde_json::Value) {
     let (status, body) = http(addr, "POST", path, Some(json.to_string().as_bytes())).unwrap();

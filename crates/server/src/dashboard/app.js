@@ -79,9 +79,11 @@ function showCluster(c) {
   const matched = new Map(c.matched || []);
   // A member's release and compatibility numbers (docs/upgrading.md).
   const described = v => v ? v.release + " (data " + v.data_format + ", backup " + v.backup_format +
-    ", peer " + v.peer_protocol + ", API " + v.client_api + ")" : null;
+    ", peer " + v.peer_protocol + ", API " + v.client_api + ", level " + (v.feature_level || 1) + ")" : null;
   const releases = new Map((c.releases || []).map(r => [r.node_id, described(r.versions)]));
   $("release").textContent = s.versions ? s.versions.release : "-";
+  // A member of release 0.1.0 does not send it: level 1.
+  $("cluster-version").textContent = s.cluster_version || 1;
   fill($("members"), s.members, (tr, m) => {
     tr.dataset.node = m.node_id;
     const leads = m.node_id === s.leader_id;

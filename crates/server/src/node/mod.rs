@@ -28,8 +28,8 @@ use crate::store::SharedTable;
 use crate::waits::Waits;
 use deadbolt_core::{
     validate_key, validate_lock_name, validate_ttl, AccessControl, AclCommand, AuditRecord,
-    Command, LockError, LockInfo, LockTable, Proposal, SecretHash, SessionId, SessionSecret,
-    StoredValue, Token,
+    Command, FeatureLevel, LockError, LockInfo, LockTable, Proposal, SecretHash, SessionId,
+    SessionSecret, StoredValue, Token,
 };
 use deadbolt_proto::ErrorKind;
 use std::sync::Arc;
@@ -81,6 +81,8 @@ pub struct Node {
     pub(crate) peer_secrets: Option<Arc<crate::auth::peers::PeerSecrets>>,
     /// Embedded in another program, which delivers its peers' messages.
     pub(crate) in_process_peers: bool,
+    /// The highest feature level this node supports (`--max-feature-level`).
+    pub(crate) feature_level: FeatureLevel,
 }
 
 /// How long a read or keepalive waits for a quorum to confirm this node still

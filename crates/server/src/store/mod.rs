@@ -26,6 +26,7 @@ mod snapshot_chunks;
 mod state_machine;
 #[cfg(test)]
 mod suite;
+pub(crate) mod table_image;
 mod verify;
 mod witness;
 

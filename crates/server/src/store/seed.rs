@@ -50,7 +50,7 @@ pub fn seed_data_dir(
             last_membership: StoredMembership::new(Some(log_id), membership),
             snapshot_id: "restored".to_owned(),
         },
-        data: bincode::serialize(table).at(&at)?,
+        data: super::table_image::encode(table).at(&at)?,
     };
     snapshot_chunks::write(&data.snapshots, &encode(&snapshot, &at)?).at(&at)?;
     write_meta(&data.db, PURGED_KEY, &log_id, ErrorSubject::Logs)?;

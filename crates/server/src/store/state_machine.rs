@@ -11,9 +11,10 @@
 //! see `LockTable`), and the encoding and the write happen on the blocking
 //! pool, in a database the log's appends never wait for.
 
+use super::table_image::{self, ImageError};
 use super::{snapshot_chunks, At, OrStorageError, StorageIo};
 use crate::raft_types::{Batch, BatchOutcome, NodeId, StorageError, TypeConfig};
-use deadbolt_core::{Event, LockTable, LockTableV9};
+use deadbolt_core::{Command, Event, FeatureLevel, LockTable, LockTableV9};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     BasicNode, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend,
@@ -63,6 +64,9 @@ pub struct StateMachineStore {
     snapshots: Arc<Database>,
     io: StorageIo,
     sink: Arc<dyn EventSink>,
+    /// The highest cluster version this node applies (see
+    /// [`AboveSupported`]).
+    feature_level: FeatureLevel,
 }
 
 impl StateMachineStore {
@@ -72,15 +76,19 @@ impl StateMachineStore {
         snapshots: Database,
         io: StorageIo,
         sink: Arc<dyn EventSink>,
+        feature_level: FeatureLevel,
     ) -> Result<Self, StorageError> {
         let store = StateMachineStore {
             state: SharedTable::default(),
             snapshots: Arc::new(snapshots),
             io,
             sink,
+            feature_level,
         };
         if let Some(stored) = store.read_snapshot()? {
-            let table = decode_table(&stored)?;
+            let at = reading(&stored);
+            let table = decode_table(&stored).at(&at)?;
+            check_supported(&table, feature_level).at(&at)?;
             let mut state = store.state.write().expect("state lock poisoned");
             state.last_applied = stored.meta.last_log_id;
             state.membership = stored.meta.last_membership;
@@ -137,14 +145,15 @@ impl StateMachineStore {
     }
 }
 
-pub(super) fn decode_table(stored: &StoredSnapshot) -> Result<LockTable, StorageError> {
-    decode_table_as::<LockTable>(stored)
+pub(super) fn decode_table(stored: &StoredSnapshot) -> Result<LockTable, ImageError> {
+    table_image::decode(&stored.data).map(checked)
 }
 
 /// A format-9 snapshot's table: encoded before the table held its limits
 /// ([`LockTableV9`]); it gets the default limits, the ones it ran with.
-pub(super) fn decode_table_v9(stored: &StoredSnapshot) -> Result<LockTable, StorageError> {
-    decode_table_as::<LockTableV9>(stored)
+pub(super) fn decode_table_v9(stored: &StoredSnapshot) -> Result<LockTable, ImageError> {
+    let table = bincode::deserialize::<LockTableV9>(&stored.data)?;
+    Ok(checked(table.into()))
 }
 
 /// A format-9 snapshot record (sealed, as `META` holds it) in format 10's
@@ -152,31 +161,64 @@ pub(super) fn decode_table_v9(stored: &StoredSnapshot) -> Result<LockTable, Stor
 pub(super) fn upgrade_format_9(sealed: &[u8]) -> Result<Vec<u8>, StorageError> {
     let at = At(ErrorSubject::Snapshot(None), ErrorVerb::Read);
     let old: StoredSnapshot = super::decode(sealed, &at)?;
-    let table = decode_table_v9(&old)?;
+    let table = decode_table_v9(&old).at(&reading(&old))?;
     let at = At(
         ErrorSubject::Snapshot(Some(old.meta.signature())),
         ErrorVerb::Write,
     );
     let upgraded = StoredSnapshot {
-        data: bincode::serialize(&table).at(&at)?,
+        data: table_image::encode(&table).at(&at)?,
         meta: old.meta,
     };
     super::encode(&upgraded, &at)
 }
 
-fn decode_table_as<T>(stored: &StoredSnapshot) -> Result<LockTable, StorageError>
-where
-    T: serde::de::DeserializeOwned + Into<LockTable>,
-{
-    let at = At(
+/// A decoded table, once its invariants are checked. A snapshot is loaded
+/// rarely; checking it whole is cheap insurance against installing a table
+/// that breaks the lock invariants.
+fn checked(table: LockTable) -> LockTable {
+    table.check_invariants();
+    table
+}
+
+/// Where a snapshot's table was read, for openraft's error reports.
+fn reading(stored: &StoredSnapshot) -> At {
+    At(
         ErrorSubject::Snapshot(Some(stored.meta.signature())),
         ErrorVerb::Read,
-    );
-    let table: LockTable = bincode::deserialize::<T>(&stored.data).at(&at)?.into();
-    // A snapshot is loaded rarely; checking it whole is cheap insurance
-    // against installing a table that breaks the lock invariants.
-    table.check_invariants();
-    Ok(table)
+    )
+}
+
+/// State this node must not apply: a log entry or snapshot at a cluster
+/// version above the feature level the node supports, which a newer
+/// release's leader wrote (or, on a node started with a lower
+/// `--max-feature-level`, the level it stands in for). Applying the rest
+/// and skipping it would leave this replica's state different from the
+/// others'; the node stops instead, and its log says what to do.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{what} is at cluster version {level}, above the feature level {supports} this node supports \
+     (release {release}, or lower with --max-feature-level): a newer release wrote it. Run a \
+     release that supports it here, without a lower --max-feature-level (docs/upgrading.md)",
+    release = crate::version::RELEASE
+)]
+pub struct AboveSupported {
+    what: String,
+    level: FeatureLevel,
+    supports: FeatureLevel,
+}
+
+/// Refuses a table (from a snapshot) above what this node supports.
+fn check_supported(table: &LockTable, supports: FeatureLevel) -> Result<(), AboveSupported> {
+    let level = table.cluster_version();
+    if level > supports {
+        return Err(AboveSupported {
+            what: "the snapshot".to_owned(),
+            level,
+            supports,
+        });
+    }
+    Ok(())
 }
 
 /// Applies one committed log entry to the table, as every replica does
@@ -185,8 +227,22 @@ pub(super) fn apply_entry(
     state: &mut Applied,
     entry: Entry<TypeConfig>,
     events: &mut Vec<Event>,
-) -> BatchOutcome {
+    supports: FeatureLevel,
+) -> Result<BatchOutcome, AboveSupported> {
     debug_assert!(state.last_applied < Some(entry.log_id));
+    if let EntryPayload::Normal(batch) = &entry.payload {
+        let above = batch.commands.iter().find_map(|command| match command {
+            Command::SetClusterVersion { level } if *level > supports => Some(*level),
+            _ => None,
+        });
+        if let Some(level) = above {
+            return Err(AboveSupported {
+                what: format!("log entry {}", entry.log_id.index),
+                level,
+                supports,
+            });
+        }
+    }
     state.last_applied = Some(entry.log_id);
     let outcomes = match entry.payload {
         EntryPayload::Blank => Vec::new(),
@@ -207,7 +263,7 @@ pub(super) fn apply_entry(
             Vec::new()
         }
     };
-    BatchOutcome(outcomes)
+    Ok(BatchOutcome(outcomes))
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
@@ -228,7 +284,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             (state.table.clone(), meta)
         };
         let subject = ErrorSubject::Snapshot(Some(meta.signature()));
-        let encode = move || bincode::serialize(&table).at(&At(subject, ErrorVerb::Write));
+        let encode = move || table_image::encode(&table).at(&At(subject, ErrorVerb::Write));
         let stored = self.persist(meta, encode).await?;
         self.sink
             .on_snapshot_built(stored.data.len(), started.elapsed());
@@ -259,8 +315,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let mut state = self.state.write().expect("state lock poisoned");
             entries
                 .into_iter()
-                .map(|entry| apply_entry(&mut state, entry, &mut events))
-                .collect()
+                .map(|entry| {
+                    let at = At(ErrorSubject::Apply(entry.log_id), ErrorVerb::Read);
+                    apply_entry(&mut state, entry, &mut events, self.feature_level).at(&at)
+                })
+                .collect::<Result<_, _>>()?
         };
         self.sink.on_applied(&replies, &events);
         if !events.is_empty() {
@@ -286,7 +345,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             meta: meta.clone(),
             data: snapshot.into_inner(),
         };
-        let table = decode_table(&stored)?;
+        let at = reading(&stored);
+        let table = decode_table(&stored).at(&at)?;
+        check_supported(&table, self.feature_level).at(&at)?;
         // Tokens are a function of the log prefix, so a snapshot may only
         // move the counter forward. One that would move it back is refused
         // before anything is written; openraft then stops this node, which
@@ -352,9 +413,13 @@ mod tests {
     async fn the_snapshot_file_does_not_grow_with_each_snapshot() {
         let dir = tempfile::tempdir().unwrap();
         let data = open_data_dir(dir.path(), 1).unwrap();
-        let mut store =
-            StateMachineStore::open(data.snapshots, StorageIo::Inline, Arc::new(Unobserved))
-                .unwrap();
+        let mut store = StateMachineStore::open(
+            data.snapshots,
+            StorageIo::Inline,
+            Arc::new(Unobserved),
+            FeatureLevel::NEWEST,
+        )
+        .unwrap();
         // Each a little larger than the last, as a filling table's.
         let len = |n: u8| (6 << 20) + usize::from(n) * (16 << 10);
         let mut sizes = Vec::new();

@@ -89,7 +89,12 @@ fn stores(
         io,
         metrics.log_append_seconds(),
     );
-    let state_machine = StateMachineStore::open(data.snapshots, io, observers(&metrics))?;
+    let state_machine = StateMachineStore::open(
+        data.snapshots,
+        io,
+        observers(&metrics),
+        deadbolt_core::FeatureLevel::NEWEST,
+    )?;
     Ok((log, state_machine))
 }
 

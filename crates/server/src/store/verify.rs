@@ -11,6 +11,7 @@
 
 use super::log_file::{scan, SegmentDir};
 use super::state_machine::{apply_entry, decode_table, decode_table_v9, Applied, StoredSnapshot};
+use super::table_image::ImageError;
 use super::witness::Witness;
 use super::{
     decode, snapshot_chunks, At, FORMAT, FORMAT_KEY, FORMAT_LOG_IN_DATABASE,
@@ -18,6 +19,7 @@ use super::{
     SNAPSHOT_KEY, VOTE_KEY,
 };
 use crate::raft_types::{NodeId, TypeConfig};
+use deadbolt_core::FeatureLevel;
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, Vote};
 use redb::Database;
 use serde::Serialize;
@@ -46,6 +48,8 @@ pub struct DataReport {
     /// Blocking acquires queued behind a holder.
     pub waiters: usize,
     pub store_keys: usize,
+    /// The feature level the state is at (`deadbolt_core::FeatureLevel`).
+    pub cluster_version: u32,
 }
 
 /// Why a database is refused.
@@ -117,8 +121,10 @@ pub fn verify(
             true => decode_table_v9,
             false => decode_table,
         };
-        state.table =
-            decode(snapshot).map_err(|e| Refusal::SnapshotDamaged(format!("the snapshot: {e}")))?;
+        state.table = decode(snapshot).map_err(|err| match err {
+            too_new @ ImageError::TooNew { .. } => Refusal::WrongFormat(too_new.to_string()),
+            ImageError::Undecodable(_) => Refusal::SnapshotDamaged(format!("the snapshot: {err}")),
+        })?;
         state.last_applied = snapshot.meta.last_log_id;
         state.membership = snapshot.meta.last_membership.clone();
     }
@@ -165,7 +171,8 @@ pub fn verify(
         expected = Some(index + 1);
         if Some(entry.log_id) > state.last_applied {
             events.clear();
-            apply_entry(&mut state, entry, &mut events);
+            apply_entry(&mut state, entry, &mut events, FeatureLevel::NEWEST)
+                .map_err(|err| Refusal::WrongFormat(err.to_string()))?;
         }
     }
     if let (Some(first), Some(snapshot_last)) = (first, snapshot_last) {
@@ -198,6 +205,7 @@ pub fn verify(
         locks: state.table.lock_count(),
         waiters: state.table.waits().count(),
         store_keys: state.table.store().len(),
+        cluster_version: state.table.cluster_version().0,
     })
 }
 

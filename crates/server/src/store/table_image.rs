@@ -1,0 +1,138 @@
+//! A lock table as bytes, for snapshots (and, inside backups, for
+//! `backup.rs`): release 0.1.0's encoding (the table's bincode) while the
+//! cluster version is [`FeatureLevel::BASE`], and the same behind a header
+//! naming the level once it is above.
+//!
+//! Why the header only then: a leader sends its snapshot to followers that
+//! may still run the previous release, so until every member supports a
+//! newer level the snapshot must be byte for byte what that release writes.
+//! Once the level has moved, the header makes release 0.1.0 refuse the
+//! snapshot with a decoding error, rather than drop the level and read on,
+//! and it tells this build the level.
+
+use deadbolt_core::{FeatureLevel, LockTable};
+
+/// The start of a table image with a header. Release 0.1.0 reads it as a
+/// table of one session whose `owner` option has the tag 0xFF, and stops
+/// with "invalid tag" (the bytes before it are a session id and a TTL no
+/// table holds, and a secret hash). A marker read as a larger session count
+/// would not do: that release's map decoder allocates the count up front.
+/// No table in release 0.1.0's encoding starts with these bytes: its option
+/// tags are 0 or 1.
+const MARKER: [u8; 57] = {
+    let mut marker = [0xFF; 57];
+    let one_session = 1u64.to_le_bytes();
+    let mut at = 0;
+    while at < one_session.len() {
+        marker[at] = one_session[at];
+        at += 1;
+    }
+    marker
+};
+/// The marker, then the level (`u32`, little-endian).
+const HEADER_BYTES: usize = MARKER.len() + 4;
+
+/// Why an image did not become a table.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("the lock table does not decode: {0}")]
+    Undecodable(#[from] bincode::Error),
+    #[error(
+        "the lock table is at cluster version {level}, and this build (release {release}) \
+         knows levels up to {newest}: a newer release wrote it. Run that release or a newer one \
+         (docs/upgrading.md, \"Downgrades\")",
+        release = crate::version::RELEASE,
+        newest = FeatureLevel::NEWEST
+    )]
+    TooNew { level: FeatureLevel },
+}
+
+pub fn encode(table: &LockTable) -> bincode::Result<Vec<u8>> {
+    let level = table.cluster_version();
+    if level == FeatureLevel::BASE {
+        return bincode::serialize(table);
+    }
+    let mut bytes = Vec::with_capacity(HEADER_BYTES + 64);
+    bytes.extend_from_slice(&MARKER);
+    bytes.extend_from_slice(&level.0.to_le_bytes());
+    bincode::serialize_into(&mut bytes, table)?;
+    Ok(bytes)
+}
+
+pub fn decode(bytes: &[u8]) -> Result<LockTable, ImageError> {
+    let Some(rest) = bytes.strip_prefix(&MARKER) else {
+        return Ok(bincode::deserialize(bytes)?);
+    };
+    let (level, table) = rest.split_at_checked(4).ok_or_else(|| {
+        bincode::Error::from(bincode::ErrorKind::Custom(
+            "the table image's header is cut short".to_owned(),
+        ))
+    })?;
+    let level = FeatureLevel(u32::from_le_bytes(level.try_into().expect("four bytes")));
+    if level > FeatureLevel::NEWEST {
+        return Err(ImageError::TooNew { level });
+    }
+    let table: LockTable = bincode::deserialize(table)?;
+    Ok(table.with_cluster_version(level))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deadbolt_core::{Command, SecretHash};
+
+    /// A table with a session in it, at `level`.
+    fn table_at(level: FeatureLevel) -> LockTable {
+        let mut table = LockTable::new();
+        let open = Command::OpenSession {
+            ttl_ms: 10_000,
+            secret: SecretHash([7; 32]),
+            owner: None,
+        };
+        assert!(table.apply(&open).outcome.is_ok());
+        assert!(table
+            .apply(&Command::SetClusterVersion { level })
+            .outcome
+            .is_ok());
+        table
+    }
+
+    #[test]
+    fn at_the_base_level_the_image_is_what_release_0_1_0_writes_and_reads() {
+        let table = table_at(FeatureLevel::BASE);
+        let image = encode(&table).unwrap();
+        assert_eq!(image, bincode::serialize(&table).unwrap());
+        let back = decode(&image).unwrap();
+        assert_eq!(back.cluster_version(), FeatureLevel::BASE);
+        assert_eq!(back, table);
+    }
+
+    #[test]
+    fn a_raised_level_travels_in_the_header_and_release_0_1_0_cannot_read_it() {
+        let table = table_at(FeatureLevel::CLUSTER_VERSION);
+        let image = encode(&table).unwrap();
+        assert!(image.starts_with(&MARKER));
+        let back = decode(&image).unwrap();
+        assert_eq!(back.cluster_version(), FeatureLevel::CLUSTER_VERSION);
+        assert_eq!(back, table);
+        // How release 0.1.0 decodes a snapshot: it must fail, not drop the
+        // level and read on (nor panic).
+        let old_release = bincode::deserialize::<LockTable>(&image).unwrap_err();
+        assert!(old_release.to_string().contains("tag"), "{old_release}");
+    }
+
+    #[test]
+    fn a_level_from_a_newer_release_is_refused_with_what_to_do() {
+        let mut image = encode(&table_at(FeatureLevel::CLUSTER_VERSION)).unwrap();
+        let newer = FeatureLevel::NEWEST.0 + 1;
+        image[MARKER.len()..HEADER_BYTES].copy_from_slice(&newer.to_le_bytes());
+        let err = decode(&image).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("cluster version {newer}"))
+                && err.contains(crate::version::RELEASE)
+                && err.contains("Downgrades"),
+            "{err}"
+        );
+        assert!(decode(&MARKER).is_err(), "a header cut short decoded");
+    }
+}
