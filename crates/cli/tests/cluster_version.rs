@@ -104,6 +104,15 @@ async fn the_cluster_version_moves_once_every_member_supports_it_and_never_back(
         said.contains("supports feature level 1, below the cluster version 2"),
         "{said}"
     );
+    // A node that does not answer is not listed either: its release is
+    // unknown (port 1 on loopback: nothing listens there).
+    let added = run(&endpoint, &["cluster", "add", "5", "127.0.0.1:1"]).await;
+    let said = String::from_utf8_lossy(&added.stderr);
+    assert!(!added.status.success(), "{said}");
+    assert!(
+        said.contains("node 5 did not answer") && said.contains("release is unknown"),
+        "{said}"
+    );
     let status = client.cluster_status().await.unwrap();
     assert_eq!(status.members.len(), 2, "{status:?}");
     drop(held);

@@ -179,6 +179,12 @@ impl TestCluster {
         self.pki.as_ref()
     }
 
+    /// The `deadbolt` binary that nodes started from now on run: a node
+    /// restarted after this is upgraded (or rolled back) to it.
+    pub fn set_bin(&mut self, bin: &Path) {
+        self.bin = bin.to_owned();
+    }
+
     /// Starts (or restarts) node `id` with the cluster's `--initial-cluster`.
     pub fn start_node(&mut self, id: u64) {
         self.start_node_with_env(id, &[]);
