@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{free_port, log_segments, roll_back_log, run, TestCluster};
+use common::{free_port, log_segments, roll_back_log, run, run_while_unreachable, TestCluster};
 use deadbolt_client::{Client, ErrorKind};
 use std::collections::{HashMap, HashSet};
 use std::future::{ready, Future};
@@ -395,17 +395,8 @@ async fn refused_then_rebuilt(lose: impl AsyncFnOnce(&mut TestCluster, u64), why
     // 69 ("unavailable", as sysexits has it: try again), and the same add run
     // again finishes it. A CI run's add ended so, with the joining learner
     // still naming the deposed leader.
-    for attempt in 1.. {
-        let added = run(&endpoint, &["cluster", "add", &id, &address]).await;
-        if added.status.success() {
-            break;
-        }
-        assert!(
-            attempt < 3 && added.status.code() == Some(69),
-            "{added:?}\n{}",
-            cluster.logs()
-        );
-    }
+    let added = run_while_unreachable(&endpoint, &["cluster", "add", &id, &address]).await;
+    assert!(added.status.success(), "{added:?}\n{}", cluster.logs());
     wait_until(Duration::from_secs(15), || {
         let leader = cluster.node(leader).status();
         let rebuilt = cluster.node(follower).status();

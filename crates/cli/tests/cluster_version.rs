@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{run, TestCluster, BIN};
+use common::{http, run, run_while_unreachable, TestCluster, BIN};
 use deadbolt_server::{FeatureLevel, CLUSTER_VERSION_ASK_EVERY};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -36,6 +36,15 @@ async fn versions(cluster: &TestCluster) -> Vec<Option<u32>> {
     versions
 }
 
+/// Node 1's `deadbolt_cluster_version` line in `/metrics`.
+fn metric_on_node_1(cluster: &TestCluster) -> String {
+    let (_, text) = http(cluster.node(1).listen, "GET", "/metrics", None).unwrap();
+    let line = text
+        .lines()
+        .find(|line| line.starts_with("deadbolt_cluster_version "));
+    line.unwrap_or_default().to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_version_moves_once_every_member_supports_it_and_never_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -52,6 +61,7 @@ async fn the_cluster_version_moves_once_every_member_supports_it_and_never_back(
     // Several rounds of asking pass; node 3 holds the version at 1.
     tokio::time::sleep(CLUSTER_VERSION_ASK_EVERY * 3).await;
     assert_eq!(versions(&cluster).await, [Some(1); 3]);
+    assert_eq!(metric_on_node_1(&cluster), "deadbolt_cluster_version 1");
     let status = run(&endpoint, &["cluster", "status"]).await;
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(
@@ -71,6 +81,10 @@ async fn the_cluster_version_moves_once_every_member_supports_it_and_never_back(
         assert!(Instant::now() < deadline, "{:?}", versions(&cluster).await);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert_eq!(
+        metric_on_node_1(&cluster),
+        format!("deadbolt_cluster_version {}", FeatureLevel::NEWEST)
+    );
     let locks = client.list_locks().await.unwrap();
     let listed = locks.iter().find(|lock| lock.lock == "upgrade/held");
     assert_eq!(
@@ -91,13 +105,13 @@ async fn the_cluster_version_moves_once_every_member_supports_it_and_never_back(
     );
 
     // Nor is a node held back taken in: removed, and back with --join.
-    let removed = run(&endpoint, &["cluster", "remove", "3"]).await;
+    let removed = run_while_unreachable(&endpoint, &["cluster", "remove", "3"]).await;
     assert!(removed.status.success(), "{removed:?}");
     let data = cluster.node(3).data_dir.clone();
     std::fs::rename(&data, data.with_extension("old")).unwrap();
     cluster.spawn_node(3, &["--join", "--max-feature-level", "1"]);
     let address = cluster.node(3).advertised.to_string();
-    let added = run(&endpoint, &["cluster", "add", "3", &address]).await;
+    let added = run_while_unreachable(&endpoint, &["cluster", "add", "3", &address]).await;
     let said = String::from_utf8_lossy(&added.stderr);
     assert_eq!(added.status.code(), Some(1), "{said}");
     assert!(
@@ -106,7 +120,7 @@ async fn the_cluster_version_moves_once_every_member_supports_it_and_never_back(
     );
     // A node that does not answer is not listed either: its release is
     // unknown (port 1 on loopback: nothing listens there).
-    let added = run(&endpoint, &["cluster", "add", "5", "127.0.0.1:1"]).await;
+    let added = run_while_unreachable(&endpoint, &["cluster", "add", "5", "127.0.0.1:1"]).await;
     let said = String::from_utf8_lossy(&added.stderr);
     assert!(!added.status.success(), "{said}");
     assert!(

@@ -176,6 +176,10 @@ pub struct Metrics {
     peer_calls_refused: Vec<Counter>,
     sessions: Gauge,
     locks_held: Gauge,
+    /// The cluster version the table is at (docs/upgrading.md): an upgrade
+    /// is done once every member's is the newest `feature_level` of
+    /// `deadbolt_build_info`.
+    cluster_version: Gauge,
     /// The table's `max_sessions` and `max_locks` (`deadbolt cluster limits`).
     max_sessions: Gauge,
     max_locks: Gauge,
@@ -409,6 +413,13 @@ impl Metrics {
                 None,
                 Gauge::default(),
             ),
+            cluster_version: register(
+                r,
+                "deadbolt_cluster_version",
+                "The cluster version (feature level) of the applied table (docs/upgrading.md)",
+                None,
+                Gauge::default(),
+            ),
             max_sessions: register(
                 r,
                 "deadbolt_max_sessions",
@@ -586,6 +597,8 @@ impl Metrics {
             self.max_locks.set(gauge_value(limits.max_locks as u64));
             self.lock_waiters
                 .set(gauge_value(table.waits().count() as u64));
+            self.cluster_version
+                .set(gauge_value(u64::from(table.cluster_version().0)));
         }
         self.read_raft(raft);
         let mut text = String::new();
