@@ -3,8 +3,8 @@
 //! outcomes and events), not on its internals.
 
 use deadbolt_core::{
-    AcquireOutcome, Command, Event, LimitsChange, LockError, LockTable, Outcome, SecretHash,
-    SessionId, SessionSecret, TableLimits, Token,
+    AcquireOutcome, Command, Event, FeatureLevel, LimitsChange, LockError, LockTable, Outcome,
+    SecretHash, SessionId, SessionSecret, TableLimits, Token,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -30,6 +30,9 @@ enum Step {
     /// An admin sets the limits on sessions and on waiters per lock (some
     /// values below the floor, so refused).
     SetLimits(Option<u64>, Option<u64>),
+    /// The leader raises the cluster version (to a level at or below the
+    /// one the table is at, too: a replayed or raced raise).
+    SetClusterVersion(u32),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -46,6 +49,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (1000..1010u64).prop_map(Step::Bogus),
         1 => (prop::option::of(5..14u64), prop::option::of(0..4u64))
             .prop_map(|(s, w)| Step::SetLimits(s, w)),
+        1 => (FeatureLevel::BASE.0..=FeatureLevel::NEWEST.0).prop_map(Step::SetClusterVersion),
     ]
 }
 
@@ -228,6 +232,9 @@ fn command(step: &Step, seen: &Observed) -> Command {
             max_waiters_per_lock: waiters,
             ..LimitsChange::default()
         }),
+        Step::SetClusterVersion(level) => Command::SetClusterVersion {
+            level: FeatureLevel(level),
+        },
         Step::Bogus(id) => Command::Acquire {
             session: SessionId(id),
             lock: "a".into(),
@@ -235,6 +242,25 @@ fn command(step: &Step, seen: &Observed) -> Command {
             attempt: 1,
             lock_delay_ms: 0,
         },
+    }
+}
+
+/// The cluster version never goes down, and a raise leaves it at the
+/// higher of the two levels, as its answer says.
+fn check_cluster_version(
+    before: &LockTable,
+    after: &LockTable,
+    command: &Command,
+    outcome: &Result<Outcome, LockError>,
+) {
+    assert!(after.cluster_version() >= before.cluster_version());
+    match command {
+        Command::SetClusterVersion { level } => {
+            let expected = before.cluster_version().max(*level);
+            assert_eq!(after.cluster_version(), expected);
+            assert_eq!(outcome, &Ok(Outcome::ClusterVersionSet(expected)));
+        }
+        _ => assert_eq!(after.cluster_version(), before.cluster_version()),
     }
 }
 
@@ -307,6 +333,7 @@ fn run(
     let applied = table.apply(command);
     table.check_invariants();
     check_limits(&before, table, command, &applied.outcome);
+    check_cluster_version(&before, table, command, &applied.outcome);
     if keeps_place {
         assert!(
             applied.events.is_empty(),
@@ -459,7 +486,12 @@ proptest! {
             run(&mut table, &mut seen, &command).ok();
         }
         let bytes = serde_json::to_vec(&table).unwrap();
-        let mut restored: LockTable = serde_json::from_slice(&bytes).unwrap();
+        let restored: LockTable = serde_json::from_slice(&bytes).unwrap();
+        // The table's own encoding leaves the cluster version out (it stays
+        // release 0.1.0's); the server's table image carries it beside the
+        // table (`store/table_image.rs` tests that).
+        prop_assert_eq!(restored.cluster_version(), FeatureLevel::BASE);
+        let mut restored = restored.with_cluster_version(table.cluster_version());
         prop_assert_eq!(&restored, &table);
         prop_assert_eq!(restored.table_limits(), table.table_limits());
         // The restored table never re-issues a token (with room for one
