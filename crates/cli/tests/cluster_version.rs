@@ -105,6 +105,13 @@ async fn the_cluster_version_moves_once_every_member_supports_it_and_never_back(
     );
 
     // Nor is a node held back taken in: removed, and back with --join.
+    // Asked of the two live nodes only: a CI run's CLI reported node 3's
+    // reset connection, three times, while an election was under way.
+    let endpoint = format!(
+        "{},{}",
+        cluster.node(1).endpoint(),
+        cluster.node(2).endpoint()
+    );
     let removed = run_while_unreachable(&endpoint, &["cluster", "remove", "3"]).await;
     assert!(removed.status.success(), "{removed:?}");
     let data = cluster.node(3).data_dir.clone();

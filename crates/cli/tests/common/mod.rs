@@ -198,6 +198,8 @@ pub async fn run_while_unreachable(endpoint: &str, args: &[&str]) -> Output {
             return output;
         }
         attempts += 1;
+        // Time for the election to end.
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
