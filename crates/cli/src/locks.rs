@@ -19,8 +19,20 @@ use std::time::Duration;
 #[derive(clap::Args)]
 pub struct LockArgs {
     /// Name of the lock.
-    #[arg(long)]
+    #[arg(long, required_unless_present = "semaphore", default_value = "")]
     pub lock: String,
+    /// Take a permit of this counting semaphore instead of a lock: at most
+    /// --permits holders at once, cluster-wide (docs/semaphores.md).
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "permits",
+        conflicts_with_all = ["lock", "lock_delay"]
+    )]
+    pub semaphore: Option<String>,
+    /// The semaphore's number of permits; every holder must name the same.
+    #[arg(long, value_name = "N", requires = "semaphore")]
+    pub permits: Option<u32>,
     /// Session lease: how long the lock outlives this process if it dies.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub ttl: Duration,
@@ -35,6 +47,16 @@ pub struct LockArgs {
     /// in flight can drain. For resources that cannot check fencing tokens.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub lock_delay: Duration,
+}
+
+impl LockArgs {
+    /// What is taken, for messages: `lock "x"` or `semaphore "y"`.
+    pub fn described(&self) -> String {
+        match &self.semaphore {
+            Some(semaphore) => format!("semaphore {semaphore:?}"),
+            None => format!("lock {:?}", self.lock),
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -112,13 +134,25 @@ pub async fn acquire(endpoints: &Endpoints, args: AcquireArgs) -> i32 {
         Err(err) => return exit::report(&err),
     };
     let timeout = if args.no_wait { None } else { args.wait };
-    let acquiring = client.acquire_raw_delayed(
-        &session,
-        &args.lock,
-        !args.no_wait,
-        timeout,
-        args.lock_delay,
-    );
+    let acquiring = async {
+        match (&args.semaphore, args.permits) {
+            (Some(semaphore), Some(capacity)) => client
+                .acquire_permits_raw(&session, semaphore, capacity, 1, !args.no_wait, timeout)
+                .await
+                .map(|permits| permits.first().map_or(0, |permit| permit.token)),
+            _ => {
+                client
+                    .acquire_raw_delayed(
+                        &session,
+                        &args.lock,
+                        !args.no_wait,
+                        timeout,
+                        args.lock_delay,
+                    )
+                    .await
+            }
+        }
+    };
     let acquired = tokio::select! {
         acquired = acquiring => acquired,
         signal = stop_signal() => {
@@ -138,7 +172,7 @@ pub async fn acquire(endpoints: &Endpoints, args: AcquireArgs) -> i32 {
             // Leave nothing behind: a session without the lock is useless.
             let _ = client.close_session_raw(&session).await;
             if err.kind() == ErrorKind::WaitTimeout {
-                eprintln!("deadbolt: timed out waiting for lock {:?}", args.lock);
+                eprintln!("deadbolt: timed out waiting for {}", args.described());
                 return exit::BUSY;
             }
             exit::report(&err)

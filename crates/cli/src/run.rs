@@ -40,7 +40,7 @@ pub struct RunArgs {
     /// Take the lock in another lock system instead of the Deadbolt server,
     /// named by URL: redis(s)://, redlock(s)://, etcd(s)://, postgres:// (what each
     /// guarantees: `deadbolt backends`).
-    #[arg(long, value_name = "URL", conflicts_with = "once")]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["once", "semaphore"])]
     backend: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
@@ -102,31 +102,55 @@ pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
 }
 
 async fn take_lock(session: &Session, args: &RunArgs) -> Result<LockGuard, i32> {
-    let taken = if args.target.no_wait {
-        match session.try_lock(&args.target.lock).await {
-            Ok(Some(guard)) => Ok(guard),
-            Ok(None) => {
-                eprintln!("deadbolt run: lock {:?} is busy", args.target.lock);
-                return Err(exit::BUSY);
-            }
-            Err(err) => Err(err),
+    let target = &args.target;
+    let taken = match (&target.semaphore, target.permits) {
+        (Some(semaphore), Some(capacity)) => {
+            take_permit(session, semaphore, capacity, target).await
         }
-    } else if let Some(wait) = args.target.wait {
-        session.lock_timeout(&args.target.lock, wait).await
-    } else {
-        session.lock(&args.target.lock).await
+        _ if target.no_wait => session.try_lock(&target.lock).await,
+        _ => match target.wait {
+            Some(wait) => session.lock_timeout(&target.lock, wait).await.map(Some),
+            None => session.lock(&target.lock).await.map(Some),
+        },
+    };
+    let taken = match taken {
+        Ok(Some(guard)) => Ok(guard),
+        Ok(None) => {
+            eprintln!("deadbolt run: {} is busy", target.described());
+            return Err(exit::BUSY);
+        }
+        Err(err) => Err(err),
     };
     taken.map_err(|err| {
         if err.kind() == ErrorKind::WaitTimeout {
-            eprintln!(
-                "deadbolt run: timed out waiting for lock {:?}",
-                args.target.lock
-            );
+            eprintln!("deadbolt run: timed out waiting for {}", target.described());
             exit::BUSY
         } else {
             exit::report(&err)
         }
     })
+}
+
+/// One permit of `semaphore`; `None` if busy and the caller would not wait.
+async fn take_permit(
+    session: &Session,
+    semaphore: &str,
+    capacity: u32,
+    target: &LockArgs,
+) -> Result<Option<LockGuard>, deadbolt_client::Error> {
+    if target.no_wait {
+        return session.try_acquire_permits(semaphore, capacity, 1).await;
+    }
+    match target.wait {
+        Some(wait) => session
+            .acquire_permits_timeout(semaphore, capacity, 1, wait)
+            .await
+            .map(Some),
+        None => session
+            .acquire_permits(semaphore, capacity, 1)
+            .await
+            .map(Some),
+    }
 }
 
 /// `--once KEY`: a fenced read of the marker first (so that an older holder
@@ -209,6 +233,15 @@ impl Holding for (&Session, &LockGuard) {
         vec![
             ("DEADBOLT_LOCK", guard.name().to_owned()),
             ("DEADBOLT_TOKEN", guard.token().to_string()),
+            // A semaphore permit's slot (0..permits): no other live permit
+            // has it, so the command may use it to pick its resource.
+            (
+                "DEADBOLT_SLOT",
+                guard
+                    .permits()
+                    .first()
+                    .map_or_else(String::new, |permit| permit.slot.to_string()),
+            ),
             // The handle (id and secret): the command may act on its own
             // session, e.g. `deadbolt keepalive --session "$DEADBOLT_SESSION"`.
             ("DEADBOLT_SESSION", guard.session().handle().to_string()),
@@ -270,7 +303,7 @@ pub(crate) async fn run_holding(
                     signal_guard(keeper, KILL_ALL);
                 }
                 let _ = child.wait().await;
-                eprintln!("deadbolt run: lock {:?} lost while running", args.target.lock);
+                eprintln!("deadbolt run: {} lost while running", args.target.described());
                 break exit::LOCK_LOST;
             }
             status = child.wait() => break exit_code(status.expect("waiting for the command failed")),

@@ -385,3 +385,178 @@ async fn an_interrupted_acquire_leaves_no_session_behind() {
         "only the holder's"
     );
 }
+
+/// Waits for a fresh single node to raise its cluster version to this
+/// build's newest level (it asks itself every 2 s): semaphores need it.
+fn wait_for_newest_cluster_version(endpoint: &str) {
+    let newest = format!("cluster version: {}", deadbolt_server::FeatureLevel::NEWEST);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = deadbolt(endpoint, &["cluster", "status"]);
+        if stdout(&status).contains(&newest) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{}", stdout(&status));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn at_most_permits_copies_run_at_once_each_on_a_slot_no_other_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    wait_for_newest_cluster_version(&endpoint);
+    let slots = dir.path().join("slots");
+    std::fs::create_dir(&slots).unwrap();
+    // Each copy claims a file named after its slot, refusing to overwrite
+    // one (noclobber): two live permits on one slot, or a slot out of
+    // range, fail the copy or the assertion below.
+    let script = r#"set -eC
+        echo "$DEADBOLT_TOKEN" > "$SLOTS/slot-$DEADBOLT_SLOT"
+        echo "$DEADBOLT_SLOT $DEADBOLT_TOKEN" >> "$SLOTS/log"
+        sleep 0.3
+        rm "$SLOTS/slot-$DEADBOLT_SLOT""#;
+    let copies: Vec<_> = (0..5)
+        .map(|_| {
+            Command::new(BIN)
+                .args(["run", "--semaphore", "pool", "--permits", "2", "--"])
+                .args(["sh", "-c", script])
+                .env("DEADBOLT_ENDPOINT", &endpoint)
+                .env("SLOTS", &slots)
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for copy in copies {
+        let output = copy.wait_with_output().unwrap();
+        assert!(output.status.success(), "{output:?}");
+    }
+    let log = std::fs::read_to_string(slots.join("log")).unwrap();
+    let runs: Vec<(u32, u64)> = log
+        .lines()
+        .map(|line| {
+            let (slot, token) = line.split_once(' ').unwrap();
+            (slot.parse().unwrap(), token.parse().unwrap())
+        })
+        .collect();
+    assert_eq!(runs.len(), 5, "{log}");
+    assert!(runs.iter().all(|(slot, _)| *slot < 2), "{log}");
+    let tokens: std::collections::BTreeSet<u64> = runs.iter().map(|(_, t)| *t).collect();
+    assert_eq!(tokens.len(), 5, "every permit has its own token: {log}");
+
+    // Every copy released its permit: the semaphore is gone, and a lock
+    // of the same name may be taken now.
+    let lock = deadbolt(&endpoint, &["run", "--lock", "pool", "--", "true"]);
+    assert!(lock.status.success(), "{lock:?}");
+}
+
+#[test]
+fn semaphores_over_http_and_one_name_is_one_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    wait_for_newest_cluster_version(&server.endpoint());
+    let open = serde_json::json!({ "ttl_ms": 30_000 });
+    let (_, session) = common::curl(server.addr, None, "/v1/session/open", Some(&open));
+    let ask = |count: u32, wait: bool| {
+        serde_json::json!({
+            "session_id": session["session_id"],
+            "session_secret": session["session_secret"],
+            "semaphore": "gpus",
+            "capacity": 4,
+            "count": count,
+            "wait": wait,
+        })
+    };
+    let (status, granted) = common::curl(
+        server.addr,
+        None,
+        "/v1/semaphore/acquire",
+        Some(&ask(3, false)),
+    );
+    assert_eq!(status, 200, "{granted}");
+    let permits = granted["permits"].as_array().unwrap();
+    let slots: Vec<u64> = permits
+        .iter()
+        .map(|p| p["slot"].as_u64().unwrap())
+        .collect();
+    assert_eq!(slots, vec![0, 1, 2], "{granted}");
+    assert_eq!(granted["token"], permits[0]["token"]);
+
+    // Another session asks for two: only one is free.
+    let (_, other) = common::curl(server.addr, None, "/v1/session/open", Some(&open));
+    let more = serde_json::json!({
+        "session_id": other["session_id"],
+        "session_secret": other["session_secret"],
+        "semaphore": "gpus",
+        "capacity": 4,
+        "count": 2,
+    });
+    let (status, busy) = common::curl(server.addr, None, "/v1/semaphore/acquire", Some(&more));
+    assert_eq!(
+        (status, busy["error"]["kind"].as_str()),
+        (423, Some("busy")),
+        "{busy}"
+    );
+    let (status, as_lock) = common::curl(
+        server.addr,
+        None,
+        "/v1/lock/acquire",
+        Some(&serde_json::json!({
+            "session_id": other["session_id"],
+            "session_secret": other["session_secret"],
+            "lock": "gpus",
+        })),
+    );
+    assert_eq!(status, 400, "{as_lock}");
+    assert!(
+        as_lock["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is a semaphore, not a lock"),
+        "{as_lock}"
+    );
+
+    let (_, state) = common::curl(
+        server.addr,
+        None,
+        "/v1/semaphore/status?semaphore=gpus",
+        None,
+    );
+    assert_eq!(state["state"]["capacity"], 4, "{state}");
+    assert_eq!(state["state"]["holders"].as_array().unwrap().len(), 1);
+
+    let release = serde_json::json!({
+        "session_id": session["session_id"],
+        "session_secret": session["session_secret"],
+        "lock": "gpus",
+        "token": granted["token"],
+    });
+    let (status, _) = common::curl(server.addr, None, "/v1/semaphore/release", Some(&release));
+    assert_eq!(status, 200);
+    let (status, granted) = common::curl(server.addr, None, "/v1/semaphore/acquire", Some(&more));
+    assert_eq!(status, 200, "{granted}");
+}
+
+#[test]
+fn semaphores_wait_for_every_member_to_support_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], deadbolt_testkit::free_port()));
+    let server = TestServer::start_with(
+        &dir.path().join("data"),
+        addr,
+        &["--max-feature-level", "2"],
+    );
+    let refused = deadbolt(
+        &server.endpoint(),
+        &["run", "--semaphore", "pool", "--permits", "2", "--", "true"],
+    );
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(
+        said.contains("unavailable until upgraded: semaphores need cluster version 3")
+            && said.contains("node 1 (this leader) supports feature level 2"),
+        "{said}"
+    );
+}

@@ -24,10 +24,11 @@ use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{
     AclBootstrapRequest, AclCreateTokenRequest, AclDeleteRoleRequest, AclGrant,
     AclRevokeTokenRequest, AclRole, AclRoleBinding, AclShowRequest, AclShowResponse,
-    AclTokenResponse, AcquireRequest, AddMemberRequest, AuditEntry, CheckTokenRequest,
-    CloseSessionRequest, ClusterStatusRequest, ClusterStatusResponse, HealthRequest,
-    KeepAliveRequest, LimitsRequest, LimitsResponse, ListLocksRequest, LockHistoryRequest,
-    LockStatusRequest, OpenSessionRequest, ReleaseRequest, RemoveMemberRequest, SetLimitsRequest,
+    AclTokenResponse, AcquirePermitsRequest, AcquireRequest, AddMemberRequest, AuditEntry,
+    CheckTokenRequest, CloseSessionRequest, ClusterStatusRequest, ClusterStatusResponse,
+    HealthRequest, KeepAliveRequest, LimitsRequest, LimitsResponse, ListLocksRequest,
+    LockHistoryRequest, LockStatusRequest, OpenSessionRequest, Permit, ReleaseRequest,
+    RemoveMemberRequest, SemaphoreState, SemaphoreStatusRequest, SetLimitsRequest,
     StoreDeleteRequest, StoreGetRequest, StorePutRequest, WhoAmIRequest, WhoAmIResponse,
 };
 use std::future::Future;
@@ -450,6 +451,58 @@ impl Client {
         };
         let response = self.call_streamed(call, answer).await?;
         Ok(response.token)
+    }
+
+    /// Takes `count` permits of the semaphore `semaphore` for the session,
+    /// creating it with `capacity` permits if nobody holds or waits on it
+    /// (docs/semaphores.md); waits and times out as
+    /// [`acquire_raw`](Self::acquire_raw). Answers every permit of the
+    /// grant, tokens ascending; release it with
+    /// [`release_raw`](Self::release_raw), naming the semaphore and the
+    /// first permit's token.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn acquire_permits_raw(
+        &self,
+        session: &SessionHandle,
+        semaphore: &str,
+        capacity: u32,
+        count: u32,
+        wait: bool,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<Permit>, Error> {
+        let response = self
+            .call_over(Current::channel, (), |channel, ()| async move {
+                let request = AcquirePermitsRequest {
+                    session_id: session.id(),
+                    session_secret: session.secret().to_owned(),
+                    semaphore: semaphore.to_owned(),
+                    capacity,
+                    count,
+                    wait,
+                    timeout_ms: timeout.map(millis),
+                    // Fresh for every send, as for a lock.
+                    attempt: next_attempt(),
+                };
+                DeadboltClient::new(channel)
+                    .acquire_permits(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            })
+            .await?;
+        Ok(response.permits)
+    }
+
+    /// Who holds and waits on the semaphore `semaphore`; `None` if nobody.
+    pub async fn semaphore_status(&self, semaphore: &str) -> Result<Option<SemaphoreState>, Error> {
+        let request = SemaphoreStatusRequest {
+            semaphore: semaphore.to_owned(),
+        };
+        let response = self
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).semaphore_status(request).await
+            })
+            .await?;
+        Ok(response.state)
     }
 
     /// Releases `lock`, held by the session with fencing token `token`.

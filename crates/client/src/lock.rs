@@ -7,7 +7,7 @@
 //! an older one.
 
 use crate::session::Claim;
-use crate::{Error, Session};
+use crate::{Error, Permit, Session};
 
 /// A lock held by a [`Session`]. Release it with [`release`](Self::release)
 /// to learn whether it was still held; dropping it releases in the
@@ -17,6 +17,8 @@ pub struct LockGuard {
     session: Session,
     lock: String,
     token: u64,
+    /// A semaphore's permits (none for a lock).
+    permits: Vec<Permit>,
     released: bool,
     /// Held until the release is done, so that no new acquire of the same
     /// lock through this session can overtake it.
@@ -24,11 +26,12 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(session: Session, claim: Claim, token: u64) -> Self {
+    pub(crate) fn new(session: Session, claim: Claim, token: u64, permits: Vec<Permit>) -> Self {
         Self {
             session,
             lock: claim.lock().to_owned(),
             token,
+            permits,
             released: false,
             claim: Some(claim),
         }
@@ -38,6 +41,12 @@ impl LockGuard {
     /// grant of any lock. Pass it along with every write the lock protects.
     pub fn token(&self) -> u64 {
         self.token
+    }
+
+    /// A semaphore grant's permits, tokens ascending, each with the slot
+    /// (0..capacity) that no other live permit has; empty for a lock.
+    pub fn permits(&self) -> &[Permit] {
+        &self.permits
     }
 
     pub fn name(&self) -> &str {

@@ -11,7 +11,7 @@
 
 use crate::backoff::retry;
 use crate::clock::BootInstant;
-use crate::{Client, Error, ErrorKind, LockGuard, SessionHandle};
+use crate::{Client, Error, ErrorKind, LockGuard, Permit, SessionHandle};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -401,35 +401,121 @@ impl Session {
         }
     }
 
+    /// Takes `count` permits of the semaphore `semaphore` (created with
+    /// `capacity` permits if nobody holds or waits on it), waiting in its
+    /// FIFO queue for as long as it takes. The guard's
+    /// [`permits`](LockGuard::permits) are the permits, each with its own
+    /// fencing token and slot; [`token`](LockGuard::token) is the first's.
+    /// Retries and the lease are handled as for [`lock`](Self::lock).
+    pub async fn acquire_permits(
+        &self,
+        semaphore: &str,
+        capacity: u32,
+        count: u32,
+    ) -> Result<LockGuard, Error> {
+        self.acquire_permits_within(semaphore, capacity, count, true, None)
+            .await
+    }
+
+    /// [`acquire_permits`](Self::acquire_permits), waiting at most
+    /// `timeout`; after that it fails with [`ErrorKind::WaitTimeout`].
+    pub async fn acquire_permits_timeout(
+        &self,
+        semaphore: &str,
+        capacity: u32,
+        count: u32,
+        timeout: Duration,
+    ) -> Result<LockGuard, Error> {
+        self.acquire_permits_within(semaphore, capacity, count, true, Some(timeout))
+            .await
+    }
+
+    /// Takes the permits if they are free and nobody queues ahead; `None`
+    /// otherwise.
+    pub async fn try_acquire_permits(
+        &self,
+        semaphore: &str,
+        capacity: u32,
+        count: u32,
+    ) -> Result<Option<LockGuard>, Error> {
+        match self
+            .acquire_permits_within(semaphore, capacity, count, false, None)
+            .await
+        {
+            Ok(guard) => Ok(Some(guard)),
+            Err(error) if error.kind() == ErrorKind::Busy => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn acquire_permits_within(
+        &self,
+        semaphore: &str,
+        capacity: u32,
+        count: u32,
+        wait: bool,
+        timeout: Option<Duration>,
+    ) -> Result<LockGuard, Error> {
+        let (client, handle) = (&self.inner.client, self.handle());
+        self.acquire_with(semaphore, timeout, |remaining| async move {
+            let permits = client
+                .acquire_permits_raw(handle, semaphore, capacity, count, wait, remaining)
+                .await?;
+            let token = permits.first().map_or(0, |permit| permit.token);
+            Ok((token, permits))
+        })
+        .await
+    }
+
     async fn acquire(
         &self,
         lock: &str,
         wait: bool,
         timeout: Option<Duration>,
     ) -> Result<LockGuard, Error> {
+        let (client, handle) = (&self.inner.client, self.handle());
+        self.acquire_with(lock, timeout, |remaining| async move {
+            let lock_delay = self.lock_delay();
+            let token = client
+                .acquire_raw_delayed(handle, lock, wait, remaining, lock_delay)
+                .await?;
+            Ok((token, Vec::new()))
+        })
+        .await
+    }
+
+    /// An acquire of `lock` (a lock's or a semaphore's name) through
+    /// `send`, which is given what is left of `timeout` and answers the
+    /// grant's token and permits.
+    async fn acquire_with<Fut>(
+        &self,
+        lock: &str,
+        timeout: Option<Duration>,
+        send: impl Fn(Option<Duration>) -> Fut,
+    ) -> Result<LockGuard, Error>
+    where
+        Fut: Future<Output = Result<(u64, Vec<Permit>), Error>>,
+    {
         let pending = PendingAcquire {
             session: self.clone(),
             claim: Some(self.claim(lock).await?),
         };
         // A timeout too long to represent is no timeout at all.
         let give_up = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
-        let (client, handle) = (&self.inner.client, self.handle());
+        let handle = self.handle();
+        let send = &send;
         // Acquire is idempotent, so a retry after an ambiguous failure gets
         // the same grant or queue place. Each retry asks the server to wait
         // only for what is left of the caller's timeout.
         let acquired = self
             .retrying("acquiring a lock", give_up, || async move {
-                let remaining = give_up.map(|at| at.saturating_duration_since(Instant::now()));
-                let lock_delay = self.lock_delay();
-                client
-                    .acquire_raw_delayed(handle, lock, wait, remaining, lock_delay)
-                    .await
+                send(give_up.map(|at| at.saturating_duration_since(Instant::now()))).await
             })
             .await;
         // Returned (not dropped): the caller learns the outcome, and an
         // unknown one (an outage) the server cleans up after its grace period.
         let claim = pending.finish();
-        let token = match acquired {
+        let (token, permits) = match acquired {
             // With a timeout, transient errors are retried until it (nearly)
             // runs out: to the caller that is a timeout, not an outage.
             Err(error) if error.is_transient() && give_up.is_some() => {
@@ -441,7 +527,7 @@ impl Session {
             acquired => acquired?,
         };
         tracing::debug!(session = handle.id(), lock, token, "acquired lock");
-        Ok(LockGuard::new(self.clone(), claim, token))
+        Ok(LockGuard::new(self.clone(), claim, token, permits))
     }
 
     /// Takes the lock name for the clean-up of a given-up acquire, unless a

@@ -40,6 +40,9 @@ pub enum AuditKind {
     Abandoned,
     /// After an expiry, the lock-delay began; no grant until it ends.
     Delayed,
+    /// Permits of a semaphore were granted (`token` is the grant's first);
+    /// unlike a lock, a semaphore has several grants at once.
+    PermitsGranted,
 }
 
 /// What the command and its events add to the trail.
@@ -49,6 +52,7 @@ pub(crate) fn records(
     seq: u64,
     at_ms: u64,
     owner_of: impl Fn(SessionId) -> Option<String>,
+    is_semaphore: impl Fn(&str) -> bool,
 ) -> Vec<AuditRecord> {
     let ended = match command {
         Command::CloseSession { .. } => AuditKind::Closed,
@@ -60,6 +64,11 @@ pub(crate) fn records(
         .iter()
         .filter_map(|event| {
             let (lock, session, token, what) = match event {
+                Event::Granted {
+                    lock,
+                    session,
+                    token,
+                } if is_semaphore(lock) => (lock, *session, *token, AuditKind::PermitsGranted),
                 Event::Granted {
                     lock,
                     session,

@@ -120,6 +120,21 @@ pub enum Command {
     /// Last in the enum, as every new command: log entries written before
     /// it still decode.
     SetClusterVersion { level: FeatureLevel },
+    /// Take `count` permits of the semaphore `semaphore` for `session`,
+    /// creating it with `capacity` permits if it does not exist (see
+    /// `semaphore.rs` for the rules). With `wait`, join its FIFO queue if
+    /// they are not free; without, fail with [`LockError::NoPermits`].
+    /// `attempt` as for [`Command::Acquire`]; the grant is released,
+    /// cancelled and abandoned with the lock commands, by name. Proposed
+    /// only at [`FeatureLevel::SEMAPHORES`].
+    AcquirePermits {
+        session: SessionId,
+        semaphore: String,
+        capacity: u32,
+        count: u32,
+        wait: bool,
+        attempt: u64,
+    },
 }
 
 impl Command {
@@ -143,6 +158,7 @@ impl Command {
             | Command::CancelWait { lock, .. }
             | Command::Abandon { lock, .. }
             | Command::EndLockDelay { lock, .. } => lock.len(),
+            Command::AcquirePermits { semaphore, .. } => semaphore.len(),
             Command::StorePut {
                 key, value, lock, ..
             } => key.len() + value.len() + lock.as_ref().map_or(0, String::len),

@@ -1,6 +1,6 @@
 //! Why a command was refused. Every refusal leaves the table unchanged.
 
-use crate::{AclError, SessionId, Token};
+use crate::{AclError, FeatureLevel, SessionId, Token};
 use serde::{Deserialize, Serialize};
 
 /// A command the state machine refused. Refusals are deterministic: every
@@ -86,6 +86,51 @@ pub enum LockError {
         requested: u64,
         min: u64,
         max: u64,
+    },
+    #[error(
+        "semaphore {semaphore:?}: {count} of {capacity} permits is not a valid request: the \
+         capacity must be between 1 and {max}, and the count between 1 and the capacity"
+    )]
+    InvalidPermits {
+        semaphore: String,
+        capacity: u32,
+        count: u32,
+        max: u32,
+    },
+    #[error(
+        "semaphore {semaphore:?} has {capacity} permits, not {requested}: every acquirer must \
+         name the same number (it changes only once nobody holds or waits on it)"
+    )]
+    CapacityMismatch {
+        semaphore: String,
+        capacity: u32,
+        requested: u32,
+    },
+    #[error(
+        "semaphore {semaphore:?} cannot grant {asked} permits now: {free} free, {queued} \
+         requests queued ahead"
+    )]
+    NoPermits {
+        semaphore: String,
+        free: u32,
+        queued: usize,
+        asked: u32,
+    },
+    #[error("{name:?} is a {kind}, not a {asked}: one name is one kind")]
+    WrongKind {
+        name: String,
+        kind: String,
+        asked: String,
+    },
+    #[error(
+        "{feature} need cluster version {needed}, and the cluster is at {current}: every \
+         member must run a release that supports it (see `deadbolt cluster status` and \
+         docs/upgrading.md)"
+    )]
+    NeedsClusterVersion {
+        feature: String,
+        needed: FeatureLevel,
+        current: FeatureLevel,
     },
 }
 

@@ -30,8 +30,11 @@ impl FeatureLevel {
     /// in the log, and snapshots and backups that record the level (which
     /// release 0.1.0 cannot decode).
     pub const CLUSTER_VERSION: FeatureLevel = FeatureLevel(2);
+    /// Counting semaphores ([`crate::Command::AcquirePermits`]), and
+    /// snapshots and backups that carry them after the table.
+    pub const SEMAPHORES: FeatureLevel = FeatureLevel(3);
     /// The highest level this build's state machine applies.
-    pub const NEWEST: FeatureLevel = FeatureLevel::CLUSTER_VERSION;
+    pub const NEWEST: FeatureLevel = FeatureLevel::SEMAPHORES;
 
     /// The level a member reports, as a number on the wire: 0 (an older
     /// member's unset field) is [`FeatureLevel::BASE`].

@@ -1,5 +1,5 @@
-//! The Deadbolt lock state machine: sessions, named exclusive locks, FIFO
-//! wait queues and the fencing-token counter.
+//! The Deadbolt lock state machine: sessions, named exclusive locks and
+//! counting semaphores, FIFO wait queues and the fencing-token counter.
 //!
 //! This crate does no I/O and reads no clock. The replicated part,
 //! [`LockTable`], is a deterministic function of the commands applied to it,
@@ -22,6 +22,7 @@ mod fenced;
 mod lease;
 mod limits;
 mod proposal;
+mod semaphore;
 mod table;
 
 pub use acl::{
@@ -38,6 +39,7 @@ pub use limits::{
     TableLimits,
 };
 pub use proposal::{Answer, Proposal, WrongOutcome};
+pub use semaphore::{Permit, SemaphoreInfo, Semaphores, MAX_PERMITS};
 pub use table::{LockInfo, LockTable, LockTableV9, SessionInfo, SessionLease, SessionSecret};
 
 use serde::{Deserialize, Serialize};

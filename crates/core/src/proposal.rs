@@ -198,6 +198,31 @@ impl Proposal<AcquireOutcome> {
             answer!(Outcome::Acquire(acquired) => acquired),
         )
     }
+
+    /// [`Command::AcquirePermits`] (see there for the fields); a grant
+    /// answers with its first permit's token.
+    pub fn acquire_permits(
+        session: SessionId,
+        semaphore: String,
+        capacity: u32,
+        count: u32,
+        wait: bool,
+        attempt: u64,
+    ) -> Self {
+        let command = Command::AcquirePermits {
+            session,
+            semaphore,
+            capacity,
+            count,
+            wait,
+            attempt,
+        };
+        Proposal::new(
+            "semaphore acquire",
+            command,
+            answer!(Outcome::Acquire(acquired) => acquired),
+        )
+    }
 }
 
 impl Proposal<Option<Token>> {

@@ -18,10 +18,11 @@ use crate::audit::{self, AuditKind, AuditRecord};
 use crate::command::{Applied, SessionEnd};
 use crate::fenced::Change;
 use crate::limits::validate_lock_delay;
+use crate::semaphore::PermitRequest;
 use crate::{
     validate_key, validate_lock_name, validate_ttl, validate_value, AcquireOutcome, Command, Event,
-    FeatureLevel, FencedStore, Limits, LockError, Outcome, SecretHash, SessionId, TableLimits,
-    Token,
+    FeatureLevel, FencedStore, Limits, LockError, Outcome, SecretHash, Semaphores, SessionId,
+    TableLimits, Token,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -56,6 +57,11 @@ pub struct LockTable {
     /// [`FeatureLevel::BASE`] (see [`LockTable::with_cluster_version`]).
     #[serde(skip)]
     cluster_version: FeatureLevel,
+    /// The counting semaphores (see `semaphore.rs`), from
+    /// [`FeatureLevel::SEMAPHORES`] on. Not in the table's own encoding
+    /// either: the table image writes them after it, at that level.
+    #[serde(skip)]
+    semaphores: Semaphores,
 }
 
 /// A [`LockTable`] as data format 9 and backup version 1 encoded it
@@ -87,6 +93,7 @@ impl From<LockTableV9> for LockTable {
             acl: old.acl,
             limits: TableLimits::DEFAULT,
             cluster_version: FeatureLevel::BASE,
+            semaphores: Semaphores::default(),
         }
     }
 }
@@ -204,6 +211,7 @@ impl LockTable {
             acl: AccessControl::default(),
             limits: TableLimits::DEFAULT,
             cluster_version: FeatureLevel::BASE,
+            semaphores: Semaphores::default(),
         }
     }
 
@@ -217,6 +225,18 @@ impl LockTable {
     /// changes its version by [`Command::SetClusterVersion`].
     pub fn with_cluster_version(mut self, level: FeatureLevel) -> Self {
         self.cluster_version = level;
+        self
+    }
+
+    /// The counting semaphores.
+    pub fn semaphores(&self) -> &Semaphores {
+        &self.semaphores
+    }
+
+    /// A table decoded from a snapshot or backup, with the semaphores
+    /// that were recorded after it.
+    pub fn with_semaphores(mut self, semaphores: Semaphores) -> Self {
+        self.semaphores = semaphores;
         self
     }
 
@@ -275,7 +295,15 @@ impl LockTable {
                 Some(open) => open.owner.clone(),
                 None => ending_owner.clone(),
             };
-            let records = audit::records(command, &applied.events, self.applied, at_ms, owner_of);
+            let is_semaphore = |name: &str| self.semaphores.contains(name);
+            let records = audit::records(
+                command,
+                &applied.events,
+                self.applied,
+                at_ms,
+                owner_of,
+                is_semaphore,
+            );
             self.applied += 1;
             for record in records {
                 if self.audit.len() == Limits::STANDARD.audit_records {
@@ -328,6 +356,23 @@ impl LockTable {
                     self.note_lock_delay(*session, lock, *lock_delay_ms);
                     Outcome::Acquire(outcome)
                 }),
+            Command::AcquirePermits {
+                session,
+                semaphore,
+                capacity,
+                count,
+                wait,
+                attempt,
+            } => {
+                let request = PermitRequest {
+                    capacity: *capacity,
+                    count: *count,
+                    wait: *wait,
+                    attempt: *attempt,
+                };
+                self.acquire_permits(*session, semaphore, request, &mut events)
+                    .map(Outcome::Acquire)
+            }
             Command::EndLockDelay { lock, token, .. } => {
                 Ok(self.end_lock_delay(lock, *token, &mut events))
             }
@@ -449,7 +494,15 @@ impl LockTable {
                 next: Token(self.next_token),
             });
         }
-        if let Some(lock) = lock {
+        if let Some(semaphore) = lock.filter(|name| self.semaphores.contains(name)) {
+            if !self.semaphores.holds_permit(semaphore, token) {
+                return Err(LockError::NotCurrentGrant {
+                    lock: semaphore.to_owned(),
+                    presented: token,
+                    current: None,
+                });
+            }
+        } else if let Some(lock) = lock {
             validate_lock_name(lock)?;
             // A lock in lock-delay has no current grant: its holder expired.
             let current = self
@@ -507,6 +560,8 @@ impl LockTable {
         for name in &ended.waiting {
             self.leave_queue(name, session, events);
         }
+        self.semaphores
+            .end_session(&mut self.next_token, session, events);
         for name in &ended.held {
             let token = self.locks[name].token;
             debug_assert_eq!(self.locks[name].holder, session);
@@ -544,12 +599,15 @@ impl LockTable {
         if !self.sessions.contains_key(&session) {
             return Err(LockError::UnknownSession(session));
         }
+        if self.semaphores.contains(name) {
+            return Err(wrong_kind(name, "semaphore", "lock"));
+        }
         let Some(lock) = self.locks.get_mut(name) else {
             let limit = self.limits.max_locks;
-            if self.locks.len() >= limit {
+            if self.name_count() >= limit {
                 return Err(LockError::TooManyLocks { limit });
             }
-            let token = Self::take_token(&mut self.next_token);
+            let token = take_token(&mut self.next_token);
             self.locks.insert(
                 name.to_owned(),
                 Lock {
@@ -603,6 +661,42 @@ impl LockTable {
         Ok(AcquireOutcome::Queued { position })
     }
 
+    fn acquire_permits(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        request: PermitRequest,
+        events: &mut Vec<Event>,
+    ) -> Result<AcquireOutcome, LockError> {
+        if self.cluster_version < FeatureLevel::SEMAPHORES {
+            return Err(LockError::NeedsClusterVersion {
+                feature: "semaphores".to_owned(),
+                needed: FeatureLevel::SEMAPHORES,
+                current: self.cluster_version,
+            });
+        }
+        validate_lock_name(name)?;
+        if !self.sessions.contains_key(&session) {
+            return Err(LockError::UnknownSession(session));
+        }
+        if self.locks.contains_key(name) {
+            return Err(wrong_kind(name, "lock", "semaphore"));
+        }
+        let limit = self.limits.max_locks;
+        if !self.semaphores.contains(name) && self.name_count() >= limit {
+            return Err(LockError::TooManyLocks { limit });
+        }
+        let max_waiters = self.limits.max_waiters_per_lock;
+        self.semaphores.acquire(
+            &mut self.next_token,
+            session,
+            name,
+            request,
+            max_waiters,
+            events,
+        )
+    }
+
     fn release(
         &mut self,
         session: SessionId,
@@ -612,6 +706,11 @@ impl LockTable {
     ) -> Result<Outcome, LockError> {
         if !self.sessions.contains_key(&session) {
             return Err(LockError::UnknownSession(session));
+        }
+        if self.semaphores.contains(name) {
+            self.semaphores
+                .release(&mut self.next_token, session, name, token, events)?;
+            return Ok(Outcome::Released);
         }
         let lock = self.locks.get(name).ok_or_else(|| LockError::NotHolder {
             lock: name.to_owned(),
@@ -653,6 +752,12 @@ impl LockTable {
             .sessions
             .get_mut(&session)
             .ok_or(LockError::UnknownSession(session))?;
+        if self.semaphores.contains(name) {
+            let granted = self
+                .semaphores
+                .cancel_wait(&mut self.next_token, session, name, events);
+            return Ok(Outcome::WaitCancelled { granted });
+        }
         if state.waiting.remove(name) {
             state.attempts.remove(name);
             state.lock_delays.remove(name);
@@ -712,6 +817,12 @@ impl LockTable {
             .sessions
             .get(&session)
             .ok_or(LockError::UnknownSession(session))?;
+        if self.semaphores.contains(name) {
+            let released =
+                self.semaphores
+                    .abandon(&mut self.next_token, session, name, attempt, events);
+            return Ok(Outcome::Abandoned { released });
+        }
         let nobody_else_asked = attempt != 0 && state.attempts.get(name) == Some(&attempt);
         if !nobody_else_asked {
             return Ok(Outcome::Abandoned { released: None });
@@ -747,7 +858,7 @@ impl LockTable {
             self.locks.remove(name);
             return;
         };
-        let token = Self::take_token(&mut self.next_token);
+        let token = take_token(&mut self.next_token);
         lock.holder = next;
         lock.token = token;
         lock.delay_ms = None;
@@ -763,13 +874,6 @@ impl LockTable {
             session: next,
             token,
         });
-    }
-
-    /// The only place a token is minted.
-    fn take_token(next_token: &mut u64) -> Token {
-        let token = Token(*next_token);
-        *next_token = next_token.checked_add(1).expect("token counter overflow");
-        token
     }
 
     fn session_mut(&mut self, session: SessionId) -> &mut Session {
@@ -843,12 +947,20 @@ impl LockTable {
             .is_some_and(|lock| lock.holder != session)
     }
 
+    /// [`acquire_would_queue`](Self::acquire_would_queue), for `count`
+    /// permits of a semaphore.
+    pub fn permits_would_queue(&self, session: SessionId, semaphore: &str, count: u32) -> bool {
+        self.semaphores
+            .acquire_would_queue(session, semaphore, count)
+    }
+
     /// Whether `session` holds `lock` or waits in its queue: an acquire of
     /// it is then a retry, which keeps that place rather than asking for one.
     pub fn holds_or_waits(&self, session: SessionId, lock: &str) -> bool {
         self.sessions
             .get(&session)
             .is_some_and(|s| s.held.contains(lock) || s.waiting.contains(lock))
+            || self.semaphores.holds_or_waits(session, lock)
     }
 
     pub fn has_session(&self, id: SessionId) -> bool {
@@ -897,6 +1009,7 @@ impl LockTable {
         self.sessions
             .iter()
             .flat_map(|(id, s)| s.waiting.iter().map(move |lock| (*id, lock.as_str())))
+            .chain(self.semaphores.waits())
     }
 
     pub fn session_count(&self) -> usize {
@@ -905,6 +1018,11 @@ impl LockTable {
 
     pub fn lock_count(&self) -> usize {
         self.locks.len()
+    }
+
+    /// Names in use, locks and semaphores: what the `max_locks` limit counts.
+    fn name_count(&self) -> usize {
+        self.locks.len() + self.semaphores.len()
     }
 
     /// Panics if any structural invariant is broken. O(size of the table):
@@ -941,6 +1059,13 @@ impl LockTable {
                     );
                     last_grant = Some(record.token);
                     *holder = Some(record.token);
+                }
+                AuditKind::PermitsGranted => {
+                    assert!(
+                        last_grant < Some(record.token),
+                        "audit: grant tokens went back"
+                    );
+                    last_grant = Some(record.token);
                 }
                 // The lock stays unavailable, but the grant is over.
                 AuditKind::Delayed => {}
@@ -991,6 +1116,20 @@ impl LockTable {
                 assert!(session.waiting.contains(name));
             }
         }
+        self.semaphores
+            .check_invariants(self.next_token, |session| {
+                self.sessions.contains_key(&session)
+            });
+        assert!(
+            self.cluster_version >= FeatureLevel::SEMAPHORES || self.semaphores.is_empty(),
+            "semaphores below the cluster version that allows them"
+        );
+        for (name, _) in &self.locks {
+            assert!(
+                !self.semaphores.contains(name),
+                "{name:?} is both a lock and a semaphore"
+            );
+        }
         for (id, session) in &self.sessions {
             assert!(
                 id.0 < self.next_session,
@@ -1009,5 +1148,20 @@ impl LockTable {
                 );
             }
         }
+    }
+}
+
+/// The only place a token is minted.
+pub(crate) fn take_token(next_token: &mut u64) -> Token {
+    let token = Token(*next_token);
+    *next_token = next_token.checked_add(1).expect("token counter overflow");
+    token
+}
+
+fn wrong_kind(name: &str, kind: &str, asked: &str) -> LockError {
+    LockError::WrongKind {
+        name: name.to_owned(),
+        kind: kind.to_owned(),
+        asked: asked.to_owned(),
     }
 }

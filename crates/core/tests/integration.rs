@@ -10,3 +10,4 @@ mod leases;
 mod limits;
 mod properties;
 mod regressions;
+mod semaphores;

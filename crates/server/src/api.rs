@@ -178,6 +178,76 @@ impl Api {
         .await
     }
 
+    pub async fn acquire_permits(
+        &self,
+        credentials: &Credentials,
+        request: AcquirePermitsRequest,
+    ) -> Reply<AcquirePermitsResponse> {
+        self.timed(Call::Acquire, async {
+            let semaphore = Some(request.semaphore.as_str());
+            let caller = self
+                .caller(credentials, Permission::Lock, semaphore)
+                .await?;
+            let session = self
+                .owned(&caller, request.session_id, &request.session_secret)
+                .await?;
+            let permits = self
+                .node
+                .acquire_permits(
+                    session,
+                    &request.semaphore,
+                    request.capacity,
+                    request.count,
+                    request.wait,
+                    request.timeout_ms.map(Duration::from_millis),
+                    request.attempt,
+                )
+                .await?;
+            Ok(AcquirePermitsResponse {
+                token: permits.first().map_or(0, |permit| permit.token.0),
+                permits: permits.iter().map(permit).collect(),
+            })
+        })
+        .await
+    }
+
+    pub async fn semaphore_status(
+        &self,
+        credentials: &Credentials,
+        request: SemaphoreStatusRequest,
+    ) -> Reply<SemaphoreStatusResponse> {
+        self.timed(Call::LockStatus, async {
+            let semaphore = Some(request.semaphore.as_str());
+            let _caller = self
+                .caller(credentials, Permission::Read, semaphore)
+                .await?;
+            let info = self.node.semaphore_status(&request.semaphore).await?;
+            Ok(SemaphoreStatusResponse {
+                state: info.map(|info| SemaphoreState {
+                    semaphore: info.name,
+                    capacity: info.capacity,
+                    holders: info
+                        .holders
+                        .into_iter()
+                        .map(|(session, permits)| SemaphoreHolder {
+                            session_id: session.0,
+                            permits: permits.iter().map(permit).collect(),
+                        })
+                        .collect(),
+                    waiters: info
+                        .waiters
+                        .into_iter()
+                        .map(|(session, count)| SemaphoreWaiter {
+                            session_id: session.0,
+                            count,
+                        })
+                        .collect(),
+                }),
+            })
+        })
+        .await
+    }
+
     pub async fn lock_status(
         &self,
         credentials: &Credentials,
@@ -619,6 +689,7 @@ fn audit_kind(kind: AuditKind) -> &'static str {
         AuditKind::Expired => "expired",
         AuditKind::Abandoned => "abandoned",
         AuditKind::Delayed => "delayed",
+        AuditKind::PermitsGranted => "permits_granted",
     }
 }
 
@@ -633,5 +704,12 @@ fn lock_state(info: LockInfo) -> LockState {
         token: info.token.0,
         waiter_session_ids: info.waiters.into_iter().map(|s| s.0).collect(),
         lock_delay: info.delayed,
+    }
+}
+
+fn permit(permit: &deadbolt_core::Permit) -> Permit {
+    Permit {
+        token: permit.token.0,
+        slot: permit.slot,
     }
 }

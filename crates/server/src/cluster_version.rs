@@ -110,6 +110,7 @@ async fn raise_once(node: &Node) -> Result<(), ApiError> {
             }
         });
     let answers = futures::future::join_all(others).await;
+    *node.member_levels.lock().expect("member levels poisoned") = answers.clone();
     let Decision::Raise(level) = decide(current, node.feature_level, &answers) else {
         return Ok(());
     };
@@ -134,6 +135,56 @@ impl Node {
             .expect("state lock poisoned")
             .table
             .cluster_version()
+    }
+
+    /// Refuses a call that needs `level` (for `feature`) while the cluster
+    /// version is below it, naming the members that hold it back as this
+    /// node last heard them. Only the leader refuses: a follower's view of
+    /// the version may lag, and it answers `not_leader` to the proposal
+    /// anyway.
+    pub(crate) fn check_cluster_version_allows(
+        &self,
+        level: FeatureLevel,
+        feature: &str,
+    ) -> Result<(), ApiError> {
+        let current = self.cluster_version();
+        if current >= level || !self.leases.is_leading() {
+            return Ok(());
+        }
+        let mut behind = Vec::new();
+        if self.feature_level < level {
+            behind.push(format!(
+                "node {} (this leader) supports feature level {}",
+                self.id, self.feature_level
+            ));
+        }
+        for (id, answer) in self
+            .member_levels
+            .lock()
+            .expect("member levels poisoned")
+            .iter()
+        {
+            match answer {
+                Ok(known) if *known >= level => {}
+                Ok(known) => behind.push(format!("node {id} supports feature level {known}")),
+                Err(err) => behind.push(format!("node {id} did not answer ({err})")),
+            }
+        }
+        let behind = match behind.is_empty() {
+            true => "the leader has not heard from every member yet".to_owned(),
+            false => behind.join("; "),
+        };
+        Err(ApiError::new(
+            ErrorKind::NeedsUpgrade,
+            format!(
+                "unavailable until upgraded: {feature} need cluster version {level}, and the \
+                 cluster is at {current}: {behind}. Upgrade those members to release {} or \
+                 newer; the leader raises the version within {}s of the last one \
+                 (docs/upgrading.md)",
+                crate::version::RELEASE,
+                ASK_EVERY.as_secs()
+            ),
+        ))
     }
 
     /// Refuses to take in node `id` at `address` if it cannot take part at

@@ -201,6 +201,28 @@ impl Deadbolt for GrpcApi {
         )))
     }
 
+    async fn acquire_permits(
+        &self,
+        request: Request<AcquirePermitsRequest>,
+    ) -> Reply<AcquirePermitsResponse> {
+        Ok(Response::new(
+            self.api
+                .acquire_permits(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn semaphore_status(
+        &self,
+        request: Request<SemaphoreStatusRequest>,
+    ) -> Reply<SemaphoreStatusResponse> {
+        Ok(Response::new(
+            self.api
+                .semaphore_status(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
     async fn lock_status(&self, request: Request<LockStatusRequest>) -> Reply<LockStatusResponse> {
         Ok(Response::new(
             self.api

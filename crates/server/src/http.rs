@@ -27,6 +27,9 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/lock/acquire", post(acquire))
         .route("/v1/lock/release", post(release))
         .route("/v1/lock/status", get(lock_status))
+        .route("/v1/semaphore/acquire", post(acquire_permits))
+        .route("/v1/semaphore/release", post(release))
+        .route("/v1/semaphore/status", get(semaphore_status))
         .route("/v1/locks", get(list_locks))
         .route("/v1/lock/check", get(check_token))
         .route("/v1/lock/history", get(lock_history))
@@ -312,6 +315,23 @@ async fn release(
     JsonBody(request): JsonBody<ReleaseRequest>,
 ) -> Reply<ReleaseResponse> {
     Ok(Json(api.release(&credentials, request).await?))
+}
+
+async fn acquire_permits(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<AcquirePermitsRequest>,
+) -> Reply<AcquirePermitsResponse> {
+    Ok(Json(api.acquire_permits(&credentials, request).await?))
+}
+
+async fn semaphore_status(
+    State(api): State<Api>,
+    credentials: Credentials,
+    query: Result<Query<SemaphoreStatusRequest>, QueryRejection>,
+) -> Reply<SemaphoreStatusResponse> {
+    let Query(request) = query?;
+    Ok(Json(api.semaphore_status(&credentials, request).await?))
 }
 
 async fn lock_status(

@@ -257,6 +257,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         peer_secrets,
         in_process_peers: in_process,
         feature_level,
+        member_levels: Default::default(),
     })
 }
 

@@ -130,6 +130,7 @@ impl Admission {
         match command {
             Command::OpenSession { .. }
             | Command::Acquire { .. }
+            | Command::AcquirePermits { .. }
             | Command::StorePut { .. }
             | Command::StoreRead { .. }
             | Command::StoreDelete { .. }

@@ -14,7 +14,9 @@
 use super::{ApiError, Node, OwnedSession};
 use crate::proposer::{Admission, Pace, BACKGROUND_PROPOSALS_IN_FLIGHT};
 use crate::waits::{Subscription, WaitEnd};
-use deadbolt_core::{validate_lock_name, AcquireOutcome, Proposal, SessionId, Token};
+use deadbolt_core::{
+    validate_lock_name, AcquireOutcome, FeatureLevel, Permit, Proposal, SessionId, Token,
+};
 use deadbolt_proto::ErrorKind;
 use futures::StreamExt;
 use std::collections::VecDeque;
@@ -60,12 +62,66 @@ impl Node {
         lock_delay: Duration,
     ) -> Result<Token, ApiError> {
         validate_lock_name(lock)?;
+        let lock_delay_ms = u64::try_from(lock_delay.as_millis()).unwrap_or(u64::MAX);
+        self.acquire_as(
+            session,
+            lock,
+            Asked::Lock { lock_delay_ms },
+            wait,
+            timeout,
+            attempt,
+        )
+        .await
+    }
+
+    /// Takes `count` permits of the semaphore `semaphore` (created with
+    /// `capacity` permits if unused), as [`acquire`](Self::acquire) takes a
+    /// lock; answers the permits. Refused with `needs_upgrade` until the
+    /// cluster version allows semaphores: a member on an older release
+    /// could not apply the command.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn acquire_permits(
+        &self,
+        session: OwnedSession,
+        semaphore: &str,
+        capacity: u32,
+        count: u32,
+        wait: bool,
+        timeout: Option<Duration>,
+        attempt: u64,
+    ) -> Result<Vec<Permit>, ApiError> {
+        validate_lock_name(semaphore)?;
+        self.check_cluster_version_allows(FeatureLevel::SEMAPHORES, "semaphores")?;
+        let id = session.id();
+        let asked = Asked::Permits { capacity, count };
+        self.acquire_as(session, semaphore, asked, wait, timeout, attempt)
+            .await?;
+        let state = self.table.read().expect("state lock poisoned");
+        match state.table.semaphores().permits(id, semaphore) {
+            Some(permits) => Ok(permits.to_vec()),
+            // Granted, then gone with the session before this read.
+            None => Err(ApiError::new(
+                ErrorKind::UnknownSession,
+                format!("unknown session {id}: it ended right after its permits of {semaphore:?} were granted"),
+            )),
+        }
+    }
+
+    async fn acquire_as(
+        &self,
+        session: OwnedSession,
+        name: &str,
+        asked: Asked,
+        wait: bool,
+        timeout: Option<Duration>,
+        attempt: u64,
+    ) -> Result<Token, ApiError> {
         let mut call = AcquireCall {
             node: self.clone(),
             session: session.id(),
-            lock: lock.to_owned(),
+            lock: name.to_owned(),
             attempt,
-            lock_delay_ms: u64::try_from(lock_delay.as_millis()).unwrap_or(u64::MAX),
+            asked,
             subscription: None,
             answered: false,
         };
@@ -87,36 +143,53 @@ impl Node {
     }
 }
 
+/// What an acquire asks for: a lock, or permits of a semaphore. Both wait,
+/// time out and are given up alike, by name.
+#[derive(Clone, Copy)]
+enum Asked {
+    Lock { lock_delay_ms: u64 },
+    Permits { capacity: u32, count: u32 },
+}
+
 /// One acquire request in progress. Dropped before it has an answer (the
 /// client disconnected or gave up), it hands its wait or grant back.
 struct AcquireCall {
     node: Node,
     session: SessionId,
+    /// The lock's or the semaphore's name.
     lock: String,
     attempt: u64,
-    lock_delay_ms: u64,
+    asked: Asked,
     subscription: Option<Subscription>,
     answered: bool,
 }
 
 impl AcquireCall {
     async fn run(&mut self, wait: bool, timeout: Option<Duration>) -> Result<Token, ApiError> {
-        let proposal = Proposal::acquire(
-            self.session,
-            self.lock.clone(),
-            wait,
-            self.attempt,
-            self.lock_delay_ms,
-        );
+        let (session, name, attempt) = (self.session, self.lock.clone(), self.attempt);
+        let proposal = match self.asked {
+            Asked::Lock { lock_delay_ms } => {
+                Proposal::acquire(session, name, wait, attempt, lock_delay_ms)
+            }
+            Asked::Permits { capacity, count } => {
+                Proposal::acquire_permits(session, name, capacity, count, wait, attempt)
+            }
+        };
         // A retry of an acquire that already has its queue place (or grant)
         // is never refused as overloaded: refused for longer than the
         // abandonment grace, it would lose that place. One that will only
         // join the queue may share the next command's log append.
         let (retry, queues) = {
             let table = &self.node.table.read().expect("state lock poisoned").table;
+            let would_queue = match self.asked {
+                Asked::Lock { .. } => table.acquire_would_queue(self.session, &self.lock),
+                Asked::Permits { count, .. } => {
+                    table.permits_would_queue(self.session, &self.lock, count)
+                }
+            };
             (
                 table.holds_or_waits(self.session, &self.lock),
-                wait && table.acquire_would_queue(self.session, &self.lock),
+                wait && would_queue,
             )
         };
         let admission = match retry {

@@ -47,7 +47,12 @@ impl From<LockError> for ApiError {
             | LockError::LockDelayTooLong { .. }
             | LockError::InvalidKey { .. }
             | LockError::ValueTooLarge { .. }
-            | LockError::LimitOutOfRange { .. } => ErrorKind::InvalidArgument,
+            | LockError::LimitOutOfRange { .. }
+            | LockError::InvalidPermits { .. }
+            | LockError::CapacityMismatch { .. }
+            | LockError::WrongKind { .. } => ErrorKind::InvalidArgument,
+            LockError::NoPermits { .. } => ErrorKind::Busy,
+            LockError::NeedsClusterVersion { .. } => ErrorKind::NeedsUpgrade,
             // Only the leader's own timer commands are ever superseded.
             LockError::Superseded { .. } => ErrorKind::Unavailable,
             LockError::Acl(AclError::AlreadyBootstrapped) => ErrorKind::PermissionDenied,

@@ -83,7 +83,14 @@ pub struct Node {
     pub(crate) in_process_peers: bool,
     /// The highest feature level this node supports (`--max-feature-level`).
     pub(crate) feature_level: FeatureLevel,
+    /// Each other member's feature level, as this node last asked while
+    /// leading (`cluster_version.rs`): an error names whoever holds a
+    /// feature back.
+    pub(crate) member_levels: Arc<std::sync::Mutex<MemberLevels>>,
 }
+
+/// Each member's answer to the leader's latest question about its level.
+pub(crate) type MemberLevels = Vec<(NodeId, Result<FeatureLevel, String>)>;
 
 /// How long a read or keepalive waits for a quorum to confirm this node still
 /// leads, before answering `unavailable` (e.g. on the minority side of a
@@ -338,6 +345,16 @@ impl Node {
     pub async fn lock_status(&self, lock: &str) -> Result<Option<LockInfo>, ApiError> {
         validate_lock_name(lock)?;
         self.read_linearizable(|table| table.lock(lock)).await
+    }
+
+    /// Who holds and waits on the semaphore `semaphore`. Linearizable.
+    pub async fn semaphore_status(
+        &self,
+        semaphore: &str,
+    ) -> Result<Option<deadbolt_core::SemaphoreInfo>, ApiError> {
+        validate_lock_name(semaphore)?;
+        self.read_linearizable(|table| table.semaphores().semaphore(semaphore))
+            .await
     }
 
     /// Up to `limit` locks after `after` in name order, and whether more follow.

@@ -1,7 +1,9 @@
 //! A lock table as bytes, for snapshots (and, inside backups, for
 //! `backup.rs`): release 0.1.0's encoding (the table's bincode) while the
 //! cluster version is [`FeatureLevel::BASE`], and the same behind a header
-//! naming the level once it is above.
+//! naming the level once it is above. From [`FeatureLevel::SEMAPHORES`] on,
+//! the header is followed by the table's length, the table, and the
+//! semaphores (which the table's own encoding leaves out).
 //!
 //! Why the header only then: a leader sends its snapshot to followers that
 //! may still run the previous release, so until every member supports a
@@ -55,7 +57,17 @@ pub fn encode(table: &LockTable) -> bincode::Result<Vec<u8>> {
     let mut bytes = Vec::with_capacity(HEADER_BYTES + 64);
     bytes.extend_from_slice(&MARKER);
     bytes.extend_from_slice(&level.0.to_le_bytes());
+    if level < FeatureLevel::SEMAPHORES {
+        bincode::serialize_into(&mut bytes, table)?;
+        return Ok(bytes);
+    }
+    // The table's length, the table, then the semaphores.
+    let length_at = bytes.len();
+    bytes.extend_from_slice(&0u64.to_le_bytes());
     bincode::serialize_into(&mut bytes, table)?;
+    let table_bytes = (bytes.len() - length_at - 8) as u64;
+    bytes[length_at..length_at + 8].copy_from_slice(&table_bytes.to_le_bytes());
+    bincode::serialize_into(&mut bytes, table.semaphores())?;
     Ok(bytes)
 }
 
@@ -63,17 +75,31 @@ pub fn decode(bytes: &[u8]) -> Result<LockTable, ImageError> {
     let Some(rest) = bytes.strip_prefix(&MARKER) else {
         return Ok(bincode::deserialize(bytes)?);
     };
-    let (level, table) = rest.split_at_checked(4).ok_or_else(|| {
-        bincode::Error::from(bincode::ErrorKind::Custom(
-            "the table image's header is cut short".to_owned(),
-        ))
-    })?;
+    let (level, rest) = split(rest, 4)?;
     let level = FeatureLevel(u32::from_le_bytes(level.try_into().expect("four bytes")));
     if level > FeatureLevel::NEWEST {
         return Err(ImageError::TooNew { level });
     }
+    if level < FeatureLevel::SEMAPHORES {
+        let table: LockTable = bincode::deserialize(rest)?;
+        return Ok(table.with_cluster_version(level));
+    }
+    let (length, rest) = split(rest, 8)?;
+    let length = u64::from_le_bytes(length.try_into().expect("eight bytes"));
+    let (table, semaphores) = split(rest, usize::try_from(length).unwrap_or(usize::MAX))?;
     let table: LockTable = bincode::deserialize(table)?;
-    Ok(table.with_cluster_version(level))
+    Ok(table
+        .with_cluster_version(level)
+        .with_semaphores(bincode::deserialize(semaphores)?))
+}
+
+/// The first `at` bytes and the rest, or an error if there are fewer.
+fn split(bytes: &[u8], at: usize) -> Result<(&[u8], &[u8]), ImageError> {
+    bytes.split_at_checked(at).ok_or_else(|| {
+        ImageError::Undecodable(bincode::Error::from(bincode::ErrorKind::Custom(
+            "the table image is cut short".to_owned(),
+        )))
+    })
 }
 
 #[cfg(test)]
@@ -119,6 +145,26 @@ mod tests {
         // level and read on (nor panic).
         let old_release = bincode::deserialize::<LockTable>(&image).unwrap_err();
         assert!(old_release.to_string().contains("tag"), "{old_release}");
+    }
+
+    #[test]
+    fn from_the_semaphore_level_on_the_semaphores_travel_after_the_table() {
+        let mut table = table_at(FeatureLevel::SEMAPHORES);
+        let permits = Command::AcquirePermits {
+            session: deadbolt_core::SessionId(1),
+            semaphore: "pool".into(),
+            capacity: 4,
+            count: 2,
+            wait: false,
+            attempt: 0,
+        };
+        assert!(table.apply(&permits).outcome.is_ok());
+        let image = encode(&table).unwrap();
+        let back = decode(&image).unwrap();
+        assert_eq!(back.semaphores().len(), 1);
+        assert_eq!(back, table);
+        back.check_invariants();
+        assert!(decode(&image[..image.len() - 1]).is_err(), "cut short");
     }
 
     #[test]

@@ -1,0 +1,399 @@
+//! Property tests of counting semaphores: random commands, locks on the
+//! same names among them, checked against what the table reports (its
+//! outcomes, events and listings) after every step: never more permits out
+//! than the capacity, never two live permits on one slot, tokens strictly
+//! increasing, grants in FIFO order, nobody waiting while its request fits,
+//! one name one kind, and nothing left once every session ends.
+
+use deadbolt_core::{
+    AcquireOutcome, Command, Event, FeatureLevel, LockError, LockTable, Outcome, SecretHash,
+    SessionId, Token,
+};
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+const NAMES: [&str; 3] = ["pool", "gpu", "shared"];
+
+#[derive(Debug, Clone)]
+enum Step {
+    Open,
+    Close(usize),
+    Expire(usize),
+    /// Session, name, capacity, count, wait, attempt.
+    Permits(usize, usize, u32, u32, bool, u64),
+    /// A mutex acquire on one of the same names.
+    Lock(usize, usize),
+    /// Release the session's grant with its token, or a wrong one.
+    Release(usize, usize, bool),
+    Cancel(usize, usize),
+    Abandon(usize, usize, u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        2 => Just(Step::Open),
+        1 => (0..6usize).prop_map(Step::Close),
+        1 => (0..6usize).prop_map(Step::Expire),
+        // Capacity 3 mostly; 2 or 4 sometimes, which a live semaphore of 3
+        // refuses.
+        8 => (0..6usize, 0..3usize, prop::sample::select(vec![3u32, 3, 3, 2, 4]), 0..5u32,
+              prop::bool::weighted(0.8), 0..3u64)
+            .prop_map(|(s, n, c, k, w, a)| Step::Permits(s, n, c, k, w, a)),
+        1 => (0..6usize, 0..3usize).prop_map(|(s, n)| Step::Lock(s, n)),
+        4 => (0..6usize, 0..3usize, prop::bool::weighted(0.9))
+            .prop_map(|(s, n, ok)| Step::Release(s, n, ok)),
+        1 => (0..6usize, 0..3usize).prop_map(|(s, n)| Step::Cancel(s, n)),
+        1 => (0..6usize, 0..3usize, 0..3u64).prop_map(|(s, n, a)| Step::Abandon(s, n, a)),
+    ]
+}
+
+/// What the test learned from the table's replies and events.
+#[derive(Default)]
+struct Seen {
+    opened: Vec<SessionId>,
+    ended: BTreeSet<SessionId>,
+    /// Each semaphore's queue, from `Queued` outcomes and `WaitEnded`.
+    queues: BTreeMap<String, VecDeque<SessionId>>,
+    /// Each (name, session) grant's token.
+    grants: BTreeMap<(String, SessionId), Token>,
+    last_token: Option<Token>,
+}
+
+impl Seen {
+    fn session(&self, index: usize) -> SessionId {
+        self.opened
+            .get(index % self.opened.len().max(1))
+            .copied()
+            .unwrap_or(SessionId(999))
+    }
+
+    fn absorb(&mut self, table: &LockTable, events: &[Event]) {
+        for event in events {
+            match event {
+                Event::Granted {
+                    lock,
+                    session,
+                    token,
+                } => {
+                    assert!(!self.ended.contains(session), "grant to an ended session");
+                    assert!(
+                        self.last_token.is_none_or(|last| *token > last),
+                        "token {token} not above {:?}",
+                        self.last_token
+                    );
+                    // A grant of k permits takes k tokens.
+                    let permits = table
+                        .semaphores()
+                        .permits(*session, lock)
+                        .map_or(1, <[_]>::len);
+                    self.last_token = Some(Token(token.0 + permits as u64 - 1));
+                    let queue = self.queues.entry(lock.clone()).or_default();
+                    if queue.contains(session) {
+                        assert_eq!(
+                            queue.pop_front(),
+                            Some(*session),
+                            "{lock} granted out of FIFO order"
+                        );
+                    }
+                    self.grants.insert((lock.clone(), *session), *token);
+                }
+                Event::Released {
+                    lock,
+                    session,
+                    token,
+                } => {
+                    assert_eq!(self.grants.remove(&(lock.clone(), *session)), Some(*token));
+                }
+                Event::WaitEnded { lock, session } => {
+                    let queue = self.queues.get_mut(lock).expect("known queue");
+                    let before = queue.len();
+                    queue.retain(|s| s != session);
+                    assert_eq!(queue.len() + 1, before, "{session} was not waiting");
+                }
+                Event::SessionOpened { session, .. } => self.opened.push(*session),
+                Event::SessionEnded { session, .. } => {
+                    assert!(self.ended.insert(*session));
+                    assert!(self.grants.keys().all(|(_, s)| s != session));
+                    assert!(self.queues.values().all(|q| !q.contains(session)));
+                }
+                Event::Queued { .. } | Event::LockDelayed { .. } => {}
+            }
+        }
+    }
+}
+
+fn command(step: &Step, seen: &Seen) -> Command {
+    let name = |n: usize| NAMES[n].to_owned();
+    match *step {
+        Step::Open => Command::OpenSession {
+            ttl_ms: 10_000,
+            secret: SecretHash([seen.opened.len() as u8; 32]),
+            owner: None,
+        },
+        Step::Close(s) => Command::CloseSession {
+            session: seen.session(s),
+        },
+        Step::Expire(s) => Command::ExpireSession {
+            session: seen.session(s),
+            term: 1,
+        },
+        Step::Permits(s, n, capacity, count, wait, attempt) => Command::AcquirePermits {
+            session: seen.session(s),
+            semaphore: name(n),
+            capacity,
+            count,
+            wait,
+            attempt,
+        },
+        Step::Lock(s, n) => Command::Acquire {
+            session: seen.session(s),
+            lock: name(n),
+            wait: true,
+            attempt: 0,
+            lock_delay_ms: 0,
+        },
+        Step::Release(s, n, right) => {
+            let session = seen.session(s);
+            let token = seen
+                .grants
+                .get(&(name(n), session))
+                .copied()
+                .unwrap_or(Token(1));
+            Command::Release {
+                session,
+                lock: name(n),
+                token: if right { token } else { Token(token.0 + 1) },
+            }
+        }
+        Step::Cancel(s, n) => Command::CancelWait {
+            session: seen.session(s),
+            lock: name(n),
+        },
+        Step::Abandon(s, n, attempt) => Command::Abandon {
+            session: seen.session(s),
+            lock: name(n),
+            attempt,
+        },
+    }
+}
+
+/// What every listing must show, whatever happened: permits within the
+/// capacity, one permit per slot, and a head of the queue that waits only
+/// because its request does not fit.
+fn check_listings(table: &LockTable) {
+    for name in NAMES {
+        let Some(info) = table.semaphores().semaphore(name) else {
+            continue;
+        };
+        let held: usize = info.holders.iter().map(|(_, p)| p.len()).sum();
+        assert!(held <= info.capacity as usize, "{name}: {held} permits out");
+        let slots: BTreeSet<u32> = info
+            .holders
+            .iter()
+            .flat_map(|(_, permits)| permits.iter().map(|p| p.slot))
+            .collect();
+        assert_eq!(slots.len(), held, "{name}: two permits on one slot");
+        if let Some((_, count)) = info.waiters.first() {
+            assert!(*count as usize > info.capacity as usize - held);
+        }
+        assert!(
+            table.lock(name).is_none(),
+            "{name} is a lock and a semaphore"
+        );
+    }
+}
+
+fn run(table: &mut LockTable, seen: &mut Seen, command: &Command) -> Result<Outcome, LockError> {
+    let before = table.clone();
+    let before_semaphores = before.semaphores().clone();
+    let applied = table.apply(command);
+    table.check_invariants();
+    check_listings(table);
+    if applied.outcome.is_err() {
+        assert_eq!(*table, before, "a refused command changed the table");
+        assert_eq!(*table.semaphores(), before_semaphores);
+    }
+    let acquired = match command {
+        Command::AcquirePermits {
+            session, semaphore, ..
+        } => Some((session, semaphore)),
+        Command::Acquire { session, lock, .. } => Some((session, lock)),
+        _ => None,
+    };
+    // Locks on the same names queue too; their queues are followed alike.
+    if let (Some((session, name)), Ok(Outcome::Acquire(AcquireOutcome::Queued { position }))) =
+        (acquired, &applied.outcome)
+    {
+        let queue = seen.queues.entry(name.clone()).or_default();
+        match queue.iter().position(|s| s == session) {
+            Some(index) => {
+                assert_eq!(index + 1, *position, "a retry moved the queue place");
+                assert!(applied.events.is_empty());
+            }
+            None => {
+                queue.push_back(*session);
+                assert_eq!(queue.len(), *position);
+            }
+        }
+    }
+    // FIFO on arrival too: a new request never passes anyone waiting.
+    if let (Some((_, name)), Ok(Outcome::Acquire(AcquireOutcome::Granted { .. }))) =
+        (acquired, &applied.outcome)
+    {
+        if !applied.events.is_empty() {
+            assert!(
+                seen.queues.get(name).is_none_or(VecDeque::is_empty),
+                "{name} granted past its queue"
+            );
+        }
+    }
+    seen.absorb(table, &applied.events);
+    applied.outcome
+}
+
+fn at_semaphore_level() -> LockTable {
+    let mut table = LockTable::new();
+    let raise = Command::SetClusterVersion {
+        level: FeatureLevel::SEMAPHORES,
+    };
+    assert!(table.apply(&raise).outcome.is_ok());
+    table
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn semaphores_keep_their_rules_under_any_command_sequence(
+        steps in prop::collection::vec(step(), 1..150),
+    ) {
+        let mut table = at_semaphore_level();
+        let mut seen = Seen::default();
+        for step in &steps {
+            let command = command(step, &seen);
+            if let Err(err) = run(&mut table, &mut seen, &command) {
+                let expected = matches!(err,
+                    LockError::UnknownSession(_) | LockError::NoPermits { .. }
+                    | LockError::Busy { .. } | LockError::NotHolder { .. }
+                    | LockError::StaleToken { .. } | LockError::InvalidPermits { .. }
+                    | LockError::CapacityMismatch { .. } | LockError::WrongKind { .. });
+                prop_assert!(expected, "unexpected error {}", err);
+            }
+        }
+        // The table's image carries the semaphores beside the table.
+        let bytes = serde_json::to_vec(table.semaphores()).unwrap();
+        let restored = serde_json::from_slice(&bytes).unwrap();
+        prop_assert_eq!(table.clone().with_semaphores(restored), table.clone());
+        // Liveness: once every session ends, every waiter was granted or
+        // removed, and no semaphore is left.
+        let live: Vec<SessionId> =
+            seen.opened.iter().copied().filter(|s| !seen.ended.contains(s)).collect();
+        for session in live {
+            run(&mut table, &mut seen, &Command::CloseSession { session }).unwrap();
+        }
+        prop_assert!(table.semaphores().is_empty());
+        prop_assert_eq!(table.lock_count(), 0);
+        prop_assert!(seen.grants.is_empty());
+        prop_assert!(seen.queues.values().all(VecDeque::is_empty));
+    }
+}
+
+fn open(table: &mut LockTable) -> SessionId {
+    let open = Command::OpenSession {
+        ttl_ms: 10_000,
+        secret: SecretHash([1; 32]),
+        owner: None,
+    };
+    match table.apply(&open).outcome {
+        Ok(Outcome::SessionOpened { session, .. }) => session,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn permits(session: SessionId, count: u32) -> Command {
+    Command::AcquirePermits {
+        session,
+        semaphore: "pool".into(),
+        capacity: 3,
+        count,
+        wait: true,
+        attempt: 0,
+    }
+}
+
+#[test]
+fn semaphores_wait_for_the_cluster_version_that_allows_them() {
+    let mut table = LockTable::new();
+    let session = open(&mut table);
+    let refused = table.apply(&permits(session, 1));
+    assert!(
+        matches!(refused.outcome, Err(LockError::NeedsClusterVersion { needed, .. }) if needed == FeatureLevel::SEMAPHORES)
+    );
+    assert!(table.semaphores().is_empty());
+}
+
+#[test]
+fn a_large_request_at_the_head_holds_back_smaller_ones_behind_it() {
+    let mut table = at_semaphore_level();
+    let (a, b, c) = (open(&mut table), open(&mut table), open(&mut table));
+    table.apply(&permits(a, 2)).outcome.unwrap();
+    // b asks for all three: it waits for a, and c's one permit (which
+    // would fit now) waits behind it.
+    assert_eq!(
+        table.apply(&permits(b, 3)).outcome,
+        Ok(Outcome::Acquire(AcquireOutcome::Queued { position: 1 }))
+    );
+    assert_eq!(
+        table.apply(&permits(c, 1)).outcome,
+        Ok(Outcome::Acquire(AcquireOutcome::Queued { position: 2 }))
+    );
+    let info = table.semaphores().semaphore("pool").unwrap();
+    assert_eq!(info.waiters, vec![(b, 3), (c, 1)]);
+    // b gives up: c's request fits, and is granted in the same step.
+    let cancelled = table.apply(&Command::CancelWait {
+        session: b,
+        lock: "pool".into(),
+    });
+    assert!(cancelled
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Granted { session, .. } if *session == c)));
+    let info = table.semaphores().semaphore("pool").unwrap();
+    let slots: Vec<u32> = info
+        .holders
+        .iter()
+        .flat_map(|(_, permits)| permits.iter().map(|p| p.slot))
+        .collect();
+    assert_eq!(slots, vec![0, 1, 2], "a's two slots, then c's");
+}
+
+#[test]
+fn one_name_is_one_kind() {
+    let mut table = at_semaphore_level();
+    let session = open(&mut table);
+    table.apply(&permits(session, 1)).outcome.unwrap();
+    let as_lock = table.apply(&Command::Acquire {
+        session,
+        lock: "pool".into(),
+        wait: false,
+        attempt: 0,
+        lock_delay_ms: 0,
+    });
+    assert_eq!(
+        as_lock.outcome.unwrap_err().to_string(),
+        "\"pool\" is a semaphore, not a lock: one name is one kind"
+    );
+    let other_capacity = table.apply(&Command::AcquirePermits {
+        session,
+        semaphore: "pool".into(),
+        capacity: 5,
+        count: 1,
+        wait: true,
+        attempt: 0,
+    });
+    assert!(other_capacity
+        .outcome
+        .unwrap_err()
+        .to_string()
+        .starts_with("semaphore \"pool\" has 3 permits, not 5"));
+}
