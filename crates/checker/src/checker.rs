@@ -16,7 +16,8 @@
 //! - **liveness**: once the faults stopped, every lock saw a complete round
 //!   (grant and both increments acknowledged) within the bound;
 //! - **the service's own timeline** (its audit trail, read at the end): no
-//!   grant of a lock while an earlier grant of it had not ended, grant tokens
+//!   grant of a lock while an earlier grant of it had not ended (of a
+//!   semaphore: no more grants at once than it has permits), grant tokens
 //!   growing, and every grant a client was told of present in it (none lost
 //!   to a crash or a leader change).
 
@@ -33,6 +34,9 @@ pub struct Finals {
     pub resource: BTreeMap<String, u64>,
     /// The service's audit trail of each lock (the newest records).
     pub audit: BTreeMap<String, Vec<AuditEntry>>,
+    /// The names among them that are semaphores, with their permits: their
+    /// trails may show that many grants at once (of one permit each).
+    pub semaphores: BTreeMap<String, u32>,
 }
 
 #[derive(Debug)]
@@ -253,18 +257,28 @@ pub fn check_scoped(
 
     // The service's own timeline.
     for (lock, trail) in &finals.audit {
-        let mut holder: Option<&AuditEntry> = None;
+        // Grants not ended yet, by token; a semaphore's may be several.
+        let room = finals
+            .semaphores
+            .get(lock)
+            .map_or(1, |&permits| permits as usize);
+        let mut holders: BTreeMap<u64, &AuditEntry> = BTreeMap::new();
         let mut last_grant: Option<&AuditEntry> = None;
         for entry in trail {
             match entry.what.as_str() {
-                "granted" => {
-                    if let Some(held) = holder {
+                "granted" | "permits_granted" => {
+                    if holders.len() >= room {
+                        let held: Vec<u64> = holders.keys().copied().collect();
                         violations.push(Violation {
                             what: format!(
-                                "{lock} was granted with token {} while its grant with token {} had not ended",
-                                entry.token, held.token
+                                "{lock} was granted with token {} while its grants with tokens {held:?} had not ended",
+                                entry.token
                             ),
-                            records: vec![format!("{held:?}"), format!("{entry:?}")],
+                            records: holders
+                                .values()
+                                .chain([&entry])
+                                .map(|e| format!("{e:?}"))
+                                .collect(),
                         });
                     }
                     if let Some(last) = last_grant.filter(|last| last.token >= entry.token) {
@@ -273,11 +287,13 @@ pub fn check_scoped(
                             records: vec![format!("{last:?}"), format!("{entry:?}")],
                         });
                     }
-                    holder = Some(entry);
+                    holders.insert(entry.token, entry);
                     last_grant = Some(entry);
                 }
                 "delayed" => {}
-                _ => holder = None,
+                _ => {
+                    holders.remove(&entry.token);
+                }
             }
         }
         // A grant a client was told of is never given back as "abandoned"
@@ -299,12 +315,10 @@ pub fn check_scoped(
             }
         }
         // Acknowledged grants no older than what the trail still keeps.
-        let oldest = trail.iter().find(|e| e.what == "granted").map(|e| e.token);
-        let in_trail: std::collections::HashSet<u64> = trail
-            .iter()
-            .filter(|e| e.what == "granted")
-            .map(|e| e.token)
-            .collect();
+        let is_grant = |e: &&AuditEntry| e.what == "granted" || e.what == "permits_granted";
+        let oldest = trail.iter().find(is_grant).map(|e| e.token);
+        let in_trail: std::collections::HashSet<u64> =
+            trail.iter().filter(is_grant).map(|e| e.token).collect();
         for grant in grants.iter().filter(|g| g.done.lock == *lock) {
             let Some(token) = grant.done.token else {
                 continue;
@@ -363,6 +377,7 @@ mod tests {
             store: BTreeMap::from([("l".to_owned(), store)]),
             resource: BTreeMap::from([("l".to_owned(), resource)]),
             audit: BTreeMap::new(),
+            semaphores: BTreeMap::new(),
         }
     }
 
@@ -464,6 +479,25 @@ mod tests {
             ],
         );
         let violations = check(&clean_history(), &[], &overlapping, 0, 1_000);
+        assert!(
+            violations.iter().any(|v| v.what.contains("had not ended")),
+            "{violations:?}"
+        );
+        // A semaphore of two permits may have two grants at once, not three.
+        let mut semaphore = finals(2, 2);
+        semaphore.semaphores.insert("l".into(), 2);
+        let permits = |tokens: &[u64]| -> Vec<AuditEntry> {
+            let granted = tokens.iter().map(|&t| audit(t, t, "permits_granted"));
+            granted.chain([audit(9, 1, "released")]).collect()
+        };
+        semaphore.audit.insert("l".into(), permits(&[1, 2]));
+        let violations = check(&clean_history(), &[], &semaphore, 0, 1_000);
+        assert!(
+            !violations.iter().any(|v| v.what.contains("had not ended")),
+            "{violations:?}"
+        );
+        semaphore.audit.insert("l".into(), permits(&[1, 2, 3]));
+        let violations = check(&clean_history(), &[], &semaphore, 0, 1_000);
         assert!(
             violations.iter().any(|v| v.what.contains("had not ended")),
             "{violations:?}"

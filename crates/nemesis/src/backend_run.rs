@@ -173,6 +173,7 @@ pub async fn main(
         store: BTreeMap::new(),
         resource: resource.finals(&locks).await?,
         audit: BTreeMap::new(),
+        semaphores: BTreeMap::new(),
     };
     let accepted = resource.stop()?;
     drop(servers);

@@ -154,6 +154,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         store: BTreeMap::new(),
         resource: BTreeMap::new(),
         audit: BTreeMap::new(),
+        semaphores: BTreeMap::new(),
     };
     for lock in &locks {
         let stored = client.store_get(&format!("counter:{lock}"), None).await?;

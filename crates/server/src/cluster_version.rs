@@ -13,8 +13,9 @@
 //! round: a node below the cluster version is not taken in
 //! ([`Node::check_supports_cluster_version`]).
 //!
-//! Embedded nodes (the simulation) do not ask yet: their members have no
-//! addresses to ask, so their cluster version stays at the base level.
+//! Embedded nodes (the simulation) have no addresses to ask: their members
+//! are in the same process, hence the same build, and each is taken to
+//! support the leader's own level.
 
 use crate::cluster::query_status;
 use crate::node::{ApiError, Node};
@@ -105,6 +106,9 @@ async fn raise_once(node: &Node) -> Result<(), ApiError> {
         .map(|(id, member)| {
             let (id, address) = (*id, member.addr.clone());
             async move {
+                if node.in_process_peers {
+                    return (id, Ok(node.feature_level));
+                }
                 let status = query_status(&address, node.tls.as_deref()).await;
                 (id, status.map(|status| level_of(&status)))
             }
@@ -198,7 +202,9 @@ impl Node {
         address: &str,
     ) -> Result<(), ApiError> {
         let current = self.cluster_version();
-        if current == FeatureLevel::BASE {
+        // An in-process member runs this very build, which supports the
+        // cluster version it raised.
+        if current == FeatureLevel::BASE || self.in_process_peers {
             return Ok(());
         }
         let give_up = tokio::time::Instant::now() + ADD_ASK_WAIT;

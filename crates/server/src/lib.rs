@@ -263,9 +263,14 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
 
 /// Starts what a node does by itself, until `stopped`: following
 /// leadership (lease tracking on and off, leader changes counted),
-/// expiring leases and giving up abandoned acquires.
+/// expiring leases, giving up abandoned acquires and raising the cluster
+/// version.
 fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
     tokio::spawn(node::give_up_abandoned(node.clone(), stopped.clone()));
+    tokio::spawn(cluster_version::raise_when_supported(
+        node.clone(),
+        stopped.clone(),
+    ));
     let leader = node.clone();
     tokio::spawn(leases::follow_leadership(
         node.raft.clone(),
@@ -545,10 +550,6 @@ impl Server {
             };
             tokio::spawn(reload_on_sighup(transport, hangups, stopped.clone()));
         }
-        tokio::spawn(cluster_version::raise_when_supported(
-            node.clone(),
-            stopped.clone(),
-        ));
         spawn_duties(&node, stopped);
         let in_flight = auth::InFlight::new(limits.max_calls_per_identity);
         let api = api::Api::new(node.clone(), secret::SecretSource::os(), in_flight);

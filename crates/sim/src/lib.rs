@@ -129,9 +129,12 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     let mut cluster = SimCluster::form(nodes, clock_faults, fabric.clone(), secrets)
         .await
         .expect("a new simulated cluster forms");
-    let locks: Vec<String> = (0..rng.gen_range(1..=3))
+    let mut locks: Vec<String> = (0..rng.gen_range(1..=3))
         .map(|i| format!("lock-{i}"))
         .collect();
+    if rng.gen_bool(0.5) {
+        locks.push(format!("{}0", workload::SEMAPHORE_PREFIX));
+    }
     let clients = rng.gen_range(3..=8);
     let history = History::default();
     let resource = std::sync::Arc::new(SimResource::new(options.fenced_resource));
@@ -220,6 +223,11 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         store: BTreeMap::new(),
         resource: BTreeMap::new(),
         audit: BTreeMap::new(),
+        semaphores: locks
+            .iter()
+            .filter(|name| name.starts_with(workload::SEMAPHORE_PREFIX))
+            .map(|name| (name.clone(), workload::SEMAPHORE_PERMITS))
+            .collect(),
     };
     for lock in &locks {
         let key = format!("counter:{lock}");

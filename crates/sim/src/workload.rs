@@ -11,8 +11,8 @@ use crate::network::{node_at, Fabric, Lost, Sender};
 use deadbolt_checker::history::{Accepted, Op, Phase, Record};
 use deadbolt_fence::FenceGates;
 use deadbolt_proto::v1::{
-    AcquireRequest, CloseSessionRequest, KeepAliveRequest, OpenSessionRequest, ReleaseRequest,
-    StoreGetRequest, StorePutRequest,
+    AcquirePermitsRequest, AcquireRequest, CloseSessionRequest, KeepAliveRequest,
+    OpenSessionRequest, ReleaseRequest, StoreGetRequest, StorePutRequest,
 };
 use deadbolt_proto::ErrorKind;
 use deadbolt_server::embedded::{Api, ApiError, Credentials, NodeId};
@@ -35,6 +35,10 @@ const LEADER_SEARCH: Duration = Duration::from_secs(2);
 const ELECTION_PAUSE: Duration = Duration::from_millis(50);
 /// The chance that a client pauses after taking a lock.
 const PAUSE_CHANCE: f64 = 0.03;
+/// Names with this prefix are semaphores of [`SEMAPHORE_PERMITS`]
+/// permits, taken one at a time; the others are locks.
+pub const SEMAPHORE_PREFIX: &str = "semaphore-";
+pub const SEMAPHORE_PERMITS: u32 = 2;
 
 /// The history of a run, in the order things happened, and when each
 /// session's lease last (re)started by its client's account.
@@ -458,33 +462,60 @@ impl Client {
         let mut acquire = self.start(Op::Acquire, lock, None);
         self.attempts += 1;
         let attempt = self.attempts;
-        let acquired = self
-            .router
-            .send(|api, credentials| {
-                let (lock, session_secret) = (lock.to_owned(), secret.to_owned());
-                async move {
-                    api.acquire(
-                        &credentials,
-                        AcquireRequest {
+        let timeout_ms = Some(ACQUIRE_WAIT.as_millis() as u64);
+        let acquired = match lock.starts_with(SEMAPHORE_PREFIX) {
+            false => self
+                .router
+                .send(|api, credentials| {
+                    let (lock, session_secret) = (lock.to_owned(), secret.to_owned());
+                    async move {
+                        let request = AcquireRequest {
                             session_id,
                             session_secret,
                             lock,
                             wait: true,
-                            timeout_ms: Some(ACQUIRE_WAIT.as_millis() as u64),
+                            timeout_ms,
                             attempt,
                             lock_delay_ms: 0,
-                        },
-                    )
-                    .await
-                }
-            })
-            .await;
+                        };
+                        api.acquire(&credentials, request).await
+                    }
+                })
+                .await
+                .map(|granted| granted.token),
+            true => self
+                .router
+                .send(|api, credentials| {
+                    let (semaphore, session_secret) = (lock.to_owned(), secret.to_owned());
+                    async move {
+                        let request = AcquirePermitsRequest {
+                            session_id,
+                            session_secret,
+                            semaphore,
+                            capacity: SEMAPHORE_PERMITS,
+                            count: 1,
+                            wait: true,
+                            timeout_ms,
+                            attempt,
+                        };
+                        api.acquire_permits(&credentials, request).await
+                    }
+                })
+                .await
+                .map(|granted| granted.token),
+        };
         let token = match acquired {
-            Ok(granted) => granted.token,
+            Ok(token) => token,
             Err(failure) => {
+                // Semaphores wait for the cluster version to allow them.
                 let session_fine = matches!(
                     failure.kind(),
-                    Some(ErrorKind::WaitTimeout | ErrorKind::Busy | ErrorKind::NotLeader)
+                    Some(
+                        ErrorKind::WaitTimeout
+                            | ErrorKind::Busy
+                            | ErrorKind::NotLeader
+                            | ErrorKind::NeedsUpgrade
+                    )
                 );
                 acquire.failed(&failure, None);
                 return session_fine;
