@@ -88,8 +88,12 @@ pub struct KeepaliveArgs {
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
-    #[arg(long)]
-    lock: String,
+    #[arg(long, required_unless_present = "semaphore")]
+    lock: Option<String>,
+    /// Show this counting semaphore instead: its permits, who holds which
+    /// (token and slot), and who waits for how many.
+    #[arg(long, value_name = "NAME", conflicts_with = "lock")]
+    semaphore: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -209,16 +213,18 @@ pub async fn status(endpoints: &Endpoints, args: StatusArgs) -> i32 {
         Ok(client) => client,
         Err(code) => return code,
     };
-    outcome(client.lock_status(&args.lock).await.map(|state| {
+    let lock = match (args.lock, args.semaphore) {
+        (_, Some(semaphore)) => return semaphore_status(&client, &semaphore, args.json).await,
+        (Some(lock), None) => lock,
+        (None, None) => unreachable!("clap requires --lock or --semaphore"),
+    };
+    outcome(client.lock_status(&lock).await.map(|state| {
         if args.json {
-            println!(
-                "{}",
-                serde_json::json!({ "lock": args.lock, "state": state })
-            );
+            println!("{}", serde_json::json!({ "lock": lock, "state": state }));
             return;
         }
         match state {
-            None => println!("{}: free", args.lock),
+            None => println!("{lock}: free"),
             Some(state) if state.lock_delay => println!(
                 "{}: in lock-delay (session {} expired holding token {}), {} waiting{}",
                 state.lock,
@@ -235,6 +241,40 @@ pub async fn status(endpoints: &Endpoints, args: StatusArgs) -> i32 {
                 state.waiter_session_ids.len(),
                 waiter_list(&state)
             ),
+        }
+    }))
+}
+
+async fn semaphore_status(client: &Client, semaphore: &str, json: bool) -> i32 {
+    outcome(client.semaphore_status(semaphore).await.map(|state| {
+        if json {
+            let json = serde_json::json!({ "semaphore": semaphore, "state": state });
+            println!("{json}");
+            return;
+        }
+        let Some(state) = state else {
+            return println!("{semaphore}: free (nobody holds or waits on it)");
+        };
+        let held: usize = state.holders.iter().map(|h| h.permits.len()).sum();
+        println!(
+            "{semaphore}: {held} of {} permits held, {} waiting",
+            state.capacity,
+            state.waiters.len()
+        );
+        for holder in &state.holders {
+            let permits: Vec<String> = holder
+                .permits
+                .iter()
+                .map(|p| format!("token {} on slot {}", p.token, p.slot))
+                .collect();
+            println!(
+                "  session {} holds {}",
+                holder.session_id,
+                permits.join(", ")
+            );
+        }
+        for waiter in &state.waiters {
+            println!("  session {} waits for {}", waiter.session_id, waiter.count);
         }
     }))
 }

@@ -139,6 +139,27 @@ fn a_token_allows_exactly_what_its_roles_grant_and_a_refusal_changes_nothing() {
     let (status, reply) = curl(addr, Some(&ci), "/v1/lock/status?lock=web/a", None);
     assert_eq!(status, 403, "{reply}");
 
+    // Semaphores follow the same prefixes: `lock` to take permits, `read`
+    // to see who holds them.
+    common::wait_for_newest_cluster_version(&endpoint);
+    let permits = |name: &str| {
+        let args = ["acquire", "--semaphore", name, "--permits", "2"];
+        as_token(&endpoint, Some(&ci), &args)
+    };
+    stdout(&permits("jobs/pool"));
+    let web_pool = permits("web/pool");
+    assert_eq!(web_pool.status.code(), Some(77), "{web_pool:?}");
+    assert!(
+        stderr(&web_pool).contains(r#"identity "ci" has no lock permission on "web/pool""#),
+        "{}",
+        stderr(&web_pool)
+    );
+    for (name, allowed) in [("jobs/pool", 200), ("web/pool", 403)] {
+        let path = format!("/v1/semaphore/status?semaphore={name}");
+        let (status, reply) = curl(addr, Some(&ci), &path, None);
+        assert_eq!(status, allowed, "{path}: {reply}");
+    }
+
     // Listing shows only what ci may read; root sees everything, and
     // nothing was taken or stored by the refused calls.
     let root_acquire = as_token(&endpoint, Some(&root), &["acquire", "--lock", "other"]);
@@ -180,6 +201,9 @@ fn a_token_allows_exactly_what_its_roles_grant_and_a_refusal_changes_nothing() {
     );
     assert!(saved.status.success(), "{saved:?}");
     let (_, web) = curl(addr, Some(&root), "/v1/lock/status?lock=web/a", None);
+    assert!(web["state"].is_null(), "{web}");
+    let path = "/v1/semaphore/status?semaphore=web/pool";
+    let (_, web) = curl(addr, Some(&root), path, None);
     assert!(web["state"].is_null(), "{web}");
     let (_, stored) = curl(addr, Some(&root), "/v1/store/get?key=jobs/k", None);
     assert_eq!(stored["found"], false, "{stored}");

@@ -386,27 +386,12 @@ async fn an_interrupted_acquire_leaves_no_session_behind() {
     );
 }
 
-/// Waits for a fresh single node to raise its cluster version to this
-/// build's newest level (it asks itself every 2 s): semaphores need it.
-fn wait_for_newest_cluster_version(endpoint: &str) {
-    let newest = format!("cluster version: {}", deadbolt_server::FeatureLevel::NEWEST);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let status = deadbolt(endpoint, &["cluster", "status"]);
-        if stdout(&status).contains(&newest) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{}", stdout(&status));
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn at_most_permits_copies_run_at_once_each_on_a_slot_no_other_holds() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(&dir.path().join("data"));
     let endpoint = server.endpoint();
-    wait_for_newest_cluster_version(&endpoint);
+    common::wait_for_newest_cluster_version(&endpoint);
     let slots = dir.path().join("slots");
     std::fs::create_dir(&slots).unwrap();
     // Each copy claims a file named after its slot, refusing to overwrite
@@ -456,7 +441,7 @@ fn at_most_permits_copies_run_at_once_each_on_a_slot_no_other_holds() {
 fn semaphores_over_http_and_one_name_is_one_kind() {
     let dir = tempfile::tempdir().unwrap();
     let server = TestServer::start(&dir.path().join("data"));
-    wait_for_newest_cluster_version(&server.endpoint());
+    common::wait_for_newest_cluster_version(&server.endpoint());
     let open = serde_json::json!({ "ttl_ms": 30_000 });
     let (_, session) = common::curl(server.addr, None, "/v1/session/open", Some(&open));
     let ask = |count: u32, wait: bool| {
@@ -526,6 +511,14 @@ fn semaphores_over_http_and_one_name_is_one_kind() {
     );
     assert_eq!(state["state"]["capacity"], 4, "{state}");
     assert_eq!(state["state"]["holders"].as_array().unwrap().len(), 1);
+    let shown = deadbolt(&server.endpoint(), &["status", "--semaphore", "gpus"]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    let first = permits[0]["token"].as_u64().unwrap();
+    assert!(
+        shown.starts_with("gpus: 3 of 4 permits held, 0 waiting")
+            && shown.contains(&format!("holds token {first} on slot 0, token")),
+        "{shown}"
+    );
 
     let release = serde_json::json!({
         "session_id": session["session_id"],

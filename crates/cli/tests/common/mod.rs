@@ -276,3 +276,19 @@ pub fn peer_secret_beside(data_dir: &Path) -> PathBuf {
     }
     deadbolt_testkit::new_peer_secret(Path::new(BIN), dir)
 }
+
+/// Waits for a fresh single node to raise its cluster version to this
+/// build's newest level (it asks itself every 2 s): semaphores need it.
+pub fn wait_for_newest_cluster_version(endpoint: &str) {
+    let newest = format!("cluster version: {}", deadbolt_server::FeatureLevel::NEWEST);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = deadbolt(endpoint, &["cluster", "status"]);
+        let said = String::from_utf8_lossy(&status.stdout);
+        if said.contains(&newest) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{said}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -151,6 +151,16 @@ enum Asked {
     Permits { capacity: u32, count: u32 },
 }
 
+impl Asked {
+    /// The name's kind, as messages call it.
+    fn kind(&self) -> &'static str {
+        match self {
+            Asked::Lock { .. } => "lock",
+            Asked::Permits { .. } => "semaphore",
+        }
+    }
+}
+
 /// One acquire request in progress. Dropped before it has an answer (the
 /// client disconnected or gave up), it hands its wait or grant back.
 struct AcquireCall {
@@ -231,7 +241,7 @@ impl AcquireCall {
         match ended {
             Some(Ok(WaitEnd::Granted(token))) => Ok(token),
             Some(Ok(WaitEnd::Dropped)) | Some(Err(_)) => Err(self.ended_without_grant()),
-            None if others_waiting => Err(timed_out(&self.lock)),
+            None if others_waiting => Err(self.timed_out()),
             // The wait is in the log; a cancel that does not get there leaves
             // it unknown to the caller whether it is still queued.
             None => match self
@@ -242,7 +252,7 @@ impl AcquireCall {
             {
                 // The grant won the race with the timeout: it stands.
                 Some(token) => Ok(token),
-                None => Err(timed_out(&self.lock)),
+                None => Err(self.timed_out()),
             },
         }
     }
@@ -273,7 +283,22 @@ impl AcquireCall {
         }
         ApiError::new(
             ErrorKind::WaitCancelled,
-            format!("the wait for lock {:?} was cancelled", self.lock),
+            format!(
+                "the wait for {} {:?} was cancelled",
+                self.asked.kind(),
+                self.lock
+            ),
+        )
+    }
+
+    fn timed_out(&self) -> ApiError {
+        ApiError::new(
+            ErrorKind::WaitTimeout,
+            format!(
+                "timed out waiting for {} {:?}",
+                self.asked.kind(),
+                self.lock
+            ),
         )
     }
 }
@@ -292,13 +317,6 @@ fn not_leader_is_unavailable(err: ApiError) -> ApiError {
     } else {
         err
     }
-}
-
-fn timed_out(lock: &str) -> ApiError {
-    ApiError::new(
-        ErrorKind::WaitTimeout,
-        format!("timed out waiting for lock {lock:?}"),
-    )
 }
 
 /// How long an abandoned acquire keeps its queue place (or grant). A client
