@@ -526,8 +526,15 @@ fn semaphores_over_http_and_one_name_is_one_kind() {
         "lock": "gpus",
         "token": granted["token"],
     });
+    // Each live permit's token is current, as a lock's grant is.
+    let second = permits[1]["token"].to_string();
+    let check = ["check", "--lock", "gpus", "--token", second.as_str()];
+    let current = deadbolt(&server.endpoint(), &check);
+    assert!(current.status.success(), "{current:?}");
     let (status, _) = common::curl(server.addr, None, "/v1/semaphore/release", Some(&release));
     assert_eq!(status, 200);
+    let released = deadbolt(&server.endpoint(), &check);
+    assert_eq!(released.status.code(), Some(76), "{released:?}");
     let (status, granted) = common::curl(server.addr, None, "/v1/semaphore/acquire", Some(&more));
     assert_eq!(status, 200, "{granted}");
 }
@@ -552,4 +559,55 @@ fn semaphores_wait_for_every_member_to_support_them() {
             && said.contains("node 1 (this leader) supports feature level 2"),
         "{said}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_takes_permits_in_order_and_a_dropped_guard_frees_its_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    common::wait_for_newest_cluster_version(&server.endpoint());
+    let client = deadbolt_client::Client::connect([server.endpoint()])
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let (first, second, third) = (
+        client.open_session(ttl).await.unwrap(),
+        client.open_session(ttl).await.unwrap(),
+        client.open_session(ttl).await.unwrap(),
+    );
+    let slots = |guard: &deadbolt_client::LockGuard| -> Vec<u32> {
+        guard.permits().iter().map(|permit| permit.slot).collect()
+    };
+
+    let two = first.acquire_permits("pool", 3, 2).await.unwrap();
+    assert_eq!(slots(&two), [0, 1]);
+    assert_eq!(two.token(), two.permits()[0].token);
+    assert_eq!(two.permits()[1].token, two.token() + 1);
+    let busy = second.try_acquire_permits("pool", 3, 2).await.unwrap();
+    assert!(busy.is_none(), "only one permit is free");
+    let one = second
+        .acquire_permits_timeout("pool", 3, 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(slots(&one), [2]);
+    let timed_out = third
+        .acquire_permits_timeout("pool", 3, 1, Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        timed_out.kind(),
+        deadbolt_client::ErrorKind::WaitTimeout,
+        "{timed_out}"
+    );
+
+    // Dropping a guard releases its permits in the background; the waiter
+    // gets the lowest free slot and a token above every earlier one.
+    let newest = one.token();
+    drop(two);
+    let next = third.acquire_permits("pool", 3, 1).await.unwrap();
+    assert_eq!(slots(&next), [0]);
+    assert!(next.token() > newest);
+    let state = client.semaphore_status("pool").await.unwrap().unwrap();
+    let holders: Vec<u64> = state.holders.iter().map(|h| h.session_id).collect();
+    assert_eq!(holders, [second.id(), third.id()], "{state:?}");
 }

@@ -387,6 +387,13 @@ impl Semaphores {
         })
     }
 
+    /// The newest (highest) token among `name`'s live permits.
+    pub fn newest_permit(&self, name: &str) -> Option<Token> {
+        let semaphore = self.by_name.get(name)?;
+        let permits = semaphore.holders.values().flat_map(|h| h.permits.iter());
+        permits.map(|permit| permit.token).max()
+    }
+
     /// The permits `session` holds of `name`.
     pub fn permits(&self, session: SessionId, name: &str) -> Option<&[Permit]> {
         let holding = self.by_name.get(name)?.holders.get(&session)?;

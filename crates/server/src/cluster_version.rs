@@ -76,6 +76,7 @@ pub(crate) async fn raise_when_supported(node: Node, mut stopped: watch::Receive
     loop {
         tokio::select! {
             _ = every.tick() => {}
+            () = node.started_leading.notified() => {}
             _ = stopped.wait_for(|stopped| *stopped) => return,
         }
         if let Err(err) = raise_once(&node).await {

@@ -258,6 +258,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         in_process_peers: in_process,
         feature_level,
         member_levels: Default::default(),
+        started_leading: Default::default(),
     })
 }
 
@@ -278,7 +279,10 @@ fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
         node.leases.clone(),
         node.waits.clone(),
         node.table.clone(),
-        move || leader.give_up_unclaimed_waits(),
+        move || {
+            leader.give_up_unclaimed_waits();
+            leader.started_leading.notify_one();
+        },
         stopped.clone(),
     ));
     tokio::spawn(metrics::count_leader_changes(

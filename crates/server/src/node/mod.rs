@@ -87,6 +87,10 @@ pub struct Node {
     /// leading (`cluster_version.rs`): an error names whoever holds a
     /// feature back.
     pub(crate) member_levels: Arc<std::sync::Mutex<MemberLevels>>,
+    /// Told when this node starts leading, so that a new leader (a fresh
+    /// cluster's first one) raises the cluster version at once, not a
+    /// round later.
+    pub(crate) started_leading: Arc<tokio::sync::Notify>,
 }
 
 /// Each member's answer to the leader's latest question about its level.
@@ -383,19 +387,28 @@ impl Node {
     }
 
     /// Whether `token` is the current grant of `lock`, and the current
-    /// grant's token if the lock is held.
+    /// grant's token if the lock is held. Of a semaphore, whether `token`
+    /// is one of its live permits, and the newest of them.
     pub async fn check_token(
         &self,
         lock: &str,
         token: Token,
     ) -> Result<(bool, Option<Token>), ApiError> {
-        // A lock in lock-delay has no current grant: its holder expired.
-        let current = self
-            .lock_status(lock)
-            .await?
-            .filter(|info| !info.delayed)
-            .map(|info| info.token);
-        Ok((current == Some(token), current))
+        validate_lock_name(lock)?;
+        self.read_linearizable(|table| {
+            let semaphores = table.semaphores();
+            if semaphores.contains(lock) {
+                let newest = semaphores.newest_permit(lock);
+                return (semaphores.holds_permit(lock, token), newest);
+            }
+            // A lock in lock-delay has no current grant: its holder expired.
+            let current = table
+                .lock(lock)
+                .filter(|info| !info.delayed)
+                .map(|info| info.token);
+            (current == Some(token), current)
+        })
+        .await
     }
 
     /// A fenced-store change (put, fenced read, delete), through the log.
