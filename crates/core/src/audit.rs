@@ -43,6 +43,9 @@ pub enum AuditKind {
     /// Permits of a semaphore were granted (`token` is the grant's first);
     /// unlike a lock, a semaphore has several grants at once.
     PermitsGranted,
+    /// A read/write lock was granted shared; its exclusive grants are
+    /// [`AuditKind::Granted`], as a lock's.
+    SharedGranted,
 }
 
 /// What the command and its events add to the trail.
@@ -52,7 +55,7 @@ pub(crate) fn records(
     seq: u64,
     at_ms: u64,
     owner_of: impl Fn(SessionId) -> Option<String>,
-    is_semaphore: impl Fn(&str) -> bool,
+    granted_as: impl Fn(&str, SessionId) -> AuditKind,
 ) -> Vec<AuditRecord> {
     let ended = match command {
         Command::CloseSession { .. } => AuditKind::Closed,
@@ -68,12 +71,7 @@ pub(crate) fn records(
                     lock,
                     session,
                     token,
-                } if is_semaphore(lock) => (lock, *session, *token, AuditKind::PermitsGranted),
-                Event::Granted {
-                    lock,
-                    session,
-                    token,
-                } => (lock, *session, *token, AuditKind::Granted),
+                } => (lock, *session, *token, granted_as(lock, *session)),
                 Event::Released {
                     lock,
                     session,

@@ -6,7 +6,7 @@
 //! and writing them to the log would cost an fsync per heartbeat.
 
 use crate::{
-    AclCommand, FeatureLevel, LimitsChange, LockError, SecretHash, SessionId, StoredValue,
+    AclCommand, FeatureLevel, LimitsChange, LockError, RwMode, SecretHash, SessionId, StoredValue,
     TableLimits, Token,
 };
 use serde::{Deserialize, Serialize};
@@ -135,6 +135,20 @@ pub enum Command {
         wait: bool,
         attempt: u64,
     },
+    /// Take the read/write lock `lock` for `session` in `mode`, creating it
+    /// if it does not exist: shared beside other shared holders, exclusive
+    /// alone (see `semaphore.rs` for the queue's rules). With `wait`, join
+    /// its FIFO queue if it cannot be taken now; without, fail with
+    /// [`LockError::RwBusy`]. `attempt` as for [`Command::Acquire`];
+    /// released, cancelled and abandoned with the lock commands. Proposed
+    /// only at [`FeatureLevel::RW_LOCKS`].
+    AcquireRw {
+        session: SessionId,
+        lock: String,
+        mode: RwMode,
+        wait: bool,
+        attempt: u64,
+    },
 }
 
 impl Command {
@@ -157,7 +171,8 @@ impl Command {
             | Command::Release { lock, .. }
             | Command::CancelWait { lock, .. }
             | Command::Abandon { lock, .. }
-            | Command::EndLockDelay { lock, .. } => lock.len(),
+            | Command::EndLockDelay { lock, .. }
+            | Command::AcquireRw { lock, .. } => lock.len(),
             Command::AcquirePermits { semaphore, .. } => semaphore.len(),
             Command::StorePut {
                 key, value, lock, ..

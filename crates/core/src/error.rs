@@ -1,6 +1,6 @@
 //! Why a command was refused. Every refusal leaves the table unchanged.
 
-use crate::{AclError, FeatureLevel, SessionId, Token};
+use crate::{AclError, FeatureLevel, RwMode, SessionId, Token};
 use serde::{Deserialize, Serialize};
 
 /// A command the state machine refused. Refusals are deterministic: every
@@ -131,6 +131,28 @@ pub enum LockError {
         feature: String,
         needed: FeatureLevel,
         current: FeatureLevel,
+    },
+    #[error(
+        "read/write lock {lock:?} cannot be taken {asked} now: {}, {queued} requests queued \
+         ahead", match (exclusive, holders) { (true, _) => "held exclusive".to_owned(), (false, n) => format!("held shared by {n}") }
+    )]
+    RwBusy {
+        lock: String,
+        asked: RwMode,
+        exclusive: bool,
+        holders: usize,
+        queued: usize,
+    },
+    #[error(
+        "session {session} already holds or waits for read/write lock {lock:?} {has}, not \
+         {asked}: release it first (a hold never changes its mode in place: two shared \
+         holders upgrading at once would wait for each other forever)"
+    )]
+    OtherMode {
+        lock: String,
+        session: SessionId,
+        has: RwMode,
+        asked: RwMode,
     },
 }
 

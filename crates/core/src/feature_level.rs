@@ -33,8 +33,11 @@ impl FeatureLevel {
     /// Counting semaphores ([`crate::Command::AcquirePermits`]), and
     /// snapshots and backups that carry them after the table.
     pub const SEMAPHORES: FeatureLevel = FeatureLevel(3);
+    /// Read/write locks ([`crate::Command::AcquireRw`]), kept with the
+    /// semaphores: both came in release 0.2.0, before it was tagged.
+    pub const RW_LOCKS: FeatureLevel = FeatureLevel(3);
     /// The highest level this build's state machine applies.
-    pub const NEWEST: FeatureLevel = FeatureLevel::SEMAPHORES;
+    pub const NEWEST: FeatureLevel = FeatureLevel::RW_LOCKS;
 
     /// The level a member reports, as a number on the wire: 0 (an older
     /// member's unset field) is [`FeatureLevel::BASE`].

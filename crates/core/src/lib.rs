@@ -39,7 +39,9 @@ pub use limits::{
     TableLimits,
 };
 pub use proposal::{Answer, Proposal, WrongOutcome};
-pub use semaphore::{Permit, SemaphoreInfo, Semaphores, MAX_PERMITS};
+pub use semaphore::{
+    Permit, Rule, RwLockInfo, RwMode, SemaphoreInfo, Semaphores, Want, MAX_PERMITS,
+};
 pub use table::{LockInfo, LockTable, LockTableV9, SessionInfo, SessionLease, SessionSecret};
 
 use serde::{Deserialize, Serialize};

@@ -14,7 +14,7 @@
 //! is the same [`Command`], serialized as before.
 
 use crate::{
-    AclCommand, AcquireOutcome, Command, FeatureLevel, LimitsChange, Outcome, SecretHash,
+    AclCommand, AcquireOutcome, Command, FeatureLevel, LimitsChange, Outcome, RwMode, SecretHash,
     SessionId, StoredValue, TableLimits, Token,
 };
 use std::fmt;
@@ -219,6 +219,28 @@ impl Proposal<AcquireOutcome> {
         };
         Proposal::new(
             "semaphore acquire",
+            command,
+            answer!(Outcome::Acquire(acquired) => acquired),
+        )
+    }
+
+    /// [`Command::AcquireRw`] (see there for the fields).
+    pub fn acquire_rw(
+        session: SessionId,
+        lock: String,
+        mode: RwMode,
+        wait: bool,
+        attempt: u64,
+    ) -> Self {
+        let command = Command::AcquireRw {
+            session,
+            lock,
+            mode,
+            wait,
+            attempt,
+        };
+        Proposal::new(
+            "read/write acquire",
             command,
             answer!(Outcome::Acquire(acquired) => acquired),
         )

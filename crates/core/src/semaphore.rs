@@ -1,27 +1,34 @@
-//! [`Semaphores`]: named counting semaphores, kept in the replicated table
-//! beside the locks.
+//! [`Semaphores`]: names that several sessions hold at once, kept in the
+//! replicated table beside the locks: counting semaphores, and read/write
+//! locks (a semaphore whose rule is "many shared holders or one exclusive").
 //!
 //! Why in the state machine and not a client recipe: the recipes leak.
-//! Redisson's semaphore permits outlive a crashed holder, and Curator's
-//! lease nodes depend on every client cleaning up after itself. Here a
-//! permit belongs to a session and ends with it, the queue is FIFO for
-//! every request size, and every permit takes a token from the table's one
-//! counter, so a resource can fence per permit as it fences a lock.
+//! Redisson's semaphore permits outlive a crashed holder, Curator's lease
+//! nodes depend on every client cleaning up after itself, and etcd's
+//! RWMutex recipe lets a reader in ahead of a queued writer. Here a grant
+//! belongs to a session and ends with it, the queue is FIFO for every kind
+//! of request, and every grant takes tokens from the table's one counter,
+//! so a resource fences a permit or a shared hold as it fences a lock.
 //!
-//! The rules (docs/semaphores.md):
-//! - The first acquire of a name creates the semaphore with the capacity it
-//!   names; while it exists, an acquire naming another capacity is refused
-//!   (never a silent change). A semaphore nobody holds or waits on is
-//!   removed, as a free lock is.
-//! - A session has at most one grant per semaphore, of `count` permits; an
-//!   acquire it repeats (a retry) gets the same grant, or the same place.
-//! - FIFO: requests are granted in the order they came. A request for k
-//!   permits that do not fit yet holds back every request behind it, so a
-//!   stream of requests for one permit cannot starve it.
+//! The rules (docs/semaphores.md, docs/rw-locks.md):
+//! - The first acquire of a name creates it with the rule it names (a
+//!   semaphore's capacity, or read/write); while it exists, an acquire
+//!   naming another rule is refused (never a silent change). A name nobody
+//!   holds or waits on is removed, as a free lock is.
+//! - A session has at most one grant per name: `count` permits, or one hold
+//!   in one mode. An acquire it repeats (a retry) gets the same grant, or
+//!   the same place.
+//! - FIFO: requests are granted in the order they came, from the head of
+//!   the queue while they fit. A request that does not fit yet holds back
+//!   every request behind it: a stream of requests for one permit cannot
+//!   starve a request for three, and readers that come after a queued
+//!   writer wait behind it. Consecutive readers at the head are granted
+//!   together.
 //! - Each permit of a grant takes the next token and the lowest free slot
 //!   (0..capacity): no two live permits share a slot, so a resource with N
 //!   slots (connections, GPUs, shards) fences each slot with its tokens.
-//!   The grant is named by its first token (releases present it).
+//!   The grant is named by its first token (releases present it). A
+//!   read/write hold, shared or exclusive, takes one token (slot 0).
 
 use crate::{AcquireOutcome, Event, LockError, SessionId, Token};
 use serde::{Deserialize, Serialize};
@@ -41,14 +48,38 @@ pub struct Semaphores {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Semaphore {
-    capacity: u32,
+    rule: Rule,
     holders: BTreeMap<SessionId, Holding>,
     queue: VecDeque<Request>,
 }
 
-/// The permits one session holds.
+/// What a name lets several sessions hold at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rule {
+    /// A counting semaphore: at most `capacity` permits out.
+    Permits { capacity: u32 },
+    /// A read/write lock: any number of shared holders, or one exclusive.
+    ReadWrite,
+}
+
+/// The two ways to hold a read/write lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RwMode {
+    Shared,
+    Exclusive,
+}
+
+/// What one grant is: permits of a semaphore, or a read/write lock's hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Want {
+    Permits(u32),
+    Rw(RwMode),
+}
+
+/// What one session holds of one name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Holding {
+    want: Want,
     permits: Vec<Permit>,
     /// The latest acquire attempt (see [`crate::Command::Abandon`]).
     attempt: u64,
@@ -58,7 +89,7 @@ struct Holding {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Request {
     session: SessionId,
-    count: u32,
+    want: Want,
     attempt: u64,
 }
 
@@ -80,16 +111,63 @@ pub struct SemaphoreInfo {
     pub waiters: Vec<(SessionId, u32)>,
 }
 
-/// What an acquire asks for (see [`crate::Command::AcquirePermits`]).
+/// A read-only view of one read/write lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RwLockInfo {
+    pub name: String,
+    /// Holders in session order, each with its mode and token.
+    pub holders: Vec<(SessionId, RwMode, Token)>,
+    /// Waiting sessions with the mode each asks for, next in line first.
+    pub waiters: Vec<(SessionId, RwMode)>,
+}
+
+/// What an acquire asks for (see [`crate::Command::AcquirePermits`] and
+/// [`crate::Command::AcquireRw`]).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct PermitRequest {
-    pub capacity: u32,
-    pub count: u32,
+pub(crate) struct ShareRequest {
+    pub rule: Rule,
+    pub want: Want,
     pub wait: bool,
     pub attempt: u64,
 }
 
+impl Rule {
+    /// What messages call a name with this rule.
+    pub(crate) fn kind(self) -> &'static str {
+        match self {
+            Rule::Permits { .. } => "semaphore",
+            Rule::ReadWrite => "read/write lock",
+        }
+    }
+}
+
+impl Want {
+    /// What messages call a name granting this.
+    pub(crate) fn kind(self) -> &'static str {
+        match self {
+            Want::Permits(_) => Rule::Permits { capacity: 1 }.kind(),
+            Want::Rw(_) => Rule::ReadWrite.kind(),
+        }
+    }
+}
+
+impl std::fmt::Display for RwMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RwMode::Shared => "shared",
+            RwMode::Exclusive => "exclusive",
+        })
+    }
+}
+
 impl Semaphore {
+    fn capacity(&self) -> Option<u32> {
+        match self.rule {
+            Rule::Permits { capacity } => Some(capacity),
+            Rule::ReadWrite => None,
+        }
+    }
+
     fn held(&self) -> u32 {
         self.holders
             .values()
@@ -97,8 +175,17 @@ impl Semaphore {
             .sum()
     }
 
-    fn free(&self) -> u32 {
-        self.capacity - self.held()
+    /// Whether `want` could be granted now, queue aside.
+    fn fits(&self, want: Want) -> bool {
+        match (self.rule, want) {
+            (Rule::Permits { capacity }, Want::Permits(count)) => count <= capacity - self.held(),
+            (Rule::ReadWrite, Want::Rw(RwMode::Exclusive)) => self.holders.is_empty(),
+            (Rule::ReadWrite, Want::Rw(RwMode::Shared)) => self
+                .holders
+                .values()
+                .all(|holding| holding.want == Want::Rw(RwMode::Shared)),
+            (rule, want) => unreachable!("{want:?} asked of a {}", rule.kind()),
+        }
     }
 
     fn is_unused(&self) -> bool {
@@ -112,10 +199,34 @@ impl Semaphore {
             .values()
             .flat_map(|holding| holding.permits.iter().map(|permit| permit.slot))
             .collect();
-        (0..self.capacity)
+        (0..self.capacity().unwrap_or(1))
             .filter(|slot| !taken.contains(slot))
             .take(count as usize)
             .collect()
+    }
+
+    /// Why `want` cannot be granted now, to a caller that would not wait.
+    fn busy(&self, name: &str, want: Want) -> LockError {
+        let queued = self.queue.len();
+        match (self.rule, want) {
+            (Rule::Permits { capacity }, Want::Permits(asked)) => LockError::NoPermits {
+                semaphore: name.to_owned(),
+                free: capacity - self.held(),
+                queued,
+                asked,
+            },
+            (_, Want::Rw(asked)) => LockError::RwBusy {
+                lock: name.to_owned(),
+                asked,
+                exclusive: self
+                    .holders
+                    .values()
+                    .any(|h| h.want == Want::Rw(RwMode::Exclusive)),
+                holders: self.holders.len(),
+                queued,
+            },
+            (rule, want) => unreachable!("{want:?} asked of a {}", rule.kind()),
+        }
     }
 }
 
@@ -132,55 +243,88 @@ impl Semaphores {
         self.by_name.contains_key(name)
     }
 
-    /// Takes `request.count` permits of `name` for `session`, creating the
-    /// semaphore if it does not exist (the caller checked that the name is
-    /// no lock, the session is live and there is room for a new name).
+    /// Grants `request.want` of `name` to `session`, or queues it, creating
+    /// the name with `request.rule` if it does not exist (the caller
+    /// checked that the name is no lock, the session is live and there is
+    /// room for a new name).
     pub(crate) fn acquire(
         &mut self,
         next_token: &mut u64,
         session: SessionId,
         name: &str,
-        request: PermitRequest,
+        request: ShareRequest,
         max_waiters: usize,
         events: &mut Vec<Event>,
     ) -> Result<AcquireOutcome, LockError> {
-        let PermitRequest {
-            capacity,
-            count,
+        let ShareRequest {
+            rule,
+            want,
             wait,
             attempt,
         } = request;
-        if !(1..=MAX_PERMITS).contains(&capacity) || !(1..=capacity).contains(&count) {
-            return Err(LockError::InvalidPermits {
-                semaphore: name.to_owned(),
-                capacity,
-                count,
-                max: MAX_PERMITS,
-            });
+        if let (Rule::Permits { capacity }, Want::Permits(count)) = (rule, want) {
+            if !(1..=MAX_PERMITS).contains(&capacity) || !(1..=capacity).contains(&count) {
+                return Err(LockError::InvalidPermits {
+                    semaphore: name.to_owned(),
+                    capacity,
+                    count,
+                    max: MAX_PERMITS,
+                });
+            }
         }
         let semaphore = self
             .by_name
             .entry(name.to_owned())
             .or_insert_with(|| Semaphore {
-                capacity,
+                rule,
                 holders: BTreeMap::new(),
                 queue: VecDeque::new(),
             });
-        if semaphore.capacity != capacity {
-            return Err(LockError::CapacityMismatch {
-                semaphore: name.to_owned(),
-                capacity: semaphore.capacity,
-                requested: capacity,
-            });
+        match (semaphore.rule, rule) {
+            (
+                Rule::Permits { capacity },
+                Rule::Permits {
+                    capacity: requested,
+                },
+            ) if capacity != requested => {
+                return Err(LockError::CapacityMismatch {
+                    semaphore: name.to_owned(),
+                    capacity,
+                    requested,
+                });
+            }
+            (held, asked) if held.kind() != asked.kind() => {
+                return Err(LockError::WrongKind {
+                    name: name.to_owned(),
+                    kind: held.kind().to_owned(),
+                    asked: asked.kind().to_owned(),
+                });
+            }
+            _ => {}
         }
+        let other_mode = |has: Want| match (has, want) {
+            (Want::Rw(has), Want::Rw(asked)) if has != asked => Some(LockError::OtherMode {
+                lock: name.to_owned(),
+                session,
+                has,
+                asked,
+            }),
+            _ => None,
+        };
         // A retry changes nothing but the attempt it answers to.
         if let Some(holding) = semaphore.holders.get_mut(&session) {
+            if let Some(refused) = other_mode(holding.want) {
+                return Err(refused);
+            }
             holding.attempt = later_attempt(holding.attempt, attempt);
             return Ok(AcquireOutcome::Granted {
                 token: holding.permits[0].token,
             });
         }
         let queued = semaphore.queue.iter().position(|r| r.session == session);
+        if let Some(refused) = queued.and_then(|index| other_mode(semaphore.queue[index].want)) {
+            return Err(refused);
+        }
         if let (Some(index), true) = (queued, wait) {
             let waiting = &mut semaphore.queue[index];
             waiting.attempt = later_attempt(waiting.attempt, attempt);
@@ -188,22 +332,15 @@ impl Semaphores {
                 position: index + 1,
             });
         }
-        let fits = semaphore.queue.is_empty() && count <= semaphore.free();
-        if fits {
-            let token = grant(semaphore, next_token, session, count, attempt, name, events);
+        if semaphore.queue.is_empty() && semaphore.fits(want) {
+            let token = grant(semaphore, next_token, session, want, attempt, name, events);
             self.link(session, name);
             return Ok(AcquireOutcome::Granted { token });
         }
         if !wait {
-            let free = semaphore.free();
-            let queued = semaphore.queue.len();
+            let busy = semaphore.busy(name, want);
             self.remove_if_unused(name);
-            return Err(LockError::NoPermits {
-                semaphore: name.to_owned(),
-                free,
-                queued,
-                asked: count,
-            });
+            return Err(busy);
         }
         if semaphore.queue.len() >= max_waiters {
             return Err(LockError::TooManyWaiters {
@@ -213,7 +350,7 @@ impl Semaphores {
         }
         semaphore.queue.push_back(Request {
             session,
-            count,
+            want,
             attempt,
         });
         let position = semaphore.queue.len();
@@ -337,7 +474,7 @@ impl Semaphores {
         // Granted waiters stay linked: they waited, and now they hold.
         let semaphore = self.by_name.get_mut(name).expect("left semaphore exists");
         while let Some(head) = semaphore.queue.front() {
-            if head.count > semaphore.free() {
+            if !semaphore.fits(head.want) {
                 break;
             }
             let head = semaphore.queue.pop_front().expect("head exists");
@@ -345,7 +482,7 @@ impl Semaphores {
                 semaphore,
                 next_token,
                 head.session,
-                head.count,
+                head.want,
                 head.attempt,
                 name,
                 events,
@@ -406,20 +543,43 @@ impl Semaphores {
             .is_some_and(|names| names.contains(name))
     }
 
-    /// Whether an acquire of `count` permits of `name` by `session` would
-    /// queue, applied now.
-    pub(crate) fn acquire_would_queue(&self, session: SessionId, name: &str, count: u32) -> bool {
+    /// Whether an acquire of `want` of `name` by `session` would queue,
+    /// applied now.
+    pub(crate) fn acquire_would_queue(&self, session: SessionId, name: &str, want: Want) -> bool {
         self.by_name.get(name).is_some_and(|semaphore| {
             !semaphore.holders.contains_key(&session)
-                && (!semaphore.queue.is_empty() || count > semaphore.free())
+                && semaphore.rule.kind() == want.kind()
+                && (!semaphore.queue.is_empty() || !semaphore.fits(want))
         })
     }
 
+    /// The rule of the name, if it exists.
+    pub fn rule(&self, name: &str) -> Option<Rule> {
+        self.by_name.get(name).map(|semaphore| semaphore.rule)
+    }
+
+    /// What `session` holds of `name`, if anything.
+    pub fn held_by(&self, session: SessionId, name: &str) -> Option<Want> {
+        let holding = self.by_name.get(name)?.holders.get(&session)?;
+        Some(holding.want)
+    }
+
+    /// Whether `token` is the live exclusive hold of the read/write lock
+    /// `name` (a fenced write naming it must carry one).
+    pub fn holds_exclusive(&self, name: &str, token: Token) -> bool {
+        self.by_name.get(name).is_some_and(|semaphore| {
+            semaphore.holders.values().any(|holding| {
+                holding.want == Want::Rw(RwMode::Exclusive) && holding.permits[0].token == token
+            })
+        })
+    }
+
+    /// The counting semaphore `name` (none if it is a read/write lock).
     pub fn semaphore(&self, name: &str) -> Option<SemaphoreInfo> {
         let semaphore = self.by_name.get(name)?;
         Some(SemaphoreInfo {
             name: name.to_owned(),
-            capacity: semaphore.capacity,
+            capacity: semaphore.capacity()?,
             holders: semaphore
                 .holders
                 .iter()
@@ -428,12 +588,36 @@ impl Semaphores {
             waiters: semaphore
                 .queue
                 .iter()
-                .map(|request| (request.session, request.count))
+                .map(|request| (request.session, permits_of(request.want)))
                 .collect(),
         })
     }
 
-    /// Semaphores in name order, starting after `after` (for paging).
+    /// The read/write lock `name` (none if it is a counting semaphore).
+    pub fn rw_lock(&self, name: &str) -> Option<RwLockInfo> {
+        let semaphore = self.by_name.get(name)?;
+        if semaphore.rule != Rule::ReadWrite {
+            return None;
+        }
+        Some(RwLockInfo {
+            name: name.to_owned(),
+            holders: semaphore
+                .holders
+                .iter()
+                .map(|(session, holding)| {
+                    (*session, mode_of(holding.want), holding.permits[0].token)
+                })
+                .collect(),
+            waiters: semaphore
+                .queue
+                .iter()
+                .map(|request| (request.session, mode_of(request.want)))
+                .collect(),
+        })
+    }
+
+    /// Counting semaphores in name order, starting after `after` (for
+    /// paging).
     pub fn semaphores_after<'a>(
         &'a self,
         after: &'a str,
@@ -441,7 +625,7 @@ impl Semaphores {
         use std::ops::Bound;
         self.by_name
             .range::<_, str>((Bound::Excluded(after), Bound::Unbounded))
-            .map(|(name, _)| self.semaphore(name).expect("listed semaphore exists"))
+            .filter_map(|(name, _)| self.semaphore(name))
     }
 
     /// Every (session, semaphore) wait.
@@ -462,25 +646,44 @@ impl Semaphores {
         let mut linked: BTreeMap<SessionId, BTreeSet<&str>> = BTreeMap::new();
         for (name, semaphore) in &self.by_name {
             assert!(!semaphore.is_unused(), "unused semaphore {name:?} kept");
-            assert!((1..=MAX_PERMITS).contains(&semaphore.capacity));
-            assert!(
-                semaphore.held() <= semaphore.capacity,
-                "semaphore {name:?} has {} permits out of {}",
-                semaphore.held(),
-                semaphore.capacity
-            );
+            let kind = semaphore.rule.kind();
+            match semaphore.rule {
+                Rule::Permits { capacity } => {
+                    assert!((1..=MAX_PERMITS).contains(&capacity));
+                    assert!(
+                        semaphore.held() <= capacity,
+                        "semaphore {name:?} has {} permits out of {capacity}",
+                        semaphore.held(),
+                    );
+                }
+                Rule::ReadWrite => {
+                    let exclusive = semaphore
+                        .holders
+                        .values()
+                        .filter(|h| h.want == Want::Rw(RwMode::Exclusive))
+                        .count();
+                    assert!(
+                        exclusive == 0 || semaphore.holders.len() == 1,
+                        "read/write lock {name:?} has an exclusive holder beside others"
+                    );
+                }
+            }
             let mut slots = BTreeSet::new();
             for (session, holding) in &semaphore.holders {
                 assert!(is_live(*session), "dead session {session} holds {name:?}");
-                assert!(!holding.permits.is_empty());
+                assert_eq!(holding.want.kind(), kind, "{name:?} mixes kinds");
+                assert_eq!(holding.permits.len() as u32, permits_of(holding.want));
                 for pair in holding.permits.windows(2) {
                     assert!(pair[0].token < pair[1].token, "a grant's tokens go back");
                 }
                 for permit in &holding.permits {
                     assert!(permit.token.0 < next_token, "permit token not issued");
-                    assert!(permit.slot < semaphore.capacity, "slot out of range");
                     assert!(
-                        slots.insert(permit.slot),
+                        permit.slot < semaphore.capacity().unwrap_or(1),
+                        "slot out of range"
+                    );
+                    assert!(
+                        slots.insert(permit.slot) || semaphore.rule == Rule::ReadWrite,
                         "two permits on slot {}",
                         permit.slot
                     );
@@ -490,13 +693,17 @@ impl Semaphores {
             // The head of a queue waits only because it does not fit.
             if let Some(head) = semaphore.queue.front() {
                 assert!(
-                    head.count > semaphore.free(),
+                    !semaphore.fits(head.want),
                     "head of {name:?} fits but waits"
                 );
             }
             for request in &semaphore.queue {
                 assert!(is_live(request.session), "dead session queued on {name:?}");
-                assert!((1..=semaphore.capacity).contains(&request.count));
+                assert_eq!(request.want.kind(), kind, "{name:?} mixes kinds");
+                if let (Some(capacity), Want::Permits(count)) = (semaphore.capacity(), request.want)
+                {
+                    assert!((1..=capacity).contains(&count));
+                }
                 assert!(
                     !semaphore.holders.contains_key(&request.session),
                     "holder of {name:?} also waits on it"
@@ -520,19 +727,24 @@ impl Semaphores {
     }
 }
 
-/// Gives `count` permits of `semaphore` to `session`: one token each, on
-/// the lowest free slots. Returns the first token, which names the grant.
+/// Gives `want` of `semaphore` to `session`: for permits, one token each
+/// on the lowest free slots; for a read/write hold, one token. Returns the
+/// first token, which names the grant.
 fn grant(
     semaphore: &mut Semaphore,
     next_token: &mut u64,
     session: SessionId,
-    count: u32,
+    want: Want,
     attempt: u64,
     name: &str,
     events: &mut Vec<Event>,
 ) -> Token {
-    let permits: Vec<Permit> = semaphore
-        .free_slots(count)
+    let count = permits_of(want);
+    let slots = match want {
+        Want::Permits(count) => semaphore.free_slots(count),
+        Want::Rw(_) => vec![0],
+    };
+    let permits: Vec<Permit> = slots
         .into_iter()
         .map(|slot| Permit {
             token: crate::table::take_token(next_token),
@@ -541,15 +753,34 @@ fn grant(
         .collect();
     assert_eq!(permits.len(), count as usize, "granted without free slots");
     let token = permits[0].token;
-    semaphore
-        .holders
-        .insert(session, Holding { permits, attempt });
+    let holding = Holding {
+        want,
+        permits,
+        attempt,
+    };
+    semaphore.holders.insert(session, holding);
     events.push(Event::Granted {
         lock: name.to_owned(),
         session,
         token,
     });
     token
+}
+
+/// How many permits (tokens) a grant of `want` takes.
+fn permits_of(want: Want) -> u32 {
+    match want {
+        Want::Permits(count) => count,
+        Want::Rw(_) => 1,
+    }
+}
+
+/// The mode of a read/write lock's hold or request.
+fn mode_of(want: Want) -> RwMode {
+    match want {
+        Want::Rw(mode) => mode,
+        Want::Permits(_) => unreachable!("permits of a read/write lock"),
+    }
 }
 
 /// The attempt an abandonment must name, after an acquire with `attempt`:

@@ -18,12 +18,13 @@ use crate::audit::{self, AuditKind, AuditRecord};
 use crate::command::{Applied, SessionEnd};
 use crate::fenced::Change;
 use crate::limits::validate_lock_delay;
-use crate::semaphore::PermitRequest;
+use crate::semaphore::ShareRequest;
 use crate::{
     validate_key, validate_lock_name, validate_ttl, validate_value, AcquireOutcome, Command, Event,
     FeatureLevel, FencedStore, Limits, LockError, Outcome, SecretHash, Semaphores, SessionId,
     TableLimits, Token,
 };
+use crate::{Rule, RwMode, Want};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -295,14 +296,18 @@ impl LockTable {
                 Some(open) => open.owner.clone(),
                 None => ending_owner.clone(),
             };
-            let is_semaphore = |name: &str| self.semaphores.contains(name);
+            let granted_as = |name: &str, session| match self.semaphores.held_by(session, name) {
+                Some(Want::Permits(_)) => AuditKind::PermitsGranted,
+                Some(Want::Rw(RwMode::Shared)) => AuditKind::SharedGranted,
+                Some(Want::Rw(RwMode::Exclusive)) | None => AuditKind::Granted,
+            };
             let records = audit::records(
                 command,
                 &applied.events,
                 self.applied,
                 at_ms,
                 owner_of,
-                is_semaphore,
+                granted_as,
             );
             self.applied += 1;
             for record in records {
@@ -364,13 +369,31 @@ impl LockTable {
                 wait,
                 attempt,
             } => {
-                let request = PermitRequest {
-                    capacity: *capacity,
-                    count: *count,
+                let request = ShareRequest {
+                    rule: Rule::Permits {
+                        capacity: *capacity,
+                    },
+                    want: Want::Permits(*count),
                     wait: *wait,
                     attempt: *attempt,
                 };
-                self.acquire_permits(*session, semaphore, request, &mut events)
+                self.acquire_shared(*session, semaphore, request, &mut events)
+                    .map(Outcome::Acquire)
+            }
+            Command::AcquireRw {
+                session,
+                lock,
+                mode,
+                wait,
+                attempt,
+            } => {
+                let request = ShareRequest {
+                    rule: Rule::ReadWrite,
+                    want: Want::Rw(*mode),
+                    wait: *wait,
+                    attempt: *attempt,
+                };
+                self.acquire_shared(*session, lock, request, &mut events)
                     .map(Outcome::Acquire)
             }
             Command::EndLockDelay { lock, token, .. } => {
@@ -494,10 +517,19 @@ impl LockTable {
                 next: Token(self.next_token),
             });
         }
-        if let Some(semaphore) = lock.filter(|name| self.semaphores.contains(name)) {
-            if !self.semaphores.holds_permit(semaphore, token) {
+        if let Some(shared) = lock.filter(|name| self.semaphores.contains(name)) {
+            // A read/write lock's shared holders may read, with a fence
+            // that keeps an older writer out; only its exclusive holder
+            // may write.
+            let current = match (self.semaphores.rule(shared), &change) {
+                (Some(Rule::ReadWrite), Change::Put(_) | Change::Delete) => {
+                    self.semaphores.holds_exclusive(shared, token)
+                }
+                _ => self.semaphores.holds_permit(shared, token),
+            };
+            if !current {
                 return Err(LockError::NotCurrentGrant {
-                    lock: semaphore.to_owned(),
+                    lock: shared.to_owned(),
                     presented: token,
                     current: None,
                 });
@@ -599,8 +631,8 @@ impl LockTable {
         if !self.sessions.contains_key(&session) {
             return Err(LockError::UnknownSession(session));
         }
-        if self.semaphores.contains(name) {
-            return Err(wrong_kind(name, "semaphore", "lock"));
+        if let Some(rule) = self.semaphores.rule(name) {
+            return Err(wrong_kind(name, rule.kind(), "lock"));
         }
         let Some(lock) = self.locks.get_mut(name) else {
             let limit = self.limits.max_locks;
@@ -661,17 +693,22 @@ impl LockTable {
         Ok(AcquireOutcome::Queued { position })
     }
 
-    fn acquire_permits(
+    /// An acquire of a semaphore's permits or of a read/write lock.
+    fn acquire_shared(
         &mut self,
         session: SessionId,
         name: &str,
-        request: PermitRequest,
+        request: ShareRequest,
         events: &mut Vec<Event>,
     ) -> Result<AcquireOutcome, LockError> {
-        if self.cluster_version < FeatureLevel::SEMAPHORES {
+        let (feature, needed) = match request.rule {
+            Rule::Permits { .. } => ("semaphores", FeatureLevel::SEMAPHORES),
+            Rule::ReadWrite => ("read/write locks", FeatureLevel::RW_LOCKS),
+        };
+        if self.cluster_version < needed {
             return Err(LockError::NeedsClusterVersion {
-                feature: "semaphores".to_owned(),
-                needed: FeatureLevel::SEMAPHORES,
+                feature: feature.to_owned(),
+                needed,
                 current: self.cluster_version,
             });
         }
@@ -680,7 +717,7 @@ impl LockTable {
             return Err(LockError::UnknownSession(session));
         }
         if self.locks.contains_key(name) {
-            return Err(wrong_kind(name, "lock", "semaphore"));
+            return Err(wrong_kind(name, "lock", request.rule.kind()));
         }
         let limit = self.limits.max_locks;
         if !self.semaphores.contains(name) && self.name_count() >= limit {
@@ -951,7 +988,14 @@ impl LockTable {
     /// permits of a semaphore.
     pub fn permits_would_queue(&self, session: SessionId, semaphore: &str, count: u32) -> bool {
         self.semaphores
-            .acquire_would_queue(session, semaphore, count)
+            .acquire_would_queue(session, semaphore, Want::Permits(count))
+    }
+
+    /// Whether an acquire by `session` of the read/write lock `lock` in
+    /// `mode` would queue, applied now.
+    pub fn rw_would_queue(&self, session: SessionId, lock: &str, mode: RwMode) -> bool {
+        self.semaphores
+            .acquire_would_queue(session, lock, Want::Rw(mode))
     }
 
     /// Whether `session` holds `lock` or waits in its queue: an acquire of

@@ -1,13 +1,15 @@
-//! Property tests of counting semaphores: random commands, locks on the
-//! same names among them, checked against what the table reports (its
-//! outcomes, events and listings) after every step: never more permits out
-//! than the capacity, never two live permits on one slot, tokens strictly
-//! increasing, grants in FIFO order, nobody waiting while its request fits,
-//! one name one kind, and nothing left once every session ends.
+//! Property tests of counting semaphores and read/write locks: random
+//! commands, locks on the same names among them, checked against what the
+//! table reports (its outcomes, events and listings) after every step:
+//! never more permits out than the capacity, never two live permits on one
+//! slot, never an exclusive holder beside another, tokens strictly
+//! increasing, grants in FIFO order (so no reader passes a queued writer),
+//! nobody waiting while its request fits, one name one kind, and nothing
+//! left once every session ends.
 
 use deadbolt_core::{
-    AcquireOutcome, Command, Event, FeatureLevel, LockError, LockTable, Outcome, SecretHash,
-    SessionId, Token,
+    AcquireOutcome, Command, Event, FeatureLevel, LockError, LockTable, Outcome, RwMode,
+    SecretHash, SessionId, Token,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -21,6 +23,8 @@ enum Step {
     Expire(usize),
     /// Session, name, capacity, count, wait, attempt.
     Permits(usize, usize, u32, u32, bool, u64),
+    /// Session, name, exclusive, wait, attempt: a read/write acquire.
+    Rw(usize, usize, bool, bool, u64),
     /// A mutex acquire on one of the same names.
     Lock(usize, usize),
     /// Release the session's grant with its token, or a wrong one.
@@ -39,6 +43,8 @@ fn step() -> impl Strategy<Value = Step> {
         8 => (0..6usize, 0..3usize, prop::sample::select(vec![3u32, 3, 3, 2, 4]), 0..5u32,
               prop::bool::weighted(0.8), 0..3u64)
             .prop_map(|(s, n, c, k, w, a)| Step::Permits(s, n, c, k, w, a)),
+        6 => (0..6usize, 0..3usize, prop::bool::weighted(0.3), prop::bool::weighted(0.8), 0..3u64)
+            .prop_map(|(s, n, x, w, a)| Step::Rw(s, n, x, w, a)),
         1 => (0..6usize, 0..3usize).prop_map(|(s, n)| Step::Lock(s, n)),
         4 => (0..6usize, 0..3usize, prop::bool::weighted(0.9))
             .prop_map(|(s, n, ok)| Step::Release(s, n, ok)),
@@ -145,6 +151,16 @@ fn command(step: &Step, seen: &Seen) -> Command {
             wait,
             attempt,
         },
+        Step::Rw(s, n, exclusive, wait, attempt) => Command::AcquireRw {
+            session: seen.session(s),
+            lock: name(n),
+            mode: match exclusive {
+                true => RwMode::Exclusive,
+                false => RwMode::Shared,
+            },
+            wait,
+            attempt,
+        },
         Step::Lock(s, n) => Command::Acquire {
             session: seen.session(s),
             lock: name(n),
@@ -178,10 +194,19 @@ fn command(step: &Step, seen: &Seen) -> Command {
 }
 
 /// What every listing must show, whatever happened: permits within the
-/// capacity, one permit per slot, and a head of the queue that waits only
-/// because its request does not fit.
+/// capacity, one permit per slot, an exclusive holder alone, and a head of
+/// the queue that waits only because its request does not fit.
 fn check_listings(table: &LockTable) {
     for name in NAMES {
+        if let Some(info) = table.semaphores().rw_lock(name) {
+            let exclusive = |mode: &RwMode| *mode == RwMode::Exclusive;
+            let writers = info.holders.iter().filter(|(_, m, _)| exclusive(m)).count();
+            assert!(writers == 0 || info.holders.len() == 1, "{name}: {info:?}");
+            if let Some((_, mode)) = info.waiters.first() {
+                assert!(writers > 0 || (exclusive(mode) && !info.holders.is_empty()));
+            }
+            assert!(table.semaphores().semaphore(name).is_none());
+        }
         let Some(info) = table.semaphores().semaphore(name) else {
             continue;
         };
@@ -217,7 +242,9 @@ fn run(table: &mut LockTable, seen: &mut Seen, command: &Command) -> Result<Outc
         Command::AcquirePermits {
             session, semaphore, ..
         } => Some((session, semaphore)),
-        Command::Acquire { session, lock, .. } => Some((session, lock)),
+        Command::Acquire { session, lock, .. } | Command::AcquireRw { session, lock, .. } => {
+            Some((session, lock))
+        }
         _ => None,
     };
     // Locks on the same names queue too; their queues are followed alike.
@@ -264,7 +291,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
-    fn semaphores_keep_their_rules_under_any_command_sequence(
+    fn semaphores_and_rw_locks_keep_their_rules_under_any_command_sequence(
         steps in prop::collection::vec(step(), 1..150),
     ) {
         let mut table = at_semaphore_level();
@@ -276,7 +303,8 @@ proptest! {
                     LockError::UnknownSession(_) | LockError::NoPermits { .. }
                     | LockError::Busy { .. } | LockError::NotHolder { .. }
                     | LockError::StaleToken { .. } | LockError::InvalidPermits { .. }
-                    | LockError::CapacityMismatch { .. } | LockError::WrongKind { .. });
+                    | LockError::CapacityMismatch { .. } | LockError::WrongKind { .. }
+                    | LockError::RwBusy { .. } | LockError::OtherMode { .. });
                 prop_assert!(expected, "unexpected error {}", err);
             }
         }
@@ -396,4 +424,150 @@ fn one_name_is_one_kind() {
         .unwrap_err()
         .to_string()
         .starts_with("semaphore \"pool\" has 3 permits, not 5"));
+}
+
+fn rw(session: SessionId, mode: RwMode, wait: bool) -> Command {
+    Command::AcquireRw {
+        session,
+        lock: "doc".into(),
+        mode,
+        wait,
+        attempt: 0,
+    }
+}
+
+fn granted(applied: &deadbolt_core::Applied) -> Vec<SessionId> {
+    let grants = applied.events.iter().filter_map(|event| match event {
+        Event::Granted { session, .. } => Some(*session),
+        _ => None,
+    });
+    grants.collect()
+}
+
+#[test]
+fn readers_share_a_queued_writer_holds_back_later_readers_and_readers_at_the_head_go_together() {
+    let mut table = at_semaphore_level();
+    let [r1, r2, w, r3, r4] = [(); 5].map(|()| open(&mut table));
+    table.apply(&rw(r1, RwMode::Shared, true)).outcome.unwrap();
+    assert!(matches!(
+        table.apply(&rw(r2, RwMode::Shared, true)).outcome,
+        Ok(Outcome::Acquire(AcquireOutcome::Granted { .. }))
+    ));
+    // The writer waits for both readers; a reader after it waits behind it
+    // although the lock is only held shared (no writer starvation).
+    for (session, mode, position) in [(w, RwMode::Exclusive, 1), (r3, RwMode::Shared, 2)] {
+        assert_eq!(
+            table.apply(&rw(session, mode, true)).outcome,
+            Ok(Outcome::Acquire(AcquireOutcome::Queued { position }))
+        );
+    }
+    let busy = table
+        .apply(&rw(r4, RwMode::Shared, false))
+        .outcome
+        .unwrap_err();
+    assert_eq!(
+        busy.to_string(),
+        "read/write lock \"doc\" cannot be taken shared now: held shared by 2, 2 requests \
+         queued ahead"
+    );
+    table.apply(&rw(r4, RwMode::Shared, true)).outcome.unwrap();
+    // The readers leave: the writer alone; then both readers behind it at once.
+    let close = |session| Command::CloseSession { session };
+    assert!(granted(&table.apply(&close(r1))).is_empty());
+    assert_eq!(granted(&table.apply(&close(r2))), vec![w]);
+    assert_eq!(granted(&table.apply(&close(w))), vec![r3, r4]);
+    let info = table.semaphores().rw_lock("doc").unwrap();
+    let modes: Vec<RwMode> = info.holders.iter().map(|(_, mode, _)| *mode).collect();
+    assert_eq!(modes, [RwMode::Shared, RwMode::Shared]);
+    assert!(
+        info.holders[0].2 < info.holders[1].2,
+        "one token each, in order"
+    );
+}
+
+#[test]
+fn a_hold_keeps_its_mode_and_a_name_its_kind() {
+    let mut table = LockTable::new();
+    let session = open(&mut table);
+    let refused = table.apply(&rw(session, RwMode::Shared, true));
+    assert!(matches!(
+        refused.outcome,
+        Err(LockError::NeedsClusterVersion { needed, .. }) if needed == FeatureLevel::RW_LOCKS
+    ));
+    let mut table = at_semaphore_level();
+    let session = open(&mut table);
+    table
+        .apply(&rw(session, RwMode::Shared, true))
+        .outcome
+        .unwrap();
+    let upgrade = table.apply(&rw(session, RwMode::Exclusive, true)).outcome;
+    assert!(
+        matches!(
+            upgrade,
+            Err(LockError::OtherMode {
+                has: RwMode::Shared,
+                ..
+            })
+        ),
+        "{upgrade:?}"
+    );
+    let as_semaphore = table.apply(&Command::AcquirePermits {
+        session,
+        semaphore: "doc".into(),
+        capacity: 3,
+        count: 1,
+        wait: true,
+        attempt: 0,
+    });
+    assert_eq!(
+        as_semaphore.outcome.unwrap_err().to_string(),
+        "\"doc\" is a read/write lock, not a semaphore: one name is one kind"
+    );
+    table.apply(&permits(session, 1)).outcome.unwrap();
+    let pool_as_rw = table.apply(&Command::AcquireRw {
+        session,
+        lock: "pool".into(),
+        mode: RwMode::Exclusive,
+        wait: true,
+        attempt: 0,
+    });
+    assert_eq!(
+        pool_as_rw.outcome.unwrap_err().to_string(),
+        "\"pool\" is a semaphore, not a read/write lock: one name is one kind"
+    );
+}
+
+#[test]
+fn a_shared_token_fences_reads_and_only_the_exclusive_one_writes() {
+    let mut table = at_semaphore_level();
+    let (reader, writer) = (open(&mut table), open(&mut table));
+    let token_of = |outcome| match outcome {
+        Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) => token,
+        other => panic!("{other:?}"),
+    };
+    let shared = token_of(table.apply(&rw(reader, RwMode::Shared, true)).outcome);
+    let put = |token| Command::StorePut {
+        key: "doc/body".into(),
+        value: "v".into(),
+        token,
+        lock: Some("doc".into()),
+    };
+    let refused = table.apply(&put(shared)).outcome;
+    assert!(
+        matches!(refused, Err(LockError::NotCurrentGrant { .. })),
+        "{refused:?}"
+    );
+    let read = Command::StoreRead {
+        key: "doc/body".into(),
+        token: shared,
+        lock: Some("doc".into()),
+    };
+    table.apply(&read).outcome.unwrap();
+    table
+        .apply(&Command::CloseSession { session: reader })
+        .outcome
+        .unwrap();
+    let exclusive = token_of(table.apply(&rw(writer, RwMode::Exclusive, true)).outcome);
+    assert!(exclusive > shared);
+    table.apply(&put(exclusive)).outcome.unwrap();
 }

@@ -690,6 +690,7 @@ fn audit_kind(kind: AuditKind) -> &'static str {
         AuditKind::Abandoned => "abandoned",
         AuditKind::Delayed => "delayed",
         AuditKind::PermitsGranted => "permits_granted",
+        AuditKind::SharedGranted => "shared_granted",
     }
 }
 

@@ -131,6 +131,7 @@ impl Admission {
             Command::OpenSession { .. }
             | Command::Acquire { .. }
             | Command::AcquirePermits { .. }
+            | Command::AcquireRw { .. }
             | Command::StorePut { .. }
             | Command::StoreRead { .. }
             | Command::StoreDelete { .. }

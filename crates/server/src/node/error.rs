@@ -50,8 +50,9 @@ impl From<LockError> for ApiError {
             | LockError::LimitOutOfRange { .. }
             | LockError::InvalidPermits { .. }
             | LockError::CapacityMismatch { .. }
-            | LockError::WrongKind { .. } => ErrorKind::InvalidArgument,
-            LockError::NoPermits { .. } => ErrorKind::Busy,
+            | LockError::WrongKind { .. }
+            | LockError::OtherMode { .. } => ErrorKind::InvalidArgument,
+            LockError::NoPermits { .. } | LockError::RwBusy { .. } => ErrorKind::Busy,
             LockError::NeedsClusterVersion { .. } => ErrorKind::NeedsUpgrade,
             // Only the leader's own timer commands are ever superseded.
             LockError::Superseded { .. } => ErrorKind::Unavailable,
