@@ -17,7 +17,8 @@
 //!   (grant and both increments acknowledged) within the bound;
 //! - **the service's own timeline** (its audit trail, read at the end): no
 //!   grant of a lock while an earlier grant of it had not ended (of a
-//!   semaphore: no more grants at once than it has permits), grant tokens
+//!   semaphore: no more grants at once than it has permits; of a
+//!   read/write lock: shared grants only beside shared ones), grant tokens
 //!   growing, and every grant a client was told of present in it (none lost
 //!   to a crash or a leader change).
 
@@ -257,7 +258,8 @@ pub fn check_scoped(
 
     // The service's own timeline.
     for (lock, trail) in &finals.audit {
-        // Grants not ended yet, by token; a semaphore's may be several.
+        // Grants not ended yet, by token; a semaphore's or a read/write
+        // lock's may be several.
         let room = finals
             .semaphores
             .get(lock)
@@ -266,8 +268,13 @@ pub fn check_scoped(
         let mut last_grant: Option<&AuditEntry> = None;
         for entry in trail {
             match entry.what.as_str() {
-                "granted" | "permits_granted" => {
-                    if holders.len() >= room {
+                what @ ("granted" | "permits_granted" | "shared_granted") => {
+                    let conflict = match what {
+                        "permits_granted" => holders.len() >= room,
+                        "shared_granted" => holders.values().any(|h| h.what != "shared_granted"),
+                        _ => !holders.is_empty(),
+                    };
+                    if conflict {
                         let held: Vec<u64> = holders.keys().copied().collect();
                         violations.push(Violation {
                             what: format!(
@@ -315,7 +322,7 @@ pub fn check_scoped(
             }
         }
         // Acknowledged grants no older than what the trail still keeps.
-        let is_grant = |e: &&AuditEntry| e.what == "granted" || e.what == "permits_granted";
+        let is_grant = |e: &&AuditEntry| e.what.ends_with("granted");
         let oldest = trail.iter().find(is_grant).map(|e| e.token);
         let in_trail: std::collections::HashSet<u64> =
             trail.iter().filter(is_grant).map(|e| e.token).collect();
@@ -502,6 +509,27 @@ mod tests {
             violations.iter().any(|v| v.what.contains("had not ended")),
             "{violations:?}"
         );
+        // A read/write lock: shared grants beside shared ones, an exclusive
+        // one alone, whichever came first.
+        let mut rw = finals(2, 2);
+        let trail = |grants: &[(u64, &str)]| -> Vec<AuditEntry> {
+            let seqs = 1..;
+            let granted = seqs
+                .zip(grants)
+                .map(|(seq, &(t, what))| audit(seq, t, what));
+            granted.chain([audit(9, 1, "released")]).collect()
+        };
+        let shared = [(1, "shared_granted"), (2, "shared_granted")];
+        for (grants, overlaps) in [
+            (&shared[..], false),
+            (&[(1, "shared_granted"), (2, "granted")][..], true),
+            (&[(1, "granted"), (2, "shared_granted")][..], true),
+        ] {
+            rw.audit.insert("l".into(), trail(grants));
+            let violations = check(&clean_history(), &[], &rw, 0, 1_000);
+            let found = violations.iter().any(|v| v.what.contains("had not ended"));
+            assert_eq!(found, overlaps, "{grants:?}: {violations:?}");
+        }
         let mut missing = finals(2, 2);
         missing.audit.insert(
             "l".into(),

@@ -15,7 +15,7 @@
 
 use crate::calls::Calls;
 use crate::error::describe_chain;
-use crate::{Error, ErrorKind, HealthResponse, LockState, Session, SessionHandle};
+use crate::{Error, ErrorKind, HealthResponse, LockState, RwMode, Session, SessionHandle};
 use deadbolt_proto::v1::access_client::AccessClient;
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
@@ -428,8 +428,41 @@ impl Client {
         timeout: Option<Duration>,
         lock_delay: Duration,
     ) -> Result<u64, Error> {
+        self.acquire_call(session, lock, wait, timeout, lock_delay, None)
+            .await
+    }
+
+    /// Takes the read/write lock `lock` in `mode` for a session (many
+    /// shared holders or one exclusive, FIFO across both;
+    /// docs/rw-locks.md) and returns the hold's fencing token; waits and
+    /// times out as [`acquire_raw`](Self::acquire_raw), and is released
+    /// with [`release_raw`](Self::release_raw).
+    pub async fn acquire_rw_raw(
+        &self,
+        session: &SessionHandle,
+        lock: &str,
+        mode: RwMode,
+        wait: bool,
+        timeout: Option<Duration>,
+    ) -> Result<u64, Error> {
+        self.acquire_call(session, lock, wait, timeout, Duration::ZERO, Some(mode))
+            .await
+    }
+
+    async fn acquire_call(
+        &self,
+        session: &SessionHandle,
+        lock: &str,
+        wait: bool,
+        timeout: Option<Duration>,
+        lock_delay: Duration,
+        mode: Option<RwMode>,
+    ) -> Result<u64, Error> {
         let call = || {
             Call::Acquire(AcquireRequest {
+                mode: mode
+                    .map(|mode| mode.as_str().to_owned())
+                    .unwrap_or_default(),
                 lock_delay_ms: millis(lock_delay),
                 session_id: session.id(),
                 session_secret: session.secret().to_owned(),

@@ -119,12 +119,12 @@ pub use backoff::Backoff;
 pub use client::{Client, Stored, TlsOptions};
 pub use deadbolt_proto::v1::{
     AclGrant, AclIdentity, AclRole, AclShowResponse, AclTokenInfo, AclTokenResponse, AuditEntry,
-    ClusterStatusResponse, HealthResponse, LimitsResponse, LockState, Member, Permit,
+    ClusterStatusResponse, HealthResponse, LimitsResponse, LockState, Member, Permit, RwHold,
     SemaphoreHolder, SemaphoreState, SemaphoreWaiter, SetLimitsRequest, TableLimits,
     WhoAmIResponse,
 };
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;
 pub use handle::SessionHandle;
-pub use lock::LockGuard;
+pub use lock::{LockGuard, RwMode};
 pub use session::{LeaseLost, Session};

@@ -9,6 +9,24 @@
 use crate::session::Claim;
 use crate::{Error, Permit, Session};
 
+/// How a read/write lock is held: beside other shared holders, or alone
+/// (docs/rw-locks.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RwMode {
+    Shared,
+    Exclusive,
+}
+
+impl RwMode {
+    /// The mode as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RwMode::Shared => "shared",
+            RwMode::Exclusive => "exclusive",
+        }
+    }
+}
+
 /// A lock held by a [`Session`]. Release it with [`release`](Self::release)
 /// to learn whether it was still held; dropping it releases in the
 /// background instead.

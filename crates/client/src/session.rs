@@ -11,7 +11,7 @@
 
 use crate::backoff::retry;
 use crate::clock::BootInstant;
-use crate::{Client, Error, ErrorKind, LockGuard, Permit, SessionHandle};
+use crate::{Client, Error, ErrorKind, LockGuard, Permit, RwMode, SessionHandle};
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -399,6 +399,59 @@ impl Session {
             Err(error) if error.kind() == ErrorKind::Busy => Ok(None),
             Err(error) => Err(error),
         }
+    }
+
+    /// Takes the read/write lock `lock` shared, beside other readers,
+    /// waiting in its FIFO queue (behind any writer that came first) for
+    /// as long as it takes. Released as [`lock`](Self::lock)'s guard is.
+    pub async fn read_lock(&self, lock: &str) -> Result<LockGuard, Error> {
+        self.rw_lock_within(lock, RwMode::Shared, true, None).await
+    }
+
+    /// Takes the read/write lock `lock` exclusive: alone, once every
+    /// holder and everyone queued ahead is done.
+    pub async fn write_lock(&self, lock: &str) -> Result<LockGuard, Error> {
+        self.rw_lock_within(lock, RwMode::Exclusive, true, None)
+            .await
+    }
+
+    /// [`read_lock`](Self::read_lock) or [`write_lock`](Self::write_lock),
+    /// waiting at most `timeout`; after that it fails with
+    /// [`ErrorKind::WaitTimeout`].
+    pub async fn rw_lock_timeout(
+        &self,
+        lock: &str,
+        mode: RwMode,
+        timeout: Duration,
+    ) -> Result<LockGuard, Error> {
+        self.rw_lock_within(lock, mode, true, Some(timeout)).await
+    }
+
+    /// Takes the read/write lock `lock` in `mode` if that is possible now
+    /// with nobody queued ahead; `None` otherwise.
+    pub async fn try_rw_lock(&self, lock: &str, mode: RwMode) -> Result<Option<LockGuard>, Error> {
+        match self.rw_lock_within(lock, mode, false, None).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(error) if error.kind() == ErrorKind::Busy => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn rw_lock_within(
+        &self,
+        lock: &str,
+        mode: RwMode,
+        wait: bool,
+        timeout: Option<Duration>,
+    ) -> Result<LockGuard, Error> {
+        let (client, handle) = (&self.inner.client, self.handle());
+        self.acquire_with(lock, timeout, |remaining| async move {
+            let token = client
+                .acquire_rw_raw(handle, lock, mode, wait, remaining)
+                .await?;
+            Ok((token, Vec::new()))
+        })
+        .await
     }
 
     /// Takes `count` permits of the semaphore `semaphore` (created with

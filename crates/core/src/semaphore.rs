@@ -628,6 +628,14 @@ impl Semaphores {
             .filter_map(|(name, _)| self.semaphore(name))
     }
 
+    /// Read/write locks in name order, starting after `after` (for paging).
+    pub fn rw_locks_after<'a>(&'a self, after: &'a str) -> impl Iterator<Item = RwLockInfo> + 'a {
+        use std::ops::Bound;
+        self.by_name
+            .range::<_, str>((Bound::Excluded(after), Bound::Unbounded))
+            .filter_map(|(name, _)| self.rw_lock(name))
+    }
+
     /// Every (session, semaphore) wait.
     pub(crate) fn waits(&self) -> impl Iterator<Item = (SessionId, &str)> + '_ {
         self.by_name.iter().flat_map(|(name, semaphore)| {

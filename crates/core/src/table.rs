@@ -24,7 +24,7 @@ use crate::{
     FeatureLevel, FencedStore, Limits, LockError, Outcome, SecretHash, Semaphores, SessionId,
     TableLimits, Token,
 };
-use crate::{Rule, RwMode, Want};
+use crate::{Rule, RwLockInfo, RwMode, Want};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
@@ -191,6 +191,10 @@ pub struct LockInfo {
     /// In lock-delay: `holder` is the expired session whose grant `token`
     /// was, and nobody holds the lock until the delay ends.
     pub delayed: bool,
+    /// A read/write lock's holders and waiters with their modes; `holder`
+    /// is then its first holder and `token` its newest hold's. `None` for
+    /// a lock.
+    pub rw: Option<RwLockInfo>,
 }
 
 impl Default for LockTable {
@@ -950,6 +954,25 @@ impl LockTable {
             token: lock.token,
             waiters: lock.queue.iter().copied().collect(),
             delayed: lock.delay_ms.is_some(),
+            rw: None,
+        })
+    }
+
+    /// The lock or read/write lock `name`, as [`LockInfo`].
+    pub fn lock_or_rw(&self, name: &str) -> Option<LockInfo> {
+        self.lock(name)
+            .or_else(|| self.semaphores.rw_lock(name).map(rw_as_lock))
+    }
+
+    /// Locks and read/write locks in name order, starting after `after`
+    /// (for paging).
+    pub fn locks_and_rw_after<'a>(&'a self, after: &'a str) -> impl Iterator<Item = LockInfo> + 'a {
+        let mut locks = self.locks_after(after).peekable();
+        let mut rw_locks = self.semaphores.rw_locks_after(after).peekable();
+        std::iter::from_fn(move || match (locks.peek(), rw_locks.peek()) {
+            (Some(lock), Some(rw)) if rw.name < lock.name => rw_locks.next().map(rw_as_lock),
+            (Some(_), _) => locks.next(),
+            (None, _) => rw_locks.next().map(rw_as_lock),
         })
     }
 
@@ -1200,6 +1223,24 @@ pub(crate) fn take_token(next_token: &mut u64) -> Token {
     let token = Token(*next_token);
     *next_token = next_token.checked_add(1).expect("token counter overflow");
     token
+}
+
+/// A read/write lock as a [`LockInfo`]: its first holder and its newest
+/// hold's token stand for the holder and the token.
+fn rw_as_lock(rw: RwLockInfo) -> LockInfo {
+    let holder = rw
+        .holders
+        .first()
+        .map_or(SessionId(0), |(session, ..)| *session);
+    let token = rw.holders.iter().map(|(.., token)| *token).max();
+    LockInfo {
+        name: rw.name.clone(),
+        holder,
+        token: token.unwrap_or(Token(0)),
+        waiters: rw.waiters.iter().map(|(session, _)| *session).collect(),
+        delayed: false,
+        rw: Some(rw),
+    }
 }
 
 fn wrong_kind(name: &str, kind: &str, asked: &str) -> LockError {

@@ -11,7 +11,8 @@ use crate::metrics::Call;
 use crate::node::{ApiError, Health, Node, OwnedSession};
 use crate::secret::SecretSource;
 use deadbolt_core::{
-    AclCommand, AuditKind, Grant, LockInfo, Permission, Proposal, SessionId, StoredValue, Token,
+    AclCommand, AuditKind, Grant, LockInfo, Permission, Proposal, RwMode, SessionId, StoredValue,
+    Token,
 };
 use deadbolt_proto::v1::*;
 use deadbolt_proto::ErrorKind;
@@ -143,17 +144,30 @@ impl Api {
             let session = self
                 .owned(&caller, request.session_id, &request.session_secret)
                 .await?;
-            let token = self
-                .node
-                .acquire(
-                    session,
-                    &request.lock,
-                    request.wait,
-                    request.timeout_ms.map(Duration::from_millis),
-                    request.attempt,
-                    Duration::from_millis(request.lock_delay_ms),
-                )
-                .await?;
+            let timeout = request.timeout_ms.map(Duration::from_millis);
+            let (wait, attempt) = (request.wait, request.attempt);
+            let token = match rw_mode(&request.mode)? {
+                None => {
+                    let lock_delay = Duration::from_millis(request.lock_delay_ms);
+                    let lock = &request.lock;
+                    let node = &self.node;
+                    node.acquire(session, lock, wait, timeout, attempt, lock_delay)
+                        .await?
+                }
+                Some(_) if request.lock_delay_ms > 0 => {
+                    return Err(ApiError::new(
+                        ErrorKind::InvalidArgument,
+                        "lock_delay_ms is for locks: a read/write lock has none (fence its \
+                         resource instead)",
+                    ));
+                }
+                Some(mode) => {
+                    let lock = &request.lock;
+                    let node = &self.node;
+                    node.acquire_rw(session, lock, mode, wait, timeout, attempt)
+                        .await?
+                }
+            };
             Ok(AcquireResponse { token: token.0 })
         })
         .await
@@ -698,14 +712,50 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// An acquire's `mode`: none for a lock, or a read/write lock's.
+fn rw_mode(mode: &str) -> Result<Option<RwMode>, ApiError> {
+    match mode {
+        "" => Ok(None),
+        "shared" => Ok(Some(RwMode::Shared)),
+        "exclusive" => Ok(Some(RwMode::Exclusive)),
+        other => Err(ApiError::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "mode {other:?} is not one: \"shared\" or \"exclusive\" for a read/write lock, \
+                 empty for a lock"
+            ),
+        )),
+    }
+}
+
 fn lock_state(info: LockInfo) -> LockState {
-    LockState {
+    let hold = |session: SessionId, mode: RwMode, token: Token| RwHold {
+        session_id: session.0,
+        mode: mode.to_string(),
+        token: token.0,
+    };
+    let mut state = LockState {
         lock: info.name,
         holder_session_id: info.holder.0,
         token: info.token.0,
         waiter_session_ids: info.waiters.into_iter().map(|s| s.0).collect(),
         lock_delay: info.delayed,
+        ..LockState::default()
+    };
+    if let Some(rw) = info.rw {
+        state.mode = rw
+            .holders
+            .first()
+            .map(|h| h.1.to_string())
+            .unwrap_or_default();
+        let holders = rw.holders.into_iter();
+        state.holders = holders
+            .map(|(s, mode, token)| hold(s, mode, token))
+            .collect();
+        let waiters = rw.waiters.into_iter();
+        state.waiters = waiters.map(|(s, mode)| hold(s, mode, Token(0))).collect();
     }
+    state
 }
 
 fn permit(permit: &deadbolt_core::Permit) -> Permit {

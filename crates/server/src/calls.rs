@@ -351,7 +351,7 @@ mod tests {
                 wait,
                 timeout_ms: None,
                 attempt,
-                lock_delay_ms: 0,
+                ..AcquireRequest::default()
             };
         let held = api
             .acquire(anonymous, acquire(&holder_session, false, 1))

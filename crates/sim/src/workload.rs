@@ -39,6 +39,10 @@ const PAUSE_CHANCE: f64 = 0.03;
 /// permits, taken one at a time; the others are locks.
 pub const SEMAPHORE_PREFIX: &str = "semaphore-";
 pub const SEMAPHORE_PERMITS: u32 = 2;
+/// Names with this prefix are read/write locks: clients with an even id
+/// take them exclusive (and increment, as for a lock), the others shared
+/// (and only hold them: a shared holder may not write).
+pub const RW_PREFIX: &str = "rw-";
 
 /// The history of a run, in the order things happened, and when each
 /// session's lease last (re)started by its client's account.
@@ -463,6 +467,12 @@ impl Client {
         self.attempts += 1;
         let attempt = self.attempts;
         let timeout_ms = Some(ACQUIRE_WAIT.as_millis() as u64);
+        let shared = lock.starts_with(RW_PREFIX) && self.id % 2 == 1;
+        let mode = match (lock.starts_with(RW_PREFIX), shared) {
+            (false, _) => "",
+            (true, true) => "shared",
+            (true, false) => "exclusive",
+        };
         let acquired = match lock.starts_with(SEMAPHORE_PREFIX) {
             false => self
                 .router
@@ -477,6 +487,7 @@ impl Client {
                             timeout_ms,
                             attempt,
                             lock_delay_ms: 0,
+                            mode: mode.to_owned(),
                         };
                         api.acquire(&credentials, request).await
                     }
@@ -530,8 +541,10 @@ impl Client {
             tokio::time::sleep(pause).await;
         }
 
-        self.store_increment(lock, token).await;
-        self.resource_increment(lock, token).await;
+        if !shared {
+            self.store_increment(lock, token).await;
+            self.resource_increment(lock, token).await;
+        }
 
         let release = self.start(Op::Release, lock, Some(token));
         let released = self

@@ -15,7 +15,7 @@ use super::{ApiError, Node, OwnedSession};
 use crate::proposer::{Admission, Pace, BACKGROUND_PROPOSALS_IN_FLIGHT};
 use crate::waits::{Subscription, WaitEnd};
 use deadbolt_core::{
-    validate_lock_name, AcquireOutcome, FeatureLevel, Permit, Proposal, SessionId, Token,
+    validate_lock_name, AcquireOutcome, FeatureLevel, Permit, Proposal, RwMode, SessionId, Token,
 };
 use deadbolt_proto::ErrorKind;
 use futures::StreamExt;
@@ -107,6 +107,25 @@ impl Node {
         }
     }
 
+    /// Takes the read/write lock `lock` in `mode`, as
+    /// [`acquire`](Self::acquire) takes a lock. Refused with
+    /// `needs_upgrade` until the cluster version allows read/write locks.
+    pub async fn acquire_rw(
+        &self,
+        session: OwnedSession,
+        lock: &str,
+        mode: RwMode,
+        wait: bool,
+        timeout: Option<Duration>,
+        attempt: u64,
+    ) -> Result<Token, ApiError> {
+        validate_lock_name(lock)?;
+        self.check_cluster_version_allows(FeatureLevel::RW_LOCKS, "read/write locks")?;
+        let asked = Asked::Rw { mode };
+        self.acquire_as(session, lock, asked, wait, timeout, attempt)
+            .await
+    }
+
     async fn acquire_as(
         &self,
         session: OwnedSession,
@@ -149,6 +168,7 @@ impl Node {
 enum Asked {
     Lock { lock_delay_ms: u64 },
     Permits { capacity: u32, count: u32 },
+    Rw { mode: RwMode },
 }
 
 impl Asked {
@@ -157,6 +177,7 @@ impl Asked {
         match self {
             Asked::Lock { .. } => "lock",
             Asked::Permits { .. } => "semaphore",
+            Asked::Rw { .. } => "read/write lock",
         }
     }
 }
@@ -184,6 +205,7 @@ impl AcquireCall {
             Asked::Permits { capacity, count } => {
                 Proposal::acquire_permits(session, name, capacity, count, wait, attempt)
             }
+            Asked::Rw { mode } => Proposal::acquire_rw(session, name, mode, wait, attempt),
         };
         // A retry of an acquire that already has its queue place (or grant)
         // is never refused as overloaded: refused for longer than the
@@ -196,6 +218,7 @@ impl AcquireCall {
                 Asked::Permits { count, .. } => {
                     table.permits_would_queue(self.session, &self.lock, count)
                 }
+                Asked::Rw { mode } => table.rw_would_queue(self.session, &self.lock, mode),
             };
             (
                 table.holds_or_waits(self.session, &self.lock),

@@ -348,7 +348,7 @@ impl Node {
 
     pub async fn lock_status(&self, lock: &str) -> Result<Option<LockInfo>, ApiError> {
         validate_lock_name(lock)?;
-        self.read_linearizable(|table| table.lock(lock)).await
+        self.read_linearizable(|table| table.lock_or_rw(lock)).await
     }
 
     /// Who holds and waits on the semaphore `semaphore`. Linearizable.
@@ -373,7 +373,10 @@ impl Node {
             limit.min(LIST_PAGE)
         };
         let mut locks: Vec<LockInfo> = self
-            .read_linearizable(|table| table.locks_after(after).take(limit + 1).collect())
+            .read_linearizable(|table| {
+                let page = table.locks_and_rw_after(after).take(limit + 1);
+                page.collect()
+            })
             .await?;
         let more = locks.len() > limit;
         locks.truncate(limit);

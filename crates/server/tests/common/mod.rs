@@ -383,7 +383,7 @@ pub async fn acquire_within(
         wait,
         timeout_ms: timeout.map(|timeout| timeout.as_millis() as u64),
         attempt,
-        lock_delay_ms: 0,
+        ..AcquireRequest::default()
     };
     let granted = api.acquire(&Credentials::ANONYMOUS, request).await?;
     Ok(granted.token)
