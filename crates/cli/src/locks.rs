@@ -11,7 +11,7 @@
 
 use crate::Endpoints;
 use crate::{exit, parse_duration, stop_signal};
-use deadbolt_client::{Client, Error, ErrorKind, LockState, SessionHandle};
+use deadbolt_client::{Client, Error, ErrorKind, LockState, RwMode, SessionHandle};
 use std::time::Duration;
 
 /// Which lock to take and how long to wait for it: shared by `run` and
@@ -33,6 +33,15 @@ pub struct LockArgs {
     /// The semaphore's number of permits; every holder must name the same.
     #[arg(long, value_name = "N", requires = "semaphore")]
     pub permits: Option<u32>,
+    /// Take --lock as a read/write lock, shared: beside other --shared
+    /// holders, behind any --exclusive one queued first (docs/rw-locks.md).
+    #[arg(long, conflicts_with_all = ["semaphore", "lock_delay", "exclusive"])]
+    pub shared: bool,
+    /// Take --lock as a read/write lock, exclusive: alone, once every
+    /// holder and everyone queued ahead is done. (A plain --lock is a
+    /// lock, not a read/write lock: one name is one kind.)
+    #[arg(long, conflicts_with_all = ["semaphore", "lock_delay"])]
+    pub exclusive: bool,
     /// Session lease: how long the lock outlives this process if it dies.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub ttl: Duration,
@@ -50,11 +59,22 @@ pub struct LockArgs {
 }
 
 impl LockArgs {
-    /// What is taken, for messages: `lock "x"` or `semaphore "y"`.
+    /// What is taken, for messages: `lock "x"`, `semaphore "y"` or
+    /// `read/write lock "z" (shared)`.
     pub fn described(&self) -> String {
-        match &self.semaphore {
-            Some(semaphore) => format!("semaphore {semaphore:?}"),
-            None => format!("lock {:?}", self.lock),
+        match (&self.semaphore, self.rw_mode()) {
+            (Some(semaphore), _) => format!("semaphore {semaphore:?}"),
+            (None, Some(mode)) => format!("read/write lock {:?} ({})", self.lock, mode.as_str()),
+            (None, None) => format!("lock {:?}", self.lock),
+        }
+    }
+
+    /// With --shared or --exclusive, the read/write lock's mode.
+    pub fn rw_mode(&self) -> Option<RwMode> {
+        match (self.shared, self.exclusive) {
+            (true, _) => Some(RwMode::Shared),
+            (false, true) => Some(RwMode::Exclusive),
+            (false, false) => None,
         }
     }
 }
@@ -144,6 +164,13 @@ pub async fn acquire(endpoints: &Endpoints, args: AcquireArgs) -> i32 {
                 .acquire_permits_raw(&session, semaphore, capacity, 1, !args.no_wait, timeout)
                 .await
                 .map(|permits| permits.first().map_or(0, |permit| permit.token)),
+            _ if args.rw_mode().is_some() => {
+                let mode = args.rw_mode().expect("a read/write mode");
+                let wait = !args.no_wait;
+                client
+                    .acquire_rw_raw(&session, &args.lock, mode, wait, timeout)
+                    .await
+            }
             _ => {
                 client
                     .acquire_raw_delayed(
@@ -225,6 +252,7 @@ pub async fn status(endpoints: &Endpoints, args: StatusArgs) -> i32 {
         }
         match state {
             None => println!("{lock}: free"),
+            Some(state) if !state.mode.is_empty() => print_rw_lock(&state),
             Some(state) if state.lock_delay => println!(
                 "{}: in lock-delay (session {} expired holding token {}), {} waiting{}",
                 state.lock,
@@ -279,6 +307,26 @@ async fn semaphore_status(client: &Client, semaphore: &str, json: bool) -> i32 {
     }))
 }
 
+/// A read/write lock's status: its mode, every holder with its token, and
+/// the queue with each waiter's mode.
+fn print_rw_lock(state: &LockState) {
+    let holders: Vec<String> = state
+        .holders
+        .iter()
+        .map(|hold| format!("session {} (token {})", hold.session_id, hold.token))
+        .collect();
+    println!(
+        "{}: read/write lock held {} by {}, {} waiting",
+        state.lock,
+        state.mode,
+        holders.join(", "),
+        state.waiters.len()
+    );
+    for waiter in &state.waiters {
+        println!("  session {} waits {}", waiter.session_id, waiter.mode);
+    }
+}
+
 fn waiter_list(state: &LockState) -> String {
     if state.waiter_session_ids.is_empty() {
         return String::new();
@@ -307,14 +355,23 @@ pub async fn list(endpoints: &Endpoints, args: ListArgs) -> i32 {
         }
         let width = locks.iter().map(|l| l.lock.len()).max().unwrap_or(4).max(4);
         println!(
-            "{:width$}  {:>8}  {:>12}  WAITERS",
-            "LOCK", "SESSION", "TOKEN"
+            "{:width$}  {:9}  {:>8}  {:>12}  WAITERS",
+            "LOCK", "MODE", "SESSION", "TOKEN"
         );
         for lock in &locks {
+            // A read/write lock held shared by several: the first holder,
+            // and how many more.
+            let session = match lock.holders.len() {
+                0 | 1 => lock.holder_session_id.to_string(),
+                n => format!("{} +{}", lock.holder_session_id, n - 1),
+            };
+            let mode = match lock.mode.as_str() {
+                "" => "lock",
+                mode => mode,
+            };
             println!(
-                "{:width$}  {:>8}  {:>12}  {}",
+                "{:width$}  {mode:9}  {session:>8}  {:>12}  {}",
                 lock.lock,
-                lock.holder_session_id,
                 lock.token,
                 lock.waiter_session_ids.len()
             );

@@ -14,7 +14,7 @@
 use crate::locks::LockArgs;
 use crate::Endpoints;
 use crate::{exit, parse_duration};
-use deadbolt_client::{Client, ErrorKind, LeaseLost, LockGuard, Session};
+use deadbolt_client::{Client, ErrorKind, LeaseLost, LockGuard, RwMode, Session};
 use std::future::Future;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -34,13 +34,17 @@ pub struct RunArgs {
     /// Run the command only if KEY is not marked done in the fenced store,
     /// and mark it (fenced by this grant's token) when the command exits 0.
     /// E.g. `--once daily-report:2026-11-29`: one report per day, not one
-    /// at a time.
-    #[arg(long, value_name = "KEY")]
+    /// at a time. (Not with --shared: only an exclusive holder may mark.)
+    #[arg(long, value_name = "KEY", conflicts_with = "shared")]
     once: Option<String>,
     /// Take the lock in another lock system instead of the Deadbolt server,
     /// named by URL: redis(s)://, redlock(s)://, etcd(s)://, postgres:// (what each
     /// guarantees: `deadbolt backends`).
-    #[arg(long, value_name = "URL", conflicts_with_all = ["once", "semaphore"])]
+    #[arg(
+        long,
+        value_name = "URL",
+        conflicts_with_all = ["once", "semaphore", "shared", "exclusive"]
+    )]
     backend: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
@@ -107,6 +111,10 @@ async fn take_lock(session: &Session, args: &RunArgs) -> Result<LockGuard, i32> 
         (Some(semaphore), Some(capacity)) => {
             take_permit(session, semaphore, capacity, target).await
         }
+        _ if target.rw_mode().is_some() => {
+            let mode = target.rw_mode().expect("a read/write mode");
+            take_rw_lock(session, &target.lock, mode, target).await
+        }
         _ if target.no_wait => session.try_lock(&target.lock).await,
         _ => match target.wait {
             Some(wait) => session.lock_timeout(&target.lock, wait).await.map(Some),
@@ -150,6 +158,24 @@ async fn take_permit(
             .acquire_permits(semaphore, capacity, 1)
             .await
             .map(Some),
+    }
+}
+
+/// The read/write lock `lock` in `mode`; `None` if busy and the caller
+/// would not wait.
+async fn take_rw_lock(
+    session: &Session,
+    lock: &str,
+    mode: RwMode,
+    target: &LockArgs,
+) -> Result<Option<LockGuard>, deadbolt_client::Error> {
+    if target.no_wait {
+        return session.try_rw_lock(lock, mode).await;
+    }
+    match target.wait {
+        Some(wait) => session.rw_lock_timeout(lock, mode, wait).await.map(Some),
+        None if mode == RwMode::Shared => session.read_lock(lock).await.map(Some),
+        None => session.write_lock(lock).await.map(Some),
     }
 }
 

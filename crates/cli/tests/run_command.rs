@@ -611,3 +611,109 @@ async fn the_rust_client_takes_permits_in_order_and_a_dropped_guard_frees_its_sl
     let holders: Vec<u64> = state.holders.iter().map(|h| h.session_id).collect();
     assert_eq!(holders, [second.id(), third.id()], "{state:?}");
 }
+
+#[test]
+fn readers_share_a_read_write_lock_and_a_queued_writer_holds_back_later_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    common::wait_for_newest_cluster_version(&endpoint);
+    let acquire = |extra: &[&str]| {
+        let args = [&["acquire", "--lock", "doc"][..], extra].concat();
+        deadbolt(&endpoint, &args)
+    };
+    let held = |out: std::process::Output| -> (String, u64) {
+        let printed = stdout(&out);
+        let (handle, token) = printed.split_once(' ').unwrap_or_else(|| panic!("{out:?}"));
+        (handle.to_owned(), token.parse().unwrap())
+    };
+    let (first, first_token) = held(acquire(&["--shared"]));
+    let (second, second_token) = held(acquire(&["--shared"]));
+    assert!(second_token > first_token);
+    let status = stdout(&deadbolt(&endpoint, &["status", "--lock", "doc"]));
+    assert!(
+        status.starts_with("doc: read/write lock held shared by session"),
+        "{status}"
+    );
+
+    // One name, one kind: not a lock while anyone holds it.
+    let as_lock = deadbolt(&endpoint, &["run", "--lock", "doc", "--", "true"]);
+    assert!(
+        String::from_utf8_lossy(&as_lock.stderr)
+            .contains("\"doc\" is a read/write lock, not a lock"),
+        "{as_lock:?}"
+    );
+    // A writer cannot get in while readers hold it, and may not write
+    // through a reader's token.
+    let busy = deadbolt(
+        &endpoint,
+        &[
+            "run",
+            "--lock",
+            "doc",
+            "--exclusive",
+            "--no-wait",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(busy.status.code(), Some(75), "{busy:?}");
+    let token = first_token.to_string();
+    let put = [
+        "store", "put", "--lock", "doc", "--token", &token, "doc/body", "x",
+    ];
+    let refused = deadbolt(&endpoint, &put);
+    assert_eq!(refused.status.code(), Some(76), "{refused:?}");
+
+    // A waiting writer: a later reader waits behind it (no writer starvation).
+    let marker = dir.path().join("writer-token");
+    let mut writer = Command::new(BIN)
+        .args(["run", "--lock", "doc", "--exclusive", "--", "sh", "-c"])
+        .arg(format!("echo $DEADBOLT_TOKEN > {}", marker.display()))
+        .env("DEADBOLT_ENDPOINT", &endpoint)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !stdout(&deadbolt(&endpoint, &["status", "--lock", "doc"])).contains("waits exclusive") {
+        assert!(Instant::now() < deadline, "the writer never queued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let late = acquire(&["--shared", "--no-wait"]);
+    assert_eq!(late.status.code(), Some(75), "{late:?}");
+
+    for (handle, token) in [(first, first_token), (second, second_token)] {
+        let token = token.to_string();
+        let args = [
+            "release",
+            "--lock",
+            "doc",
+            "--session",
+            &handle,
+            "--token",
+            &token,
+        ];
+        assert!(deadbolt(&endpoint, &args).status.success());
+    }
+    assert!(writer.wait().unwrap().success());
+    let written: u64 = std::fs::read_to_string(&marker)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        written > second_token,
+        "the writer's token is above every reader's"
+    );
+
+    let (status, reply) = common::curl(
+        server.addr,
+        None,
+        "/v1/lock/acquire",
+        Some(&serde_json::json!({ "session_id": 1, "lock": "doc", "mode": "read" })),
+    );
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("\"shared\" or \"exclusive\""));
+}

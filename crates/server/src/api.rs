@@ -141,12 +141,13 @@ impl Api {
         self.timed(Call::Acquire, async {
             let lock = Some(request.lock.as_str());
             let caller = self.caller(credentials, Permission::Lock, lock).await?;
+            let mode = rw_mode(&request.mode)?;
             let session = self
                 .owned(&caller, request.session_id, &request.session_secret)
                 .await?;
             let timeout = request.timeout_ms.map(Duration::from_millis);
             let (wait, attempt) = (request.wait, request.attempt);
-            let token = match rw_mode(&request.mode)? {
+            let token = match mode {
                 None => {
                     let lock_delay = Duration::from_millis(request.lock_delay_ms);
                     let lock = &request.lock;
