@@ -26,7 +26,8 @@ pub enum StoreCommand {
         /// Fence the read with this token.
         #[arg(long)]
         token: Option<u64>,
-        /// With --token: it must also be this lock's current grant.
+        /// With --token: it must also be a live grant of this lock (of a
+        /// semaphore or read/write lock: any live permit or hold).
         #[arg(long, requires = "token")]
         lock: Option<String>,
         /// Print {"key", "found", "value", "fence"} as JSON.
@@ -50,7 +51,8 @@ pub struct Fence {
     /// The fencing token of your grant (`$DEADBOLT_TOKEN` under `deadbolt run`).
     #[arg(long, env = "DEADBOLT_TOKEN")]
     token: u64,
-    /// Strict mode: TOKEN must also be this lock's current grant.
+    /// Strict mode: TOKEN must also be this lock's current grant (a
+    /// semaphore's live permit; a read/write lock's exclusive hold).
     #[arg(long)]
     lock: Option<String>,
 }
