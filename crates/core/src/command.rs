@@ -149,6 +149,27 @@ pub enum Command {
         wait: bool,
         attempt: u64,
     },
+    /// `session` runs for leader of the election `election` with `value`:
+    /// elected at once if it has no leader and no candidate is queued,
+    /// else (with `wait`) queued FIFO behind the others, else refused with
+    /// [`LockError::HasLeader`]. The leadership is a grant like a lock's:
+    /// its token is the term, and resigning is releasing it. Proposed only
+    /// at [`FeatureLevel::ELECTIONS`].
+    Campaign {
+        session: SessionId,
+        election: String,
+        value: String,
+        wait: bool,
+        attempt: u64,
+    },
+    /// The leader of `election` (`session`, elected with `token`) makes
+    /// `value` its value. Refused to anyone else, and to an earlier term.
+    Proclaim {
+        session: SessionId,
+        election: String,
+        token: Token,
+        value: String,
+    },
 }
 
 impl Command {
@@ -174,6 +195,12 @@ impl Command {
             | Command::EndLockDelay { lock, .. }
             | Command::AcquireRw { lock, .. } => lock.len(),
             Command::AcquirePermits { semaphore, .. } => semaphore.len(),
+            Command::Campaign {
+                election, value, ..
+            }
+            | Command::Proclaim {
+                election, value, ..
+            } => election.len() + value.len(),
             Command::StorePut {
                 key, value, lock, ..
             } => key.len() + value.len() + lock.as_ref().map_or(0, String::len),
@@ -235,6 +262,8 @@ pub enum Outcome {
     LimitsSet(TableLimits),
     /// The cluster version, as it is now.
     ClusterVersionSet(FeatureLevel),
+    /// The election's leader now has the proclaimed value.
+    Proclaimed,
 }
 
 /// Where an acquire left the session.

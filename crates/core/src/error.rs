@@ -154,6 +154,15 @@ pub enum LockError {
         has: RwMode,
         asked: RwMode,
     },
+    #[error(
+        "election {election:?} has a leader (term {term}), and {queued} candidates are \
+         queued ahead"
+    )]
+    HasLeader {
+        election: String,
+        term: Token,
+        queued: usize,
+    },
 }
 
 fn busy_text(lock: &str, holder_token: Token, lock_delay: bool) -> String {

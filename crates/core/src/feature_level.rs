@@ -36,8 +36,11 @@ impl FeatureLevel {
     /// Read/write locks ([`crate::Command::AcquireRw`]), kept with the
     /// semaphores: both came in release 0.2.0, before it was tagged.
     pub const RW_LOCKS: FeatureLevel = FeatureLevel(3);
+    /// Leader elections ([`crate::Command::Campaign`],
+    /// [`crate::Command::Proclaim`]), from the same release.
+    pub const ELECTIONS: FeatureLevel = FeatureLevel(3);
     /// The highest level this build's state machine applies.
-    pub const NEWEST: FeatureLevel = FeatureLevel::RW_LOCKS;
+    pub const NEWEST: FeatureLevel = FeatureLevel::ELECTIONS;
 
     /// The level a member reports, as a number on the wire: 0 (an older
     /// member's unset field) is [`FeatureLevel::BASE`].

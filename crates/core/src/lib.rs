@@ -40,7 +40,8 @@ pub use limits::{
 };
 pub use proposal::{Answer, Proposal, WrongOutcome};
 pub use semaphore::{
-    Permit, Rule, RwLockInfo, RwMode, SemaphoreInfo, Semaphores, Want, MAX_PERMITS,
+    ElectionInfo, Permit, Rule, RwLockInfo, RwMode, SemaphoreInfo, Semaphores, Want,
+    MAX_ELECTION_VALUE, MAX_PERMITS,
 };
 pub use table::{LockInfo, LockTable, LockTableV9, SessionInfo, SessionLease, SessionSecret};
 

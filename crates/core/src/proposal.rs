@@ -134,6 +134,17 @@ impl Proposal<()> {
         Proposal::new("release", command, answer!(Outcome::Released => ()))
     }
 
+    /// [`Command::Proclaim`].
+    pub fn proclaim(session: SessionId, election: String, token: Token, value: String) -> Self {
+        let command = Command::Proclaim {
+            session,
+            election,
+            token,
+            value,
+        };
+        Proposal::new("proclaim", command, answer!(Outcome::Proclaimed => ()))
+    }
+
     /// [`Command::LeaseRenewed`].
     pub fn lease_renewed(session: SessionId) -> Self {
         let command = Command::LeaseRenewed { session };
@@ -219,6 +230,29 @@ impl Proposal<AcquireOutcome> {
         };
         Proposal::new(
             "semaphore acquire",
+            command,
+            answer!(Outcome::Acquire(acquired) => acquired),
+        )
+    }
+
+    /// [`Command::Campaign`] (see there for the fields); the grant's token
+    /// is the leader's term.
+    pub fn campaign(
+        session: SessionId,
+        election: String,
+        value: String,
+        wait: bool,
+        attempt: u64,
+    ) -> Self {
+        let command = Command::Campaign {
+            session,
+            election,
+            value,
+            wait,
+            attempt,
+        };
+        Proposal::new(
+            "campaign",
             command,
             answer!(Outcome::Acquire(acquired) => acquired),
         )

@@ -60,6 +60,9 @@ pub enum Rule {
     Permits { capacity: u32 },
     /// A read/write lock: any number of shared holders, or one exclusive.
     ReadWrite,
+    /// A leader election: one leader at a time, candidates in FIFO order,
+    /// the leader's value proclaimed to everyone.
+    Election,
 }
 
 /// The two ways to hold a read/write lock.
@@ -74,6 +77,8 @@ pub enum RwMode {
 pub enum Want {
     Permits(u32),
     Rw(RwMode),
+    /// A candidacy in an election.
+    Campaign,
 }
 
 /// What one session holds of one name.
@@ -83,6 +88,8 @@ struct Holding {
     permits: Vec<Permit>,
     /// The latest acquire attempt (see [`crate::Command::Abandon`]).
     attempt: u64,
+    /// An election leader's value (empty for the other kinds).
+    value: String,
 }
 
 /// A request waiting in a semaphore's queue.
@@ -91,6 +98,8 @@ struct Request {
     session: SessionId,
     want: Want,
     attempt: u64,
+    /// A candidate's value, the leader's once elected.
+    value: String,
 }
 
 /// One held permit: its fencing token and its slot.
@@ -121,14 +130,30 @@ pub struct RwLockInfo {
     pub waiters: Vec<(SessionId, RwMode)>,
 }
 
-/// What an acquire asks for (see [`crate::Command::AcquirePermits`] and
-/// [`crate::Command::AcquireRw`]).
-#[derive(Debug, Clone, Copy)]
+/// A read-only view of one election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElectionInfo {
+    pub name: String,
+    /// The leader's session, its token (the term) and its value.
+    pub leader: (SessionId, Token, String),
+    /// Candidates, next in line first.
+    pub candidates: Vec<SessionId>,
+}
+
+/// The most bytes a candidate's or leader's value may have: it is in every
+/// leader query and every snapshot.
+pub const MAX_ELECTION_VALUE: usize = 4_096;
+
+/// What an acquire asks for (see [`crate::Command::AcquirePermits`],
+/// [`crate::Command::AcquireRw`] and [`crate::Command::Campaign`]).
+#[derive(Debug, Clone)]
 pub(crate) struct ShareRequest {
     pub rule: Rule,
     pub want: Want,
     pub wait: bool,
     pub attempt: u64,
+    /// A candidate's value (empty for the other kinds).
+    pub value: String,
 }
 
 impl Rule {
@@ -137,6 +162,7 @@ impl Rule {
         match self {
             Rule::Permits { .. } => "semaphore",
             Rule::ReadWrite => "read/write lock",
+            Rule::Election => "election",
         }
     }
 }
@@ -147,6 +173,7 @@ impl Want {
         match self {
             Want::Permits(_) => Rule::Permits { capacity: 1 }.kind(),
             Want::Rw(_) => Rule::ReadWrite.kind(),
+            Want::Campaign => Rule::Election.kind(),
         }
     }
 }
@@ -164,7 +191,7 @@ impl Semaphore {
     fn capacity(&self) -> Option<u32> {
         match self.rule {
             Rule::Permits { capacity } => Some(capacity),
-            Rule::ReadWrite => None,
+            Rule::ReadWrite | Rule::Election => None,
         }
     }
 
@@ -179,7 +206,9 @@ impl Semaphore {
     fn fits(&self, want: Want) -> bool {
         match (self.rule, want) {
             (Rule::Permits { capacity }, Want::Permits(count)) => count <= capacity - self.held(),
-            (Rule::ReadWrite, Want::Rw(RwMode::Exclusive)) => self.holders.is_empty(),
+            (Rule::ReadWrite, Want::Rw(RwMode::Exclusive)) | (Rule::Election, Want::Campaign) => {
+                self.holders.is_empty()
+            }
             (Rule::ReadWrite, Want::Rw(RwMode::Shared)) => self
                 .holders
                 .values()
@@ -225,6 +254,15 @@ impl Semaphore {
                 holders: self.holders.len(),
                 queued,
             },
+            (_, Want::Campaign) => LockError::HasLeader {
+                election: name.to_owned(),
+                term: self
+                    .holders
+                    .values()
+                    .next()
+                    .map_or(Token(0), |h| h.permits[0].token),
+                queued,
+            },
             (rule, want) => unreachable!("{want:?} asked of a {}", rule.kind()),
         }
     }
@@ -261,7 +299,14 @@ impl Semaphores {
             want,
             wait,
             attempt,
+            value,
         } = request;
+        if value.len() > MAX_ELECTION_VALUE {
+            return Err(LockError::ValueTooLarge {
+                bytes: value.len(),
+                limit: MAX_ELECTION_VALUE,
+            });
+        }
         if let (Rule::Permits { capacity }, Want::Permits(count)) = (rule, want) {
             if !(1..=MAX_PERMITS).contains(&capacity) || !(1..=capacity).contains(&count) {
                 return Err(LockError::InvalidPermits {
@@ -333,7 +378,13 @@ impl Semaphores {
             });
         }
         if semaphore.queue.is_empty() && semaphore.fits(want) {
-            let token = grant(semaphore, next_token, session, want, attempt, name, events);
+            let asked = Request {
+                session,
+                want,
+                attempt,
+                value,
+            };
+            let token = grant(semaphore, next_token, asked, name, events);
             self.link(session, name);
             return Ok(AcquireOutcome::Granted { token });
         }
@@ -352,6 +403,7 @@ impl Semaphores {
             session,
             want,
             attempt,
+            value,
         });
         let position = semaphore.queue.len();
         events.push(Event::Queued {
@@ -478,15 +530,7 @@ impl Semaphores {
                 break;
             }
             let head = semaphore.queue.pop_front().expect("head exists");
-            grant(
-                semaphore,
-                next_token,
-                head.session,
-                head.want,
-                head.attempt,
-                name,
-                events,
-            );
+            grant(semaphore, next_token, head, name, events);
         }
         self.remove_if_unused(name);
     }
@@ -562,6 +606,57 @@ impl Semaphores {
     pub fn held_by(&self, session: SessionId, name: &str) -> Option<Want> {
         let holding = self.by_name.get(name)?.holders.get(&session)?;
         Some(holding.want)
+    }
+
+    /// The leader of `name`, if it is an election, proclaims `value`; only
+    /// the leader may, with its token (the term it was elected in).
+    pub(crate) fn proclaim(
+        &mut self,
+        session: SessionId,
+        name: &str,
+        token: Token,
+        value: String,
+    ) -> Result<(), LockError> {
+        if value.len() > MAX_ELECTION_VALUE {
+            return Err(LockError::ValueTooLarge {
+                bytes: value.len(),
+                limit: MAX_ELECTION_VALUE,
+            });
+        }
+        let not_leader = || LockError::NotHolder {
+            lock: name.to_owned(),
+            session,
+        };
+        let election = self
+            .by_name
+            .get_mut(name)
+            .filter(|election| election.rule == Rule::Election)
+            .ok_or_else(not_leader)?;
+        let leader = election.holders.get_mut(&session).ok_or_else(not_leader)?;
+        let term = leader.permits[0].token;
+        if term != token {
+            return Err(LockError::StaleToken {
+                lock: name.to_owned(),
+                presented: token,
+                current: term,
+            });
+        }
+        leader.value = value;
+        Ok(())
+    }
+
+    /// The election `name` (none if it is not one).
+    pub fn election(&self, name: &str) -> Option<ElectionInfo> {
+        let election = self.by_name.get(name)?;
+        if election.rule != Rule::Election {
+            return None;
+        }
+        let (session, leader) = election.holders.iter().next()?;
+        Some(ElectionInfo {
+            name: name.to_owned(),
+            leader: (*session, leader.permits[0].token, leader.value.clone()),
+            candidates: election.queue.iter().map(|r| r.session).collect(),
+        })
     }
 
     /// Whether `token` is the live exclusive hold of the read/write lock
@@ -664,6 +759,12 @@ impl Semaphores {
                         semaphore.held(),
                     );
                 }
+                Rule::Election => {
+                    assert!(
+                        semaphore.holders.len() <= 1,
+                        "election {name:?} has two leaders"
+                    );
+                }
                 Rule::ReadWrite => {
                     let exclusive = semaphore
                         .holders
@@ -735,22 +836,26 @@ impl Semaphores {
     }
 }
 
-/// Gives `want` of `semaphore` to `session`: for permits, one token each
-/// on the lowest free slots; for a read/write hold, one token. Returns the
-/// first token, which names the grant.
+/// Grants `request`: for permits, one token each on the lowest free slots;
+/// for a read/write hold or a campaign, one token. Returns the first
+/// token, which names the grant.
 fn grant(
     semaphore: &mut Semaphore,
     next_token: &mut u64,
-    session: SessionId,
-    want: Want,
-    attempt: u64,
+    request: Request,
     name: &str,
     events: &mut Vec<Event>,
 ) -> Token {
+    let Request {
+        session,
+        want,
+        attempt,
+        value,
+    } = request;
     let count = permits_of(want);
     let slots = match want {
         Want::Permits(count) => semaphore.free_slots(count),
-        Want::Rw(_) => vec![0],
+        Want::Rw(_) | Want::Campaign => vec![0],
     };
     let permits: Vec<Permit> = slots
         .into_iter()
@@ -765,6 +870,7 @@ fn grant(
         want,
         permits,
         attempt,
+        value,
     };
     semaphore.holders.insert(session, holding);
     events.push(Event::Granted {
@@ -779,7 +885,7 @@ fn grant(
 fn permits_of(want: Want) -> u32 {
     match want {
         Want::Permits(count) => count,
-        Want::Rw(_) => 1,
+        Want::Rw(_) | Want::Campaign => 1,
     }
 }
 
@@ -787,7 +893,7 @@ fn permits_of(want: Want) -> u32 {
 fn mode_of(want: Want) -> RwMode {
     match want {
         Want::Rw(mode) => mode,
-        Want::Permits(_) => unreachable!("permits of a read/write lock"),
+        Want::Permits(_) | Want::Campaign => unreachable!("{want:?} of a read/write lock"),
     }
 }
 

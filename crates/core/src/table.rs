@@ -303,7 +303,7 @@ impl LockTable {
             let granted_as = |name: &str, session| match self.semaphores.held_by(session, name) {
                 Some(Want::Permits(_)) => AuditKind::PermitsGranted,
                 Some(Want::Rw(RwMode::Shared)) => AuditKind::SharedGranted,
-                Some(Want::Rw(RwMode::Exclusive)) | None => AuditKind::Granted,
+                Some(Want::Rw(RwMode::Exclusive) | Want::Campaign) | None => AuditKind::Granted,
             };
             let records = audit::records(
                 command,
@@ -380,6 +380,7 @@ impl LockTable {
                     want: Want::Permits(*count),
                     wait: *wait,
                     attempt: *attempt,
+                    value: String::new(),
                 };
                 self.acquire_shared(*session, semaphore, request, &mut events)
                     .map(Outcome::Acquire)
@@ -396,10 +397,34 @@ impl LockTable {
                     want: Want::Rw(*mode),
                     wait: *wait,
                     attempt: *attempt,
+                    value: String::new(),
                 };
                 self.acquire_shared(*session, lock, request, &mut events)
                     .map(Outcome::Acquire)
             }
+            Command::Campaign {
+                session,
+                election,
+                value,
+                wait,
+                attempt,
+            } => {
+                let request = ShareRequest {
+                    rule: Rule::Election,
+                    want: Want::Campaign,
+                    wait: *wait,
+                    attempt: *attempt,
+                    value: value.clone(),
+                };
+                self.acquire_shared(*session, election, request, &mut events)
+                    .map(Outcome::Acquire)
+            }
+            Command::Proclaim {
+                session,
+                election,
+                token,
+                value,
+            } => self.proclaim(*session, election, *token, value),
             Command::EndLockDelay { lock, token, .. } => {
                 Ok(self.end_lock_delay(lock, *token, &mut events))
             }
@@ -697,7 +722,23 @@ impl LockTable {
         Ok(AcquireOutcome::Queued { position })
     }
 
-    /// An acquire of a semaphore's permits or of a read/write lock.
+    fn proclaim(
+        &mut self,
+        session: SessionId,
+        election: &str,
+        token: Token,
+        value: &str,
+    ) -> Result<Outcome, LockError> {
+        if !self.sessions.contains_key(&session) {
+            return Err(LockError::UnknownSession(session));
+        }
+        self.semaphores
+            .proclaim(session, election, token, value.to_owned())?;
+        Ok(Outcome::Proclaimed)
+    }
+
+    /// An acquire of a semaphore's permits, of a read/write lock or of an
+    /// election's leadership.
     fn acquire_shared(
         &mut self,
         session: SessionId,
@@ -708,6 +749,7 @@ impl LockTable {
         let (feature, needed) = match request.rule {
             Rule::Permits { .. } => ("semaphores", FeatureLevel::SEMAPHORES),
             Rule::ReadWrite => ("read/write locks", FeatureLevel::RW_LOCKS),
+            Rule::Election => ("elections", FeatureLevel::ELECTIONS),
         };
         if self.cluster_version < needed {
             return Err(LockError::NeedsClusterVersion {

@@ -1,11 +1,12 @@
-//! Property tests of counting semaphores and read/write locks: random
-//! commands, locks on the same names among them, checked against what the
-//! table reports (its outcomes, events and listings) after every step:
-//! never more permits out than the capacity, never two live permits on one
-//! slot, never an exclusive holder beside another, tokens strictly
-//! increasing, grants in FIFO order (so no reader passes a queued writer),
-//! nobody waiting while its request fits, one name one kind, and nothing
-//! left once every session ends.
+//! Property tests of counting semaphores, read/write locks and elections:
+//! random commands, locks on the same names among them, checked against
+//! what the table reports (its outcomes, events and listings) after every
+//! step: never more permits out than the capacity, never two live permits
+//! on one slot, never an exclusive holder beside another, one leader at a
+//! time and only its term proclaims, tokens strictly increasing, grants in
+//! FIFO order (so no reader passes a queued writer), nobody waiting while
+//! its request fits, one name one kind, and nothing left once every
+//! session ends.
 
 use deadbolt_core::{
     AcquireOutcome, Command, Event, FeatureLevel, LockError, LockTable, Outcome, RwMode,
@@ -25,6 +26,10 @@ enum Step {
     Permits(usize, usize, u32, u32, bool, u64),
     /// Session, name, exclusive, wait, attempt: a read/write acquire.
     Rw(usize, usize, bool, bool, u64),
+    /// Session, name, wait, attempt: a campaign for leader.
+    Campaign(usize, usize, bool, u64),
+    /// Session, name, with the session's token (or a wrong one).
+    Proclaim(usize, usize, bool),
     /// A mutex acquire on one of the same names.
     Lock(usize, usize),
     /// Release the session's grant with its token, or a wrong one.
@@ -45,6 +50,10 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(s, n, c, k, w, a)| Step::Permits(s, n, c, k, w, a)),
         6 => (0..6usize, 0..3usize, prop::bool::weighted(0.3), prop::bool::weighted(0.8), 0..3u64)
             .prop_map(|(s, n, x, w, a)| Step::Rw(s, n, x, w, a)),
+        4 => (0..6usize, 0..3usize, prop::bool::weighted(0.8), 0..3u64)
+            .prop_map(|(s, n, w, a)| Step::Campaign(s, n, w, a)),
+        2 => (0..6usize, 0..3usize, prop::bool::weighted(0.8))
+            .prop_map(|(s, n, ok)| Step::Proclaim(s, n, ok)),
         1 => (0..6usize, 0..3usize).prop_map(|(s, n)| Step::Lock(s, n)),
         4 => (0..6usize, 0..3usize, prop::bool::weighted(0.9))
             .prop_map(|(s, n, ok)| Step::Release(s, n, ok)),
@@ -161,6 +170,24 @@ fn command(step: &Step, seen: &Seen) -> Command {
             wait,
             attempt,
         },
+        Step::Campaign(s, n, wait, attempt) => Command::Campaign {
+            session: seen.session(s),
+            election: name(n),
+            value: format!("candidate {s}"),
+            wait,
+            attempt,
+        },
+        Step::Proclaim(s, n, right) => {
+            let session = seen.session(s);
+            let token = seen.grants.get(&(name(n), session)).copied();
+            let token = token.unwrap_or(Token(1));
+            Command::Proclaim {
+                session,
+                election: name(n),
+                token: if right { token } else { Token(token.0 + 1) },
+                value: format!("proclaimed by {s}"),
+            }
+        }
         Step::Lock(s, n) => Command::Acquire {
             session: seen.session(s),
             lock: name(n),
@@ -198,6 +225,13 @@ fn command(step: &Step, seen: &Seen) -> Command {
 /// the queue that waits only because its request does not fit.
 fn check_listings(table: &LockTable) {
     for name in NAMES {
+        if let Some(info) = table.semaphores().election(name) {
+            // One leader: the election's grant is the only one, and a
+            // candidate waits only behind it.
+            assert!(table.semaphores().rw_lock(name).is_none());
+            assert!(table.semaphores().semaphore(name).is_none());
+            assert!(!info.candidates.contains(&info.leader.0));
+        }
         if let Some(info) = table.semaphores().rw_lock(name) {
             let exclusive = |mode: &RwMode| *mode == RwMode::Exclusive;
             let writers = info.holders.iter().filter(|(_, m, _)| exclusive(m)).count();
@@ -245,6 +279,9 @@ fn run(table: &mut LockTable, seen: &mut Seen, command: &Command) -> Result<Outc
         Command::Acquire { session, lock, .. } | Command::AcquireRw { session, lock, .. } => {
             Some((session, lock))
         }
+        Command::Campaign {
+            session, election, ..
+        } => Some((session, election)),
         _ => None,
     };
     // Locks on the same names queue too; their queues are followed alike.
@@ -274,6 +311,26 @@ fn run(table: &mut LockTable, seen: &mut Seen, command: &Command) -> Result<Outc
             );
         }
     }
+    // Only the leader proclaims, and what it proclaims is what everyone reads.
+    // (A refused one changed nothing: checked above.)
+    if let (
+        Command::Proclaim {
+            session,
+            election,
+            value,
+            token,
+        },
+        Ok(_),
+    ) = (command, &applied.outcome)
+    {
+        let leader = table.semaphores().election(election).map(|e| e.leader);
+        let leader = leader.expect("proclaimed by a leader");
+        assert_eq!(
+            leader,
+            (*session, *token, value.clone()),
+            "a proclaim not by the leader's term"
+        );
+    }
     seen.absorb(table, &applied.events);
     applied.outcome
 }
@@ -291,7 +348,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
-    fn semaphores_and_rw_locks_keep_their_rules_under_any_command_sequence(
+    fn semaphores_rw_locks_and_elections_keep_their_rules_under_any_command_sequence(
         steps in prop::collection::vec(step(), 1..150),
     ) {
         let mut table = at_semaphore_level();
@@ -304,7 +361,8 @@ proptest! {
                     | LockError::Busy { .. } | LockError::NotHolder { .. }
                     | LockError::StaleToken { .. } | LockError::InvalidPermits { .. }
                     | LockError::CapacityMismatch { .. } | LockError::WrongKind { .. }
-                    | LockError::RwBusy { .. } | LockError::OtherMode { .. });
+                    | LockError::RwBusy { .. } | LockError::OtherMode { .. }
+                    | LockError::HasLeader { .. });
                 prop_assert!(expected, "unexpected error {}", err);
             }
         }

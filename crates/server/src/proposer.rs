@@ -132,6 +132,8 @@ impl Admission {
             | Command::Acquire { .. }
             | Command::AcquirePermits { .. }
             | Command::AcquireRw { .. }
+            | Command::Campaign { .. }
+            | Command::Proclaim { .. }
             | Command::StorePut { .. }
             | Command::StoreRead { .. }
             | Command::StoreDelete { .. }

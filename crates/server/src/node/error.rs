@@ -52,7 +52,9 @@ impl From<LockError> for ApiError {
             | LockError::CapacityMismatch { .. }
             | LockError::WrongKind { .. }
             | LockError::OtherMode { .. } => ErrorKind::InvalidArgument,
-            LockError::NoPermits { .. } | LockError::RwBusy { .. } => ErrorKind::Busy,
+            LockError::NoPermits { .. }
+            | LockError::RwBusy { .. }
+            | LockError::HasLeader { .. } => ErrorKind::Busy,
             LockError::NeedsClusterVersion { .. } => ErrorKind::NeedsUpgrade,
             // Only the leader's own timer commands are ever superseded.
             LockError::Superseded { .. } => ErrorKind::Unavailable,
