@@ -19,7 +19,11 @@ use std::time::Duration;
 #[derive(clap::Args)]
 pub struct LockArgs {
     /// Name of the lock.
-    #[arg(long, required_unless_present = "semaphore", default_value = "")]
+    #[arg(
+        long,
+        required_unless_present_any = ["semaphore", "election"],
+        default_value = ""
+    )]
     pub lock: String,
     /// Take a permit of this counting semaphore instead of a lock: at most
     /// --permits holders at once, cluster-wide (docs/semaphores.md).
@@ -42,6 +46,18 @@ pub struct LockArgs {
     /// lock, not a read/write lock: one name is one kind.)
     #[arg(long, conflicts_with_all = ["semaphore", "lock_delay"])]
     pub exclusive: bool,
+    /// Campaign for leader of this election instead of taking a lock:
+    /// held while leading; the token is the term (docs/elections.md).
+    #[arg(
+        long,
+        value_name = "NAME",
+        conflicts_with_all = ["lock", "semaphore", "shared", "exclusive", "lock_delay"]
+    )]
+    pub election: Option<String>,
+    /// With --election: the value the leader tells everyone (`deadbolt
+    /// leader` shows it), e.g. its address.
+    #[arg(long, requires = "election", default_value = "")]
+    pub value: String,
     /// Session lease: how long the lock outlives this process if it dies.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub ttl: Duration,
@@ -62,6 +78,9 @@ impl LockArgs {
     /// What is taken, for messages: `lock "x"`, `semaphore "y"` or
     /// `read/write lock "z" (shared)`.
     pub fn described(&self) -> String {
+        if let Some(election) = &self.election {
+            return format!("election {election:?}");
+        }
         match (&self.semaphore, self.rw_mode()) {
             (Some(semaphore), _) => format!("semaphore {semaphore:?}"),
             (None, Some(mode)) => format!("read/write lock {:?} ({})", self.lock, mode.as_str()),
@@ -129,6 +148,15 @@ pub struct HistoryArgs {
 }
 
 #[derive(clap::Args)]
+pub struct LeaderArgs {
+    /// The election.
+    election: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
 pub struct ListArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -164,6 +192,13 @@ pub async fn acquire(endpoints: &Endpoints, args: AcquireArgs) -> i32 {
                 .acquire_permits_raw(&session, semaphore, capacity, 1, !args.no_wait, timeout)
                 .await
                 .map(|permits| permits.first().map_or(0, |permit| permit.token)),
+            _ if args.election.is_some() => {
+                let election = args.election.as_deref().expect("an election");
+                let wait = !args.no_wait;
+                client
+                    .campaign_raw(&session, election, &args.value, wait, timeout)
+                    .await
+            }
             _ if args.rw_mode().is_some() => {
                 let mode = args.rw_mode().expect("a read/write mode");
                 let wait = !args.no_wait;
@@ -337,6 +372,35 @@ fn waiter_list(state: &LockState) -> String {
         .map(u64::to_string)
         .collect();
     format!(" (sessions {})", ids.join(", "))
+}
+
+/// `deadbolt leader NAME`: who leads the election, in which term, with
+/// which value, and who is next.
+pub async fn leader(endpoints: &Endpoints, args: LeaderArgs) -> i32 {
+    let client = match connect(endpoints).await {
+        Ok(client) => client,
+        Err(code) => return code,
+    };
+    let election = args.election;
+    outcome(client.leader(&election).await.map(|answer| {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({ "election": election, "state": answer })
+            );
+            return;
+        }
+        let Some(leader) = answer.leader else {
+            return println!("{election}: no leader (nobody campaigns)");
+        };
+        println!(
+            "{election}: led by session {} in term {}, value {:?}, {} candidates waiting",
+            leader.session_id,
+            leader.term,
+            leader.value,
+            answer.candidate_session_ids.len()
+        );
+    }))
 }
 
 pub async fn list(endpoints: &Endpoints, args: ListArgs) -> i32 {

@@ -144,6 +144,12 @@ enum Command {
     /// Run a command while holding a lock (distributed cron dedupe).
     #[command(after_help = AFTER_HELP)]
     Run(run::RunArgs),
+    /// Run a command only while leading an election, and stop it before
+    /// anyone else can be elected (`run --election`; docs/elections.md).
+    #[command(after_help = AFTER_HELP)]
+    Elect(run::ElectArgs),
+    /// Who leads an election: session, term (its fencing token) and value.
+    Leader(locks::LeaderArgs),
     /// Acquire a lock in a new session and print `SESSION TOKEN`, where
     /// SESSION is the session's handle (ID.SECRET), which `release` and
     /// `keepalive` take: keep it to yourself, whoever has it can release the
@@ -287,6 +293,8 @@ fn main() {
         match cli.command {
             Command::Server(args) => server::main(args).await,
             Command::Run(args) => run::main(endpoint, args).await,
+            Command::Elect(args) => run::main(endpoint, args.into()).await,
+            Command::Leader(args) => locks::leader(endpoint, args).await,
             Command::Acquire(args) => locks::acquire(endpoint, args).await,
             Command::Release(args) => locks::release(endpoint, args).await,
             Command::Keepalive(args) => locks::keepalive(endpoint, args).await,

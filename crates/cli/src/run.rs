@@ -43,7 +43,7 @@ pub struct RunArgs {
     #[arg(
         long,
         value_name = "URL",
-        conflicts_with_all = ["once", "semaphore", "shared", "exclusive"]
+        conflicts_with_all = ["once", "semaphore", "shared", "exclusive", "election"]
     )]
     backend: Option<String>,
     /// The command and its arguments.
@@ -60,6 +60,56 @@ fn drift_margin(ttl: Duration) -> Duration {
 
 fn default_grace(ttl: Duration) -> Duration {
     (ttl / 4).min(Duration::from_secs(5))
+}
+
+/// `deadbolt elect NAME -- CMD`: `run --election NAME -- CMD`.
+#[derive(clap::Args)]
+pub struct ElectArgs {
+    /// The election.
+    election: String,
+    /// The value the leader tells everyone (`deadbolt leader` shows it),
+    /// e.g. its address.
+    #[arg(long, default_value = "")]
+    value: String,
+    /// Session lease: how long the leadership outlives this process if it
+    /// dies.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// Give up if not elected within this long (default: campaign as long
+    /// as it takes).
+    #[arg(long, value_parser = parse_duration)]
+    wait: Option<Duration>,
+    /// As `run --grace`.
+    #[arg(long, value_parser = parse_duration)]
+    grace: Option<Duration>,
+    /// The command and its arguments: it runs only while this process
+    /// leads, and is stopped before anyone else can be elected.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+impl From<ElectArgs> for RunArgs {
+    fn from(elect: ElectArgs) -> Self {
+        RunArgs {
+            target: LockArgs {
+                lock: String::new(),
+                semaphore: None,
+                permits: None,
+                shared: false,
+                exclusive: false,
+                election: Some(elect.election),
+                value: elect.value,
+                ttl: elect.ttl,
+                wait: elect.wait,
+                no_wait: false,
+                lock_delay: Duration::ZERO,
+            },
+            grace: elect.grace,
+            once: None,
+            backend: None,
+            command: elect.command,
+        }
+    }
 }
 
 pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
@@ -114,6 +164,23 @@ async fn take_lock(session: &Session, args: &RunArgs) -> Result<LockGuard, i32> 
         _ if target.rw_mode().is_some() => {
             let mode = target.rw_mode().expect("a read/write mode");
             take_rw_lock(session, &target.lock, mode, target).await
+        }
+        (None, _) if target.election.is_some() => {
+            let election = target.election.as_deref().expect("an election");
+            // Without waiting: a campaign that gives up at once.
+            let wait = match target.no_wait {
+                true => Some(Duration::ZERO),
+                false => target.wait,
+            };
+            match wait {
+                Some(wait) => {
+                    session
+                        .campaign_timeout(election, &target.value, wait)
+                        .await
+                }
+                None => session.campaign(election, &target.value).await,
+            }
+            .map(Some)
         }
         _ if target.no_wait => session.try_lock(&target.lock).await,
         _ => match target.wait {

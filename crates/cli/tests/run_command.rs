@@ -717,3 +717,101 @@ fn readers_share_a_read_write_lock_and_a_queued_writer_holds_back_later_readers(
         .unwrap()
         .contains("\"shared\" or \"exclusive\""));
 }
+
+/// Polls `deadbolt leader ELECTION` until its output contains `wanted`.
+fn wait_for_leader(endpoint: &str, election: &str, wanted: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let shown = stdout(&deadbolt(endpoint, &["leader", election]));
+        if shown.contains(wanted) {
+            return shown;
+        }
+        assert!(Instant::now() < deadline, "never {wanted:?}: {shown}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_at_a_time_and_the_next_candidate_takes_over_with_a_higher_term() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    common::wait_for_newest_cluster_version(&endpoint);
+    let elect = |value: &str, script: String| {
+        Command::new(BIN)
+            .args([
+                "elect",
+                "scheduler",
+                "--value",
+                value,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ])
+            .env("DEADBOLT_ENDPOINT", &endpoint)
+            .spawn()
+            .unwrap()
+    };
+    let (term_a, term_b) = (dir.path().join("a"), dir.path().join("b"));
+    let mut first = elect(
+        "node-a",
+        format!("echo $DEADBOLT_TOKEN > {}; sleep 60", term_a.display()),
+    );
+    let shown = wait_for_leader(&endpoint, "scheduler", "value \"node-a\"");
+    let mut second = elect(
+        "node-b",
+        format!("echo $DEADBOLT_TOKEN > {}", term_b.display()),
+    );
+    wait_for_leader(&endpoint, "scheduler", "1 candidates waiting");
+    assert!(
+        !term_b.exists(),
+        "a candidate ran its command while another led"
+    );
+
+    // Only the leader proclaims, and only with its own term.
+    let client = deadbolt_client::Client::connect([endpoint.clone()])
+        .await
+        .unwrap();
+    let other = client.open_session(Duration::from_secs(30)).await.unwrap();
+    let term: u64 = std::fs::read_to_string(&term_a)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(shown.contains(&format!("term {term}")), "{shown}");
+    let refused = client
+        .proclaim_raw(other.handle(), "scheduler", term, "usurper")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        deadbolt_client::ErrorKind::NotHolder,
+        "{refused}"
+    );
+    let led = client.leader("scheduler").await.unwrap().leader.unwrap();
+    assert_eq!((led.term, led.value.as_str()), (term, "node-a"));
+
+    // The leader steps down: the candidate is elected with a larger term.
+    signal(first.id() as i32, libc::SIGTERM);
+    first.wait().unwrap();
+    assert!(second.wait().unwrap().success());
+    let next: u64 = std::fs::read_to_string(&term_b)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(next > term, "term {next} after {term}");
+
+    // The Rust client: campaign, proclaim, resign.
+    let guard = other.campaign("scheduler", "rust").await.unwrap();
+    assert!(guard.token() > next);
+    guard.proclaim("rust, proclaimed").await.unwrap();
+    let led = client.leader("scheduler").await.unwrap().leader.unwrap();
+    assert_eq!(
+        (led.term, led.value.as_str()),
+        (guard.token(), "rust, proclaimed")
+    );
+    guard.release().await.unwrap();
+    wait_for_leader(&endpoint, "scheduler", "no leader");
+}

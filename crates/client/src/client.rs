@@ -25,11 +25,12 @@ use deadbolt_proto::v1::{
     AclBootstrapRequest, AclCreateTokenRequest, AclDeleteRoleRequest, AclGrant,
     AclRevokeTokenRequest, AclRole, AclRoleBinding, AclShowRequest, AclShowResponse,
     AclTokenResponse, AcquirePermitsRequest, AcquireRequest, AddMemberRequest, AuditEntry,
-    CheckTokenRequest, CloseSessionRequest, ClusterStatusRequest, ClusterStatusResponse,
-    HealthRequest, KeepAliveRequest, LimitsRequest, LimitsResponse, ListLocksRequest,
-    LockHistoryRequest, LockStatusRequest, OpenSessionRequest, Permit, ReleaseRequest,
-    RemoveMemberRequest, SemaphoreState, SemaphoreStatusRequest, SetLimitsRequest,
-    StoreDeleteRequest, StoreGetRequest, StorePutRequest, WhoAmIRequest, WhoAmIResponse,
+    CampaignRequest, CheckTokenRequest, CloseSessionRequest, ClusterStatusRequest,
+    ClusterStatusResponse, HealthRequest, KeepAliveRequest, LeaderRequest, LeaderResponse,
+    LimitsRequest, LimitsResponse, ListLocksRequest, LockHistoryRequest, LockStatusRequest,
+    OpenSessionRequest, Permit, ProclaimRequest, ReleaseRequest, RemoveMemberRequest,
+    SemaphoreState, SemaphoreStatusRequest, SetLimitsRequest, StoreDeleteRequest, StoreGetRequest,
+    StorePutRequest, WhoAmIRequest, WhoAmIResponse,
 };
 use std::future::Future;
 use std::path::Path;
@@ -536,6 +537,74 @@ impl Client {
             })
             .await?;
         Ok(response.state)
+    }
+
+    /// Runs for leader of the election `election` with `value`
+    /// (docs/elections.md): elected at once if nobody leads and nobody is
+    /// queued, else with `wait` queued FIFO among the candidates for at
+    /// most `timeout`. Answers the term (the leadership's fencing token);
+    /// resign with [`release_raw`](Self::release_raw).
+    pub async fn campaign_raw(
+        &self,
+        session: &SessionHandle,
+        election: &str,
+        value: &str,
+        wait: bool,
+        timeout: Option<Duration>,
+    ) -> Result<u64, Error> {
+        let response = self
+            .call_over(Current::channel, (), |channel, ()| async move {
+                let request = CampaignRequest {
+                    session_id: session.id(),
+                    session_secret: session.secret().to_owned(),
+                    election: election.to_owned(),
+                    value: value.to_owned(),
+                    wait,
+                    timeout_ms: timeout.map(millis),
+                    // Fresh for every send, as for a lock.
+                    attempt: next_attempt(),
+                };
+                DeadboltClient::new(channel)
+                    .campaign(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            })
+            .await?;
+        Ok(response.term)
+    }
+
+    /// The leader of `election` (elected in `term`) makes `value` its value.
+    pub async fn proclaim_raw(
+        &self,
+        session: &SessionHandle,
+        election: &str,
+        term: u64,
+        value: &str,
+    ) -> Result<(), Error> {
+        let request = ProclaimRequest {
+            session_id: session.id(),
+            session_secret: session.secret().to_owned(),
+            election: election.to_owned(),
+            term,
+            value: value.to_owned(),
+        };
+        self.call(request, |channel, request| async move {
+            DeadboltClient::new(channel).proclaim(request).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The leader of `election` and its candidates, next in line first;
+    /// no leader if nobody campaigns.
+    pub async fn leader(&self, election: &str) -> Result<LeaderResponse, Error> {
+        let request = LeaderRequest {
+            election: election.to_owned(),
+        };
+        self.call(request, |channel, request| async move {
+            DeadboltClient::new(channel).leader(request).await
+        })
+        .await
     }
 
     /// Releases `lock`, held by the session with fencing token `token`.

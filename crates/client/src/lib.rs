@@ -119,9 +119,9 @@ pub use backoff::Backoff;
 pub use client::{Client, Stored, TlsOptions};
 pub use deadbolt_proto::v1::{
     AclGrant, AclIdentity, AclRole, AclShowResponse, AclTokenInfo, AclTokenResponse, AuditEntry,
-    ClusterStatusResponse, HealthResponse, LimitsResponse, LockState, Member, Permit, RwHold,
-    SemaphoreHolder, SemaphoreState, SemaphoreWaiter, SetLimitsRequest, TableLimits,
-    WhoAmIResponse,
+    ClusterStatusResponse, ElectionLeader, HealthResponse, LeaderResponse, LimitsResponse,
+    LockState, Member, Permit, RwHold, SemaphoreHolder, SemaphoreState, SemaphoreWaiter,
+    SetLimitsRequest, TableLimits, WhoAmIResponse,
 };
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;

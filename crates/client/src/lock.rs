@@ -75,6 +75,13 @@ impl LockGuard {
         &self.session
     }
 
+    /// As an election's leader ([`Session::campaign`]), tells everyone
+    /// `value` instead of the value it campaigned with. Refused if this
+    /// leadership has ended.
+    pub async fn proclaim(&self, value: &str) -> Result<(), Error> {
+        self.session.proclaim(&self.lock, self.token, value).await
+    }
+
     /// Releases the lock. An error of kind `StaleToken`, `NotHolder`,
     /// `UnknownSession` or `SessionExpiring` means the lock had already been
     /// lost, so whatever was done under it may have overlapped with another

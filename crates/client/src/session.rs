@@ -454,6 +454,54 @@ impl Session {
         .await
     }
 
+    /// Runs for leader of the election `election` with `value`, waiting in
+    /// FIFO order among the candidates for as long as it takes
+    /// (docs/elections.md). The guard's [`token`](LockGuard::token) is the
+    /// term: fence with it as with a lock's token. Releasing the guard
+    /// resigns; [`LockGuard::proclaim`] changes the value.
+    pub async fn campaign(&self, election: &str, value: &str) -> Result<LockGuard, Error> {
+        self.campaign_within(election, value, None).await
+    }
+
+    /// [`campaign`](Self::campaign), waiting at most `timeout`; after that
+    /// it fails with [`ErrorKind::WaitTimeout`].
+    pub async fn campaign_timeout(
+        &self,
+        election: &str,
+        value: &str,
+        timeout: Duration,
+    ) -> Result<LockGuard, Error> {
+        self.campaign_within(election, value, Some(timeout)).await
+    }
+
+    async fn campaign_within(
+        &self,
+        election: &str,
+        value: &str,
+        timeout: Option<Duration>,
+    ) -> Result<LockGuard, Error> {
+        let (client, handle) = (&self.inner.client, self.handle());
+        self.acquire_with(election, timeout, |remaining| async move {
+            let term = client
+                .campaign_raw(handle, election, value, true, remaining)
+                .await?;
+            Ok((term, Vec::new()))
+        })
+        .await
+    }
+
+    pub(crate) async fn proclaim(
+        &self,
+        election: &str,
+        term: u64,
+        value: &str,
+    ) -> Result<(), Error> {
+        let client = &self.inner.client;
+        client
+            .proclaim_raw(self.handle(), election, term, value)
+            .await
+    }
+
     /// Takes `count` permits of the semaphore `semaphore` (created with
     /// `capacity` permits if nobody holds or waits on it), waiting in its
     /// FIFO queue for as long as it takes. The guard's

@@ -1056,6 +1056,13 @@ impl LockTable {
             .acquire_would_queue(session, semaphore, Want::Permits(count))
     }
 
+    /// Whether a campaign by `session` for `election` would queue, applied
+    /// now.
+    pub fn campaign_would_queue(&self, session: SessionId, election: &str) -> bool {
+        self.semaphores
+            .acquire_would_queue(session, election, Want::Campaign)
+    }
+
     /// Whether an acquire by `session` of the read/write lock `lock` in
     /// `mode` would queue, applied now.
     pub fn rw_would_queue(&self, session: SessionId, lock: &str, mode: RwMode) -> bool {

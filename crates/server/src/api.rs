@@ -226,6 +226,73 @@ impl Api {
         .await
     }
 
+    pub async fn campaign(
+        &self,
+        credentials: &Credentials,
+        request: CampaignRequest,
+    ) -> Reply<CampaignResponse> {
+        self.timed(Call::Acquire, async {
+            let election = Some(request.election.as_str());
+            let caller = self.caller(credentials, Permission::Lock, election).await?;
+            let session = self
+                .owned(&caller, request.session_id, &request.session_secret)
+                .await?;
+            let timeout = request.timeout_ms.map(Duration::from_millis);
+            let (election, value) = (&request.election, request.value);
+            let (wait, attempt) = (request.wait, request.attempt);
+            let term = self
+                .node
+                .campaign(session, election, value, wait, timeout, attempt)
+                .await?;
+            Ok(CampaignResponse { term: term.0 })
+        })
+        .await
+    }
+
+    pub async fn proclaim(
+        &self,
+        credentials: &Credentials,
+        request: ProclaimRequest,
+    ) -> Reply<ProclaimResponse> {
+        self.timed(Call::Proclaim, async {
+            let election = Some(request.election.as_str());
+            let caller = self.caller(credentials, Permission::Lock, election).await?;
+            let session = self
+                .owned(&caller, request.session_id, &request.session_secret)
+                .await?;
+            let term = Token(request.term);
+            self.node
+                .proclaim(session, &request.election, term, request.value)
+                .await?;
+            Ok(ProclaimResponse {})
+        })
+        .await
+    }
+
+    pub async fn leader(
+        &self,
+        credentials: &Credentials,
+        request: LeaderRequest,
+    ) -> Reply<LeaderResponse> {
+        self.timed(Call::LockStatus, async {
+            let election = Some(request.election.as_str());
+            let _caller = self.caller(credentials, Permission::Read, election).await?;
+            let info = self.node.election(&request.election).await?;
+            Ok(match info {
+                None => LeaderResponse::default(),
+                Some(info) => LeaderResponse {
+                    leader: Some(ElectionLeader {
+                        session_id: info.leader.0 .0,
+                        term: info.leader.1 .0,
+                        value: info.leader.2,
+                    }),
+                    candidate_session_ids: info.candidates.iter().map(|s| s.0).collect(),
+                },
+            })
+        })
+        .await
+    }
+
     pub async fn semaphore_status(
         &self,
         credentials: &Credentials,

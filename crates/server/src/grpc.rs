@@ -212,6 +212,30 @@ impl Deadbolt for GrpcApi {
         ))
     }
 
+    async fn campaign(&self, request: Request<CampaignRequest>) -> Reply<CampaignResponse> {
+        Ok(Response::new(
+            self.api
+                .campaign(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn proclaim(&self, request: Request<ProclaimRequest>) -> Reply<ProclaimResponse> {
+        Ok(Response::new(
+            self.api
+                .proclaim(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn leader(&self, request: Request<LeaderRequest>) -> Reply<LeaderResponse> {
+        Ok(Response::new(
+            self.api
+                .leader(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
     async fn semaphore_status(
         &self,
         request: Request<SemaphoreStatusRequest>,

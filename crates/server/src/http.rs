@@ -30,6 +30,10 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/semaphore/acquire", post(acquire_permits))
         .route("/v1/semaphore/release", post(release))
         .route("/v1/semaphore/status", get(semaphore_status))
+        .route("/v1/election/campaign", post(campaign))
+        .route("/v1/election/proclaim", post(proclaim))
+        .route("/v1/election/resign", post(release))
+        .route("/v1/election/leader", get(leader))
         .route("/v1/locks", get(list_locks))
         .route("/v1/lock/check", get(check_token))
         .route("/v1/lock/history", get(lock_history))
@@ -323,6 +327,31 @@ async fn acquire_permits(
     JsonBody(request): JsonBody<AcquirePermitsRequest>,
 ) -> Reply<AcquirePermitsResponse> {
     Ok(Json(api.acquire_permits(&credentials, request).await?))
+}
+
+async fn campaign(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<CampaignRequest>,
+) -> Reply<CampaignResponse> {
+    Ok(Json(api.campaign(&credentials, request).await?))
+}
+
+async fn proclaim(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<ProclaimRequest>,
+) -> Reply<ProclaimResponse> {
+    Ok(Json(api.proclaim(&credentials, request).await?))
+}
+
+async fn leader(
+    State(api): State<Api>,
+    credentials: Credentials,
+    query: Result<Query<LeaderRequest>, QueryRejection>,
+) -> Reply<LeaderResponse> {
+    let Query(request) = query?;
+    Ok(Json(api.leader(&credentials, request).await?))
 }
 
 async fn semaphore_status(

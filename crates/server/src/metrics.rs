@@ -99,11 +99,12 @@ pub enum Call {
     AddMember,
     RemoveMember,
     SetLimits,
+    Proclaim,
 }
 
 impl Call {
     /// Every call, in declaration order: `ALL[call as usize] == call`.
-    const ALL: [Call; 15] = [
+    const ALL: [Call; 16] = [
         Call::OpenSession,
         Call::KeepAlive,
         Call::CloseSession,
@@ -119,6 +120,7 @@ impl Call {
         Call::AddMember,
         Call::RemoveMember,
         Call::SetLimits,
+        Call::Proclaim,
     ];
 
     fn as_str(self) -> &'static str {
@@ -138,6 +140,7 @@ impl Call {
             Call::AddMember => "add_member",
             Call::RemoveMember => "remove_member",
             Call::SetLimits => "set_limits",
+            Call::Proclaim => "proclaim",
         }
     }
 }

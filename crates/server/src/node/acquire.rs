@@ -126,6 +126,25 @@ impl Node {
             .await
     }
 
+    /// Runs for leader of `election` with `value`, as
+    /// [`acquire`](Self::acquire) takes a lock; answers the term. Refused
+    /// with `needs_upgrade` until the cluster version allows elections.
+    pub async fn campaign(
+        &self,
+        session: OwnedSession,
+        election: &str,
+        value: String,
+        wait: bool,
+        timeout: Option<Duration>,
+        attempt: u64,
+    ) -> Result<Token, ApiError> {
+        validate_lock_name(election)?;
+        self.check_cluster_version_allows(FeatureLevel::ELECTIONS, "elections")?;
+        let asked = Asked::Campaign { value };
+        self.acquire_as(session, election, asked, wait, timeout, attempt)
+            .await
+    }
+
     async fn acquire_as(
         &self,
         session: OwnedSession,
@@ -164,11 +183,12 @@ impl Node {
 
 /// What an acquire asks for: a lock, or permits of a semaphore. Both wait,
 /// time out and are given up alike, by name.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 enum Asked {
     Lock { lock_delay_ms: u64 },
     Permits { capacity: u32, count: u32 },
     Rw { mode: RwMode },
+    Campaign { value: String },
 }
 
 impl Asked {
@@ -178,6 +198,7 @@ impl Asked {
             Asked::Lock { .. } => "lock",
             Asked::Permits { .. } => "semaphore",
             Asked::Rw { .. } => "read/write lock",
+            Asked::Campaign { .. } => "election",
         }
     }
 }
@@ -198,7 +219,7 @@ struct AcquireCall {
 impl AcquireCall {
     async fn run(&mut self, wait: bool, timeout: Option<Duration>) -> Result<Token, ApiError> {
         let (session, name, attempt) = (self.session, self.lock.clone(), self.attempt);
-        let proposal = match self.asked {
+        let proposal = match self.asked.clone() {
             Asked::Lock { lock_delay_ms } => {
                 Proposal::acquire(session, name, wait, attempt, lock_delay_ms)
             }
@@ -206,6 +227,7 @@ impl AcquireCall {
                 Proposal::acquire_permits(session, name, capacity, count, wait, attempt)
             }
             Asked::Rw { mode } => Proposal::acquire_rw(session, name, mode, wait, attempt),
+            Asked::Campaign { value } => Proposal::campaign(session, name, value, wait, attempt),
         };
         // A retry of an acquire that already has its queue place (or grant)
         // is never refused as overloaded: refused for longer than the
@@ -213,12 +235,13 @@ impl AcquireCall {
         // join the queue may share the next command's log append.
         let (retry, queues) = {
             let table = &self.node.table.read().expect("state lock poisoned").table;
-            let would_queue = match self.asked {
+            let would_queue = match &self.asked {
                 Asked::Lock { .. } => table.acquire_would_queue(self.session, &self.lock),
                 Asked::Permits { count, .. } => {
-                    table.permits_would_queue(self.session, &self.lock, count)
+                    table.permits_would_queue(self.session, &self.lock, *count)
                 }
-                Asked::Rw { mode } => table.rw_would_queue(self.session, &self.lock, mode),
+                Asked::Rw { mode } => table.rw_would_queue(self.session, &self.lock, *mode),
+                Asked::Campaign { .. } => table.campaign_would_queue(self.session, &self.lock),
             };
             (
                 table.holds_or_waits(self.session, &self.lock),

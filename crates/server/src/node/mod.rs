@@ -361,6 +361,30 @@ impl Node {
             .await
     }
 
+    /// The leader of `election` proclaims `value`, with its term's token.
+    pub async fn proclaim(
+        &self,
+        session: OwnedSession,
+        election: &str,
+        term: Token,
+        value: String,
+    ) -> Result<(), ApiError> {
+        validate_lock_name(election)?;
+        self.check_cluster_version_allows(FeatureLevel::ELECTIONS, "elections")?;
+        let proposal = Proposal::proclaim(session.id(), election.to_owned(), term, value);
+        self.propose(proposal).await
+    }
+
+    /// The leader and candidates of `election`. Linearizable.
+    pub async fn election(
+        &self,
+        election: &str,
+    ) -> Result<Option<deadbolt_core::ElectionInfo>, ApiError> {
+        validate_lock_name(election)?;
+        self.read_linearizable(|table| table.semaphores().election(election))
+            .await
+    }
+
     /// Up to `limit` locks after `after` in name order, and whether more follow.
     pub async fn list_locks(
         &self,
