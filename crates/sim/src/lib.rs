@@ -138,6 +138,9 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     if rng.gen_bool(0.5) {
         locks.push(format!("{}0", workload::RW_PREFIX));
     }
+    if rng.gen_bool(0.5) {
+        locks.push(format!("{}0", workload::ELECTION_PREFIX));
+    }
     let clients = rng.gen_range(3..=8);
     let history = History::default();
     let resource = std::sync::Arc::new(SimResource::new(options.fenced_resource));

@@ -11,7 +11,7 @@ use crate::network::{node_at, Fabric, Lost, Sender};
 use deadbolt_checker::history::{Accepted, Op, Phase, Record};
 use deadbolt_fence::FenceGates;
 use deadbolt_proto::v1::{
-    AcquirePermitsRequest, AcquireRequest, CloseSessionRequest, KeepAliveRequest,
+    AcquirePermitsRequest, AcquireRequest, CampaignRequest, CloseSessionRequest, KeepAliveRequest,
     OpenSessionRequest, ReleaseRequest, StoreGetRequest, StorePutRequest,
 };
 use deadbolt_proto::ErrorKind;
@@ -43,6 +43,9 @@ pub const SEMAPHORE_PERMITS: u32 = 2;
 /// take them exclusive (and increment, as for a lock), the others shared
 /// (and only hold them: a shared holder may not write).
 pub const RW_PREFIX: &str = "rw-";
+/// Names with this prefix are elections: a round campaigns, and its leader
+/// increments as a lock's holder does.
+pub const ELECTION_PREFIX: &str = "election-";
 
 /// The history of a run, in the order things happened, and when each
 /// session's lease last (re)started by its client's account.
@@ -473,8 +476,27 @@ impl Client {
             (true, true) => "shared",
             (true, false) => "exclusive",
         };
-        let acquired = match lock.starts_with(SEMAPHORE_PREFIX) {
-            false => self
+        let acquired = match lock {
+            _ if lock.starts_with(ELECTION_PREFIX) => self
+                .router
+                .send(|api, credentials| {
+                    let (election, session_secret) = (lock.to_owned(), secret.to_owned());
+                    async move {
+                        let request = CampaignRequest {
+                            session_id,
+                            session_secret,
+                            election,
+                            value: format!("client {session_id}"),
+                            wait: true,
+                            timeout_ms,
+                            attempt,
+                        };
+                        api.campaign(&credentials, request).await
+                    }
+                })
+                .await
+                .map(|elected| elected.term),
+            _ if !lock.starts_with(SEMAPHORE_PREFIX) => self
                 .router
                 .send(|api, credentials| {
                     let (lock, session_secret) = (lock.to_owned(), secret.to_owned());
@@ -494,7 +516,7 @@ impl Client {
                 })
                 .await
                 .map(|granted| granted.token),
-            true => self
+            _ => self
                 .router
                 .send(|api, credentials| {
                     let (semaphore, session_secret) = (lock.to_owned(), secret.to_owned());
