@@ -563,6 +563,18 @@ impl LockTable {
                     current: None,
                 });
             }
+            // Readers hold the lock together, each with its own token: an
+            // older reader's read after a newer one's is no stale access.
+            // The fence stays at the newer reader's token, which keeps
+            // every older writer out all the same.
+            if let (Some(Rule::ReadWrite), Change::Read) = (self.semaphores.rule(shared), &change) {
+                let read = self.store.get(key).filter(|stored| {
+                    stored.fence > token && self.semaphores.holds_permit(shared, stored.fence)
+                });
+                if let Some(stored) = read {
+                    return Ok(Outcome::Read(stored));
+                }
+            }
         } else if let Some(lock) = lock {
             validate_lock_name(lock)?;
             // A lock in lock-delay has no current grant: its holder expired.

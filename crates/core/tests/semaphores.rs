@@ -621,11 +621,32 @@ fn a_shared_token_fences_reads_and_only_the_exclusive_one_writes() {
         lock: Some("doc".into()),
     };
     table.apply(&read).outcome.unwrap();
-    table
-        .apply(&Command::CloseSession { session: reader })
-        .outcome
-        .unwrap();
+    // A newer reader reads the key; the older one still may: readers
+    // share, and the fence stays at the newer token.
+    let newer_reader = open(&mut table);
+    let newer = token_of(table.apply(&rw(newer_reader, RwMode::Shared, true)).outcome);
+    let read_with = |token| Command::StoreRead {
+        key: "doc/body".into(),
+        token,
+        lock: Some("doc".into()),
+    };
+    table.apply(&read_with(newer)).outcome.unwrap();
+    let older_read = table.apply(&read_with(shared)).outcome;
+    assert!(
+        matches!(older_read, Ok(Outcome::Read(ref stored)) if stored.fence == newer),
+        "{older_read:?}"
+    );
+    for session in [reader, newer_reader] {
+        let close = Command::CloseSession { session };
+        table.apply(&close).outcome.unwrap();
+    }
+    // Once the readers are gone, the older reader's token reads no more.
+    let stale = table.apply(&read_with(shared)).outcome;
+    assert!(
+        matches!(stale, Err(LockError::NotCurrentGrant { .. })),
+        "{stale:?}"
+    );
     let exclusive = token_of(table.apply(&rw(writer, RwMode::Exclusive, true)).outcome);
-    assert!(exclusive > shared);
+    assert!(exclusive > newer);
     table.apply(&put(exclusive)).outcome.unwrap();
 }

@@ -29,13 +29,27 @@ pub struct Stale {
 /// callers the lower token can never slip in after the higher one was
 /// admitted. Share a gate with an `Arc`.
 ///
+/// For a read/write lock's resource, readers pass through
+/// [`FenceGate::admit_read_with`]: a read needs a token at least the highest
+/// *write*, and raises a read mark that every later write must reach. So
+/// readers (each with its own token) never refuse each other, and a writer
+/// that paused past its lease is refused once a newer reader has read
+/// (docs/rw-locks.md).
+///
 /// The mark lives in memory: a restarted process starts from
 /// [`FenceGate::new`] and would admit a stale holder again. If the resource
 /// outlives the process, keep the mark next to the data (see the `postgres`
 /// module) or restore it with [`FenceGate::starting_at`].
 #[derive(Debug, Default)]
 pub struct FenceGate {
-    highest: Mutex<u64>,
+    marks: Mutex<Marks>,
+}
+
+/// The highest token admitted to write, and the highest admitted at all.
+#[derive(Debug, Default, Clone, Copy)]
+struct Marks {
+    written: u64,
+    highest: u64,
 }
 
 impl FenceGate {
@@ -48,7 +62,10 @@ impl FenceGate {
     /// restoring the mark of a resource that outlived the previous gate.
     pub fn starting_at(highest: u64) -> Self {
         FenceGate {
-            highest: Mutex::new(highest),
+            marks: Mutex::new(Marks {
+                written: highest,
+                highest,
+            }),
         }
     }
 
@@ -76,28 +93,49 @@ impl FenceGate {
     /// fails or panics: that `token` was presented at all proves every lower
     /// token is stale, whatever became of the write.
     pub fn admit_with<R>(&self, token: u64, write: impl FnOnce() -> R) -> Result<R, Stale> {
-        let mut highest = self.lock();
-        if token < *highest {
+        let mut marks = self.lock();
+        if token < marks.highest {
             return Err(Stale {
                 presented: token,
-                highest: *highest,
+                highest: marks.highest,
             });
         }
-        *highest = token;
+        *marks = Marks {
+            written: token,
+            highest: token,
+        };
         Ok(write())
     }
 
-    /// The highest token admitted so far (or given to
-    /// [`FenceGate::starting_at`]); 0 if none.
-    pub fn highest(&self) -> u64 {
-        *self.lock()
+    /// Admits a read by a read/write lock's holder with `token`, and runs
+    /// `read` before any write can be admitted: refused only if a write
+    /// with a larger token was admitted (this holder's hold has ended
+    /// since). Raises the mark that later writes must reach, so that a
+    /// writer older than this reader can no longer write; other readers,
+    /// older or newer, are not refused.
+    pub fn admit_read_with<R>(&self, token: u64, read: impl FnOnce() -> R) -> Result<R, Stale> {
+        let mut marks = self.lock();
+        if token < marks.written {
+            return Err(Stale {
+                presented: token,
+                highest: marks.written,
+            });
+        }
+        marks.highest = marks.highest.max(token);
+        Ok(read())
     }
 
-    fn lock(&self) -> MutexGuard<'_, u64> {
-        // The mark is a single integer, set in one step before `write` runs,
-        // so a panic inside `write` cannot leave it half-updated: the
-        // poisoned value is still the right one.
-        self.highest.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The highest token admitted so far, to write or to read (or given to
+    /// [`FenceGate::starting_at`]); 0 if none.
+    pub fn highest(&self) -> u64 {
+        self.lock().highest
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Marks> {
+        // The marks are set in one step before `write` runs, so a panic
+        // inside `write` cannot leave them half-updated: the poisoned
+        // value is still the right one.
+        self.marks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -139,6 +177,35 @@ mod tests {
         assert_eq!(gate.admit_with(4, || writes.push(4)), Ok(()));
         assert!(gate.admit_with(2, || writes.push(2)).is_err());
         assert_eq!(writes, [4]);
+    }
+
+    #[test]
+    fn readers_do_not_refuse_each_other_and_a_newer_read_keeps_an_older_writer_out() {
+        let gate = FenceGate::new();
+        gate.admit(5).unwrap();
+        // Readers 8 and 7 hold the lock together; 8 reads first.
+        assert_eq!(gate.admit_read_with(8, || "v"), Ok("v"));
+        assert_eq!(gate.admit_read_with(7, || "v"), Ok("v"));
+        assert_eq!(gate.highest(), 8);
+        // Writer 6 was paused past its lease: the readers' reads came after
+        // its hold ended, so it may not write over what they read.
+        assert_eq!(
+            gate.admit(6),
+            Err(Stale {
+                presented: 6,
+                highest: 8
+            })
+        );
+        // The next writer (9) writes; a reader of an earlier hold no longer
+        // reads.
+        gate.admit(9).unwrap();
+        assert_eq!(
+            gate.admit_read_with(8, || ()),
+            Err(Stale {
+                presented: 8,
+                highest: 9
+            })
+        );
     }
 
     #[test]
