@@ -89,7 +89,10 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         .then(|| TestPki::create(&deadbolt, &out.join("certs"), "nemesis"));
     let mut cluster =
         TestCluster::start_with(&deadbolt, &out.join("cluster"), args.nodes, pki).await;
-    let locks: Vec<String> = (0..args.locks).map(|i| format!("lock-{i}")).collect();
+    let mut locks: Vec<String> = (0..args.locks).map(|i| format!("lock-{i}")).collect();
+    // A read/write lock and an election too, under the same checks.
+    use crate::worker::{ELECTION_PREFIX, RW_LOCK_PREFIX};
+    locks.extend([format!("{RW_LOCK_PREFIX}0"), format!("{ELECTION_PREFIX}0")]);
     let access = match cluster.pki() {
         Some(pki) => Some(secure(&cluster, pki).await?),
         None => None,

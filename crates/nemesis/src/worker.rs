@@ -228,6 +228,11 @@ async fn backend_round(
     !lost
 }
 
+/// Names of the run's read/write lock and election (`run.rs` adds one of
+/// each beside the locks, under the workers' `lock-` prefix).
+pub(crate) const RW_LOCK_PREFIX: &str = "lock-rw-";
+pub(crate) const ELECTION_PREFIX: &str = "lock-election-";
+
 /// Acquire, two increments, release.
 async fn round(
     client: &Client,
@@ -237,7 +242,23 @@ async fn round(
     log: &mut Log,
 ) {
     log.record(Op::Acquire, Phase::Invoke, lock, None, None, None);
-    let guard = match session.lock_timeout(lock, ACQUIRE_TIMEOUT).await {
+    // The run's read/write lock is taken exclusive and its election
+    // campaigned for: each grant is then as exclusive as a lock's, and the
+    // same checks hold.
+    let taken = if lock.starts_with(RW_LOCK_PREFIX) {
+        let exclusive = deadbolt_client::RwMode::Exclusive;
+        session
+            .rw_lock_timeout(lock, exclusive, ACQUIRE_TIMEOUT)
+            .await
+    } else if lock.starts_with(ELECTION_PREFIX) {
+        let value = format!("worker {}", session.id());
+        session
+            .campaign_timeout(lock, &value, ACQUIRE_TIMEOUT)
+            .await
+    } else {
+        session.lock_timeout(lock, ACQUIRE_TIMEOUT).await
+    };
+    let guard = match taken {
         Ok(guard) => guard,
         Err(err) => {
             // A timed-out or refused acquire granted nothing we know of;
