@@ -504,25 +504,24 @@ impl Client {
         wait: bool,
         timeout: Option<Duration>,
     ) -> Result<Vec<Permit>, Error> {
-        let response = self
-            .call_over(Current::channel, (), |channel, ()| async move {
-                let request = AcquirePermitsRequest {
-                    session_id: session.id(),
-                    session_secret: session.secret().to_owned(),
-                    semaphore: semaphore.to_owned(),
-                    capacity,
-                    count,
-                    wait,
-                    timeout_ms: timeout.map(millis),
-                    // Fresh for every send, as for a lock.
-                    attempt: next_attempt(),
-                };
-                DeadboltClient::new(channel)
-                    .acquire_permits(request)
-                    .await
-                    .map(tonic::Response::into_inner)
+        let call = || {
+            Call::AcquirePermits(AcquirePermitsRequest {
+                session_id: session.id(),
+                session_secret: session.secret().to_owned(),
+                semaphore: semaphore.to_owned(),
+                capacity,
+                count,
+                wait,
+                timeout_ms: timeout.map(millis),
+                // Fresh for every send, as for a lock.
+                attempt: next_attempt(),
             })
-            .await?;
+        };
+        let answer = |answer| match answer {
+            Answer::AcquirePermits(response) => Some(response),
+            _ => None,
+        };
+        let response = self.call_streamed(call, answer).await?;
         Ok(response.permits)
     }
 
@@ -552,24 +551,23 @@ impl Client {
         wait: bool,
         timeout: Option<Duration>,
     ) -> Result<u64, Error> {
-        let response = self
-            .call_over(Current::channel, (), |channel, ()| async move {
-                let request = CampaignRequest {
-                    session_id: session.id(),
-                    session_secret: session.secret().to_owned(),
-                    election: election.to_owned(),
-                    value: value.to_owned(),
-                    wait,
-                    timeout_ms: timeout.map(millis),
-                    // Fresh for every send, as for a lock.
-                    attempt: next_attempt(),
-                };
-                DeadboltClient::new(channel)
-                    .campaign(request)
-                    .await
-                    .map(tonic::Response::into_inner)
+        let call = || {
+            Call::Campaign(CampaignRequest {
+                session_id: session.id(),
+                session_secret: session.secret().to_owned(),
+                election: election.to_owned(),
+                value: value.to_owned(),
+                wait,
+                timeout_ms: timeout.map(millis),
+                // Fresh for every send, as for a lock.
+                attempt: next_attempt(),
             })
-            .await?;
+        };
+        let answer = |answer| match answer {
+            Answer::Campaign(response) => Some(response),
+            _ => None,
+        };
+        let response = self.call_streamed(call, answer).await?;
         Ok(response.term)
     }
 

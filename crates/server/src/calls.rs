@@ -137,7 +137,9 @@ impl CallStream {
                 let message = "this node is shutting down".to_owned();
                 return self.refuse(id, ErrorKind::NotLeader, message);
             }
-            Some(Call::Acquire(_)) if self.acquires_in_flight >= MAX_ACQUIRES_IN_FLIGHT => {
+            Some(call)
+                if is_acquire(&call) && self.acquires_in_flight >= MAX_ACQUIRES_IN_FLIGHT =>
+            {
                 let message = format!(
                     "{MAX_ACQUIRES_IN_FLIGHT} acquires are in flight on this stream; \
                      wait for some to finish"
@@ -148,7 +150,7 @@ impl CallStream {
         };
         self.next_serial += 1;
         let serial = self.next_serial;
-        let acquire = matches!(call, Call::Acquire(_));
+        let acquire = is_acquire(&call);
         self.acquires_in_flight += usize::from(acquire);
         let (sender, cancelled) = oneshot::channel();
         self.cancels.insert(id, Cancel { serial, sender });
@@ -178,10 +180,27 @@ impl CallStream {
     }
 }
 
+/// Whether `call` may wait in a queue (and so counts against
+/// [`MAX_ACQUIRES_IN_FLIGHT`]).
+fn is_acquire(call: &Call) -> bool {
+    matches!(
+        call,
+        Call::Acquire(_) | Call::AcquirePermits(_) | Call::Campaign(_)
+    )
+}
+
 async fn run(api: Arc<Api>, credentials: Arc<Credentials>, call: Call) -> Answer {
     let credentials = &*credentials;
     let answer = match call {
         Call::Acquire(request) => api.acquire(credentials, request).await.map(Answer::Acquire),
+        Call::AcquirePermits(request) => api
+            .acquire_permits(credentials, request)
+            .await
+            .map(Answer::AcquirePermits),
+        Call::Campaign(request) => api
+            .campaign(credentials, request)
+            .await
+            .map(Answer::Campaign),
         Call::Release(request) => api.release(credentials, request).await.map(Answer::Release),
         Call::KeepAlive(request) => api
             .keep_alive(credentials, request)
