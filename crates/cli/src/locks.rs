@@ -418,8 +418,11 @@ pub async fn list(endpoints: &Endpoints, args: ListArgs) -> i32 {
             return;
         }
         let width = locks.iter().map(|l| l.lock.len()).max().unwrap_or(4).max(4);
+        // Tokens count microseconds since the epoch: 16 digits.
+        let tokens = locks.iter().map(|l| l.token.to_string().len()).max();
+        let tokens = tokens.unwrap_or(5).max(5);
         println!(
-            "{:width$}  {:9}  {:>8}  {:>12}  WAITERS",
+            "{:width$}  {:9}  {:>8}  {:>tokens$}  WAITERS",
             "LOCK", "MODE", "SESSION", "TOKEN"
         );
         for lock in &locks {
@@ -434,7 +437,7 @@ pub async fn list(endpoints: &Endpoints, args: ListArgs) -> i32 {
                 mode => mode,
             };
             println!(
-                "{:width$}  {mode:9}  {session:>8}  {:>12}  {}",
+                "{:width$}  {mode:9}  {session:>8}  {:>tokens$}  {}",
                 lock.lock,
                 lock.token,
                 lock.waiter_session_ids.len()

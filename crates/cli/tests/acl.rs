@@ -159,6 +159,24 @@ fn a_token_allows_exactly_what_its_roles_grant_and_a_refusal_changes_nothing() {
         let (status, reply) = curl(addr, Some(&ci), &path, None);
         assert_eq!(status, allowed, "{path}: {reply}");
     }
+    // So do read/write locks and elections.
+    for args in [
+        &["acquire", "--lock", "web/doc", "--shared"][..],
+        &["acquire", "--election", "web/leader"][..],
+    ] {
+        let refused = as_token(&endpoint, Some(&ci), args);
+        assert_eq!(refused.status.code(), Some(77), "{args:?}: {refused:?}");
+    }
+    stdout(&as_token(
+        &endpoint,
+        Some(&ci),
+        &["acquire", "--election", "jobs/leader"],
+    ));
+    for (name, allowed) in [("jobs/leader", 200), ("web/leader", 403)] {
+        let path = format!("/v1/election/leader?election={name}");
+        let (status, reply) = curl(addr, Some(&ci), &path, None);
+        assert_eq!(status, allowed, "{path}: {reply}");
+    }
 
     // Listing shows only what ci may read; root sees everything, and
     // nothing was taken or stored by the refused calls.
