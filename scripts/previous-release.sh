@@ -18,7 +18,7 @@ release=0.1.0
 commit=fe19c64
 
 out=target/previous/$release
-bin=$out/deadbolt
+bin=$PWD/$out/deadbolt
 if [[ -x $bin ]]; then
     echo "$bin"
     exit 0

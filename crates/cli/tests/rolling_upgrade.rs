@@ -149,7 +149,11 @@ async fn a_cluster_of_the_previous_release_upgrades_one_node_at_a_time() {
         granted.token()
     );
 
-    // The previous release's CLI reads the current servers.
+    // The previous release's CLI reads the current servers, a read/write
+    // lock (a feature of the new level) included: as a lock held by its
+    // first holder.
+    let reader = client.open_session(Duration::from_secs(10)).await.unwrap();
+    let _shared = reader.read_lock("upgrade/rw").await.unwrap();
     let endpoint = cluster.endpoints().join(",");
     let listed = Command::new(&previous)
         .args(["locks"])
@@ -158,7 +162,7 @@ async fn a_cluster_of_the_previous_release_upgrades_one_node_at_a_time() {
         .unwrap();
     let text = String::from_utf8_lossy(&listed.stdout);
     assert!(
-        listed.status.success() && text.contains("upgrade/held"),
+        listed.status.success() && text.contains("upgrade/held") && text.contains("upgrade/rw"),
         "{listed:?}"
     );
     let status = Command::new(&previous)
