@@ -150,18 +150,41 @@ mod tests {
     #[test]
     fn from_the_semaphore_level_on_the_semaphores_travel_after_the_table() {
         let mut table = table_at(FeatureLevel::SEMAPHORES);
+        let session = deadbolt_core::SessionId(1);
         let permits = Command::AcquirePermits {
-            session: deadbolt_core::SessionId(1),
+            session,
             semaphore: "pool".into(),
             capacity: 4,
             count: 2,
             wait: false,
             attempt: 0,
         };
-        assert!(table.apply(&permits).outcome.is_ok());
+        // Read/write locks and elections share the semaphores' section:
+        // their modes and the leader's value travel too.
+        let shared = Command::AcquireRw {
+            session,
+            lock: "catalog".into(),
+            mode: deadbolt_core::RwMode::Shared,
+            wait: false,
+            attempt: 0,
+        };
+        let campaign = Command::Campaign {
+            session,
+            election: "scheduler".into(),
+            value: "10.0.0.7:8080".into(),
+            wait: false,
+            attempt: 0,
+        };
+        for command in [permits, shared, campaign] {
+            assert!(table.apply(&command).outcome.is_ok(), "{command:?}");
+        }
         let image = encode(&table).unwrap();
         let back = decode(&image).unwrap();
-        assert_eq!(back.semaphores().len(), 1);
+        assert_eq!(back.semaphores().len(), 3);
+        let leader = back.semaphores().election("scheduler").unwrap().leader;
+        assert_eq!(leader.2, "10.0.0.7:8080");
+        let catalog = back.semaphores().rw_lock("catalog").unwrap();
+        assert_eq!(catalog.holders[0].1, deadbolt_core::RwMode::Shared);
         assert_eq!(back, table);
         back.check_invariants();
         assert!(decode(&image[..image.len() - 1]).is_err(), "cut short");
