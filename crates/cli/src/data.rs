@@ -74,4 +74,10 @@ fn print_report(dir: &std::path::Path, report: &DataReport) {
         "  state       {} sessions, {} locks, {} store keys",
         report.sessions, report.locks, report.store_keys
     );
+    if report.cluster_version >= deadbolt_server::FeatureLevel::SEMAPHORES.0 {
+        println!(
+            "              {} semaphores, {} read/write locks, {} elections",
+            report.semaphores, report.rw_locks, report.elections
+        );
+    }
 }

@@ -815,3 +815,38 @@ async fn one_leader_at_a_time_and_the_next_candidate_takes_over_with_a_higher_te
     guard.release().await.unwrap();
     wait_for_leader(&endpoint, "scheduler", "no leader");
 }
+
+#[test]
+fn data_check_counts_the_semaphores_read_write_locks_and_elections_a_stopped_node_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = TestServer::start(&data);
+    let endpoint = server.endpoint();
+    common::wait_for_newest_cluster_version(&endpoint);
+    for args in [
+        &[
+            "acquire",
+            "--ttl",
+            "1h",
+            "--semaphore",
+            "pool",
+            "--permits",
+            "2",
+        ][..],
+        &["acquire", "--ttl", "1h", "--lock", "catalog", "--shared"][..],
+        &["acquire", "--ttl", "1h", "--election", "scheduler"][..],
+    ] {
+        let taken = deadbolt(&endpoint, args);
+        assert!(taken.status.success(), "{args:?}: {taken:?}");
+    }
+    server.kill9();
+    let data_dir = data.to_str().unwrap();
+    let report = deadbolt(
+        &endpoint,
+        &["data", "check", "--json", "--data-dir", data_dir],
+    );
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let counts =
+        ["semaphores", "rw_locks", "elections", "locks"].map(|kind| &report["report"][kind]);
+    assert_eq!(counts, [1, 1, 1, 0], "{report}");
+}

@@ -277,6 +277,19 @@ impl Semaphores {
         self.by_name.is_empty()
     }
 
+    /// How many names of each kind: semaphores, read/write locks, elections.
+    pub fn count_by_kind(&self) -> (usize, usize, usize) {
+        let mut counts = (0, 0, 0);
+        for semaphore in self.by_name.values() {
+            match semaphore.rule {
+                Rule::Permits { .. } => counts.0 += 1,
+                Rule::ReadWrite => counts.1 += 1,
+                Rule::Election => counts.2 += 1,
+            }
+        }
+        counts
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }

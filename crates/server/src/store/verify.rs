@@ -48,6 +48,10 @@ pub struct DataReport {
     /// Blocking acquires queued behind a holder.
     pub waiters: usize,
     pub store_keys: usize,
+    /// Names held or waited on as semaphores, read/write locks, elections.
+    pub semaphores: usize,
+    pub rw_locks: usize,
+    pub elections: usize,
     /// The feature level the state is at (`deadbolt_core::FeatureLevel`).
     pub cluster_version: u32,
 }
@@ -191,6 +195,7 @@ pub fn verify(
     // Cheap insurance: the replayed table must hold the lock invariants.
     state.table.check_invariants();
 
+    let (semaphores, rw_locks, elections) = state.table.semaphores().count_by_kind();
     Ok(DataReport {
         node_id: witness.node_id,
         instance: format!("{instance:032x}"),
@@ -205,6 +210,9 @@ pub fn verify(
         locks: state.table.lock_count(),
         waiters: state.table.waits().count(),
         store_keys: state.table.store().len(),
+        semaphores,
+        rw_locks,
+        elections,
         cluster_version: state.table.cluster_version().0,
     })
 }
