@@ -154,6 +154,14 @@ pub struct LeaderArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// Keep printing, a line each time the leader, its term or its value
+    /// changes, until interrupted. It asks every --every (a stream comes
+    /// with watches: docs/elections.md).
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: how often to ask.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, requires = "watch")]
+    every: Duration,
 }
 
 #[derive(clap::Args)]
@@ -381,14 +389,11 @@ pub async fn leader(endpoints: &Endpoints, args: LeaderArgs) -> i32 {
         Ok(client) => client,
         Err(code) => return code,
     };
-    let election = args.election;
-    outcome(client.leader(&election).await.map(|answer| {
+    let election = &args.election;
+    let show = |answer: deadbolt_client::LeaderResponse| {
         if args.json {
-            println!(
-                "{}",
-                serde_json::json!({ "election": election, "state": answer })
-            );
-            return;
+            let json = serde_json::json!({ "election": election, "state": answer });
+            return println!("{json}");
         }
         let Some(leader) = answer.leader else {
             return println!("{election}: no leader (nobody campaigns)");
@@ -400,7 +405,28 @@ pub async fn leader(endpoints: &Endpoints, args: LeaderArgs) -> i32 {
             leader.value,
             answer.candidate_session_ids.len()
         );
-    }))
+    };
+    if !args.watch {
+        return outcome(client.leader(election).await.map(show));
+    }
+    let stopped = stop_signal();
+    tokio::pin!(stopped);
+    let mut shown = None;
+    loop {
+        let answer = match client.leader(election).await {
+            Ok(answer) => answer,
+            Err(err) => return exit::report(&err),
+        };
+        // Only the leadership's changes: candidates come and go.
+        if shown.as_ref() != Some(&answer.leader) {
+            shown = Some(answer.leader.clone());
+            show(answer);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(args.every) => {}
+            _ = &mut stopped => return exit::OK,
+        }
+    }
 }
 
 pub async fn list(endpoints: &Endpoints, args: ListArgs) -> i32 {

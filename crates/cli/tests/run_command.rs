@@ -850,3 +850,59 @@ fn data_check_counts_the_semaphores_read_write_locks_and_elections_a_stopped_nod
         ["semaphores", "rw_locks", "elections", "locks"].map(|kind| &report["report"][kind]);
     assert_eq!(counts, [1, 1, 1, 0], "{report}");
 }
+
+#[test]
+fn leader_watch_prints_each_change_of_leadership() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    common::wait_for_newest_cluster_version(&endpoint);
+    let mut watcher = Command::new(BIN)
+        .args(["leader", "jobs", "--watch", "--every", "50ms"])
+        .env("DEADBOLT_ENDPOINT", &endpoint)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its lines, as they come; each step waits for the one it caused.
+    let (lines, printed) = std::sync::mpsc::channel();
+    let output = std::io::BufReader::new(watcher.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        output
+            .lines()
+            .map_while(Result::ok)
+            .for_each(|l| lines.send(l).unwrap())
+    });
+    let next_line = || {
+        printed
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a line from the watcher")
+    };
+    assert!(next_line().contains("no leader"));
+    let elected = deadbolt(
+        &endpoint,
+        &["acquire", "--election", "jobs", "--value", "a"],
+    );
+    let (handle, term) = stdout(&elected)
+        .split_once(' ')
+        .map(|(h, t)| (h.to_owned(), t.to_owned()))
+        .unwrap();
+    let led = next_line();
+    assert!(
+        led.contains(&format!("in term {term}, value \"a\"")),
+        "{led}"
+    );
+    let resign = [
+        "release",
+        "--lock",
+        "jobs",
+        "--session",
+        &handle,
+        "--token",
+        &term,
+    ];
+    assert!(deadbolt(&endpoint, &resign).status.success());
+    assert!(next_line().contains("no leader"));
+    signal(watcher.id() as i32, libc::SIGTERM);
+    assert!(watcher.wait().unwrap().success());
+}
