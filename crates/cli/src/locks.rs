@@ -11,7 +11,7 @@
 
 use crate::Endpoints;
 use crate::{exit, parse_duration, stop_signal};
-use deadbolt_client::{Client, Error, ErrorKind, LockState, RwMode, SessionHandle};
+use deadbolt_client::{Client, Error, ErrorKind, LockState, RwMode, SessionHandle, WatchOptions};
 use std::time::Duration;
 
 /// Which lock to take and how long to wait for it: shared by `run` and
@@ -155,13 +155,10 @@ pub struct LeaderArgs {
     #[arg(long)]
     json: bool,
     /// Keep printing, a line each time the leader, its term or its value
-    /// changes, until interrupted. It asks every --every (a stream comes
-    /// with watches: docs/elections.md).
+    /// changes, until interrupted (it follows the election's events:
+    /// docs/watches.md).
     #[arg(long)]
     watch: bool,
-    /// With --watch: how often to ask.
-    #[arg(long, default_value = "500ms", value_parser = parse_duration, requires = "watch")]
-    every: Duration,
 }
 
 #[derive(clap::Args)]
@@ -411,6 +408,11 @@ pub async fn leader(endpoints: &Endpoints, args: LeaderArgs) -> i32 {
     }
     let stopped = stop_signal();
     tokio::pin!(stopped);
+    // In place before the first read: no change after it goes unseen.
+    let mut events = client.watch(election, WatchOptions::default());
+    if let Err(err) = events.started().await {
+        return exit::report(&err);
+    }
     let mut shown = None;
     loop {
         let answer = match client.leader(election).await {
@@ -423,7 +425,11 @@ pub async fn leader(endpoints: &Endpoints, args: LeaderArgs) -> i32 {
             show(answer);
         }
         tokio::select! {
-            () = tokio::time::sleep(args.every) => {}
+            event = events.next() => match event {
+                Some(Ok(_)) => {}
+                Some(Err(err)) => return exit::report(&err),
+                None => return exit::FAILURE,
+            },
             _ = &mut stopped => return exit::OK,
         }
     }

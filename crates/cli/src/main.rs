@@ -21,6 +21,7 @@ mod run_backend;
 mod server;
 mod snapshot;
 mod store;
+mod watch;
 
 use clap::{Parser, Subcommand};
 use deadbolt_client::{Client, TlsOptions};
@@ -166,6 +167,10 @@ enum Command {
     Locks(locks::ListArgs),
     /// Who held a lock, with which token, and how each grant ended.
     History(locks::HistoryArgs),
+    /// Print a name's (or every name under a prefix's) grants, releases,
+    /// queue changes, proclaims and store writes as they happen, each with
+    /// its log index (docs/watches.md).
+    Watch(watch::WatchArgs),
     /// Is TOKEN the current grant of LOCK? Exit 0 if so, 76 if not.
     Check(store::CheckArgs),
     /// The fenced store: values only the newest lock holder can change.
@@ -295,6 +300,7 @@ fn main() {
             Command::Run(args) => run::main(endpoint, args).await,
             Command::Elect(args) => run::main(endpoint, args.into()).await,
             Command::Leader(args) => locks::leader(endpoint, args).await,
+            Command::Watch(args) => watch::main(endpoint, args).await,
             Command::Acquire(args) => locks::acquire(endpoint, args).await,
             Command::Release(args) => locks::release(endpoint, args).await,
             Command::Keepalive(args) => locks::keepalive(endpoint, args).await,

@@ -467,3 +467,47 @@ fn one_identity_cannot_hold_more_calls_than_its_limit_and_others_go_on() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+#[test]
+fn a_watch_shows_only_what_its_identity_may_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    let (root, ci, _) = secured(&server);
+    let (handle, token) = acquire(&endpoint, &root, "other/x");
+    stdout(&as_token(
+        &endpoint,
+        Some(&root),
+        &release_args("other/x", &handle, &token),
+    ));
+    let (_, token) = acquire(&endpoint, &ci, "jobs/a");
+    // Everything since the log began, as ci may see it: its own grant only.
+    let everything = "/v1/watch?prefix=true&after=0&timeout_ms=100";
+    let (status, seen) = curl(server.addr, Some(&ci), everything, None);
+    assert_eq!(status, 200, "{seen}");
+    let events: Vec<(&str, &str, &str)> = seen["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let field = |name: &str| e[name].as_str().unwrap();
+            (field("kind"), field("name"), field("identity"))
+        })
+        .collect();
+    assert_eq!(events, [("granted", "jobs/a", "ci")], "{seen}");
+    assert_eq!(seen["events"][0]["token"].to_string(), token);
+    // The same watch for root shows root's lock too.
+    let (_, all) = curl(server.addr, Some(&root), everything, None);
+    let names: Vec<&str> = all["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["other/x", "other/x", "jobs/a"], "{all}");
+    // A name ci may not read is refused outright, and nobody unnamed may watch.
+    let (status, refused) = curl(server.addr, Some(&ci), "/v1/watch?name=other/x", None);
+    assert_eq!(status, 403, "{refused}");
+    let (status, refused) = curl(server.addr, None, "/v1/watch?name=jobs/a", None);
+    assert_eq!(status, 401, "{refused}");
+}

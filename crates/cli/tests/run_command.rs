@@ -859,7 +859,7 @@ fn leader_watch_prints_each_change_of_leadership() {
     let endpoint = server.endpoint();
     common::wait_for_newest_cluster_version(&endpoint);
     let mut watcher = Command::new(BIN)
-        .args(["leader", "jobs", "--watch", "--every", "50ms"])
+        .args(["leader", "jobs", "--watch"])
         .env("DEADBOLT_ENDPOINT", &endpoint)
         .stdout(Stdio::piped())
         .spawn()

@@ -968,7 +968,7 @@ impl Client {
     /// failed. Nothing changes if another call already moved on from the one
     /// that failed, or if there is nowhere else to go. Says whether calls
     /// now go elsewhere than the failed one did.
-    fn move_on(&self, failed_generation: u64, leader: Option<&str>) -> bool {
+    pub(crate) fn move_on(&self, failed_generation: u64, leader: Option<&str>) -> bool {
         let targets = &self.shared.targets;
         let mut current = self.current();
         if current.generation != failed_generation {
@@ -1021,6 +1021,17 @@ impl Client {
         Target::parse(format!("{scheme}://{leader}"), &self.shared.tls)
             .inspect_err(|error| tracing::debug!(%error, "cannot dial the leader named"))
             .ok()
+    }
+
+    /// Where calls go now: the endpoint's address, the generation (for
+    /// [`move_on`](Self::move_on)) and its channel.
+    pub(crate) fn endpoint_now(&self) -> (Arc<str>, u64, Link) {
+        let mut current = self.current();
+        (
+            current.address.clone(),
+            current.generation,
+            current.channel(),
+        )
     }
 
     fn current(&self) -> MutexGuard<'_, Current> {

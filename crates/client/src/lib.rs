@@ -114,6 +114,7 @@ mod handle;
 mod http_get;
 mod lock;
 mod session;
+mod watch;
 
 pub use backoff::Backoff;
 pub use client::{Client, Stored, TlsOptions};
@@ -121,10 +122,11 @@ pub use deadbolt_proto::v1::{
     AclGrant, AclIdentity, AclRole, AclShowResponse, AclTokenInfo, AclTokenResponse, AuditEntry,
     ClusterStatusResponse, ElectionLeader, HealthResponse, LeaderResponse, LimitsResponse,
     LockState, Member, Permit, RwHold, SemaphoreHolder, SemaphoreState, SemaphoreWaiter,
-    SetLimitsRequest, TableLimits, WhoAmIResponse,
+    SetLimitsRequest, TableLimits, WatchEvent, WhoAmIResponse,
 };
 pub use deadbolt_proto::ErrorKind;
 pub use error::Error;
 pub use handle::SessionHandle;
 pub use lock::{LockGuard, RwMode};
 pub use session::{LeaseLost, Session};
+pub use watch::{Watch, WatchOptions};

@@ -48,6 +48,16 @@ pub enum AuditKind {
     SharedGranted,
 }
 
+/// How the grants that `command` ends end.
+pub(crate) fn ended_by(command: &Command) -> AuditKind {
+    match command {
+        Command::CloseSession { .. } => AuditKind::Closed,
+        Command::ExpireSession { .. } => AuditKind::Expired,
+        Command::Abandon { .. } => AuditKind::Abandoned,
+        _ => AuditKind::Released,
+    }
+}
+
 /// What the command and its events add to the trail.
 pub(crate) fn records(
     command: &Command,
@@ -57,12 +67,7 @@ pub(crate) fn records(
     owner_of: impl Fn(SessionId) -> Option<String>,
     granted_as: impl Fn(&str, SessionId) -> AuditKind,
 ) -> Vec<AuditRecord> {
-    let ended = match command {
-        Command::CloseSession { .. } => AuditKind::Closed,
-        Command::ExpireSession { .. } => AuditKind::Expired,
-        Command::Abandon { .. } => AuditKind::Abandoned,
-        _ => AuditKind::Released,
-    };
+    let ended = ended_by(command);
     events
         .iter()
         .filter_map(|event| {

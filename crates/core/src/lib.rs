@@ -24,6 +24,7 @@ mod limits;
 mod proposal;
 mod semaphore;
 mod table;
+mod watch;
 
 pub use acl::{
     AccessControl, AccessToken, AclCommand, AclError, Grant, Permission, ROOT_IDENTITY, ROOT_ROLE,
@@ -44,6 +45,7 @@ pub use semaphore::{
     MAX_ELECTION_VALUE, MAX_PERMITS,
 };
 pub use table::{LockInfo, LockTable, LockTableV9, SessionInfo, SessionLease, SessionSecret};
+pub use watch::{WatchEvent, WatchKind};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

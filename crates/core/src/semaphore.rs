@@ -617,8 +617,14 @@ impl Semaphores {
 
     /// What `session` holds of `name`, if anything.
     pub fn held_by(&self, session: SessionId, name: &str) -> Option<Want> {
+        self.holding(session, name).map(|(want, _)| want)
+    }
+
+    /// What `session` holds of `name`, if anything, and its value (an
+    /// election leader's; empty for the other kinds).
+    pub(crate) fn holding(&self, session: SessionId, name: &str) -> Option<(Want, &str)> {
         let holding = self.by_name.get(name)?.holders.get(&session)?;
-        Some(holding.want)
+        Some((holding.want, &holding.value))
     }
 
     /// The leader of `name`, if it is an election, proclaims `value`; only

@@ -19,6 +19,7 @@ use crate::command::{Applied, SessionEnd};
 use crate::fenced::Change;
 use crate::limits::validate_lock_delay;
 use crate::semaphore::ShareRequest;
+use crate::watch::{self, WatchEvent};
 use crate::{
     validate_key, validate_lock_name, validate_ttl, validate_value, AcquireOutcome, Command, Event,
     FeatureLevel, FencedStore, Limits, LockError, Outcome, SecretHash, Semaphores, SessionId,
@@ -271,6 +272,18 @@ impl LockTable {
     /// timers and may have acknowledged keepalives since: applying it then
     /// could end a lease early.
     pub fn apply_in_term(&mut self, command: &Command, at_ms: u64, term: u64) -> Applied {
+        self.apply_watched(command, at_ms, term, None)
+    }
+
+    /// [`apply_in_term`](Self::apply_in_term), and, if `watch` is given,
+    /// adds what watchers see of the command to it (see [`WatchEvent`]).
+    pub fn apply_watched(
+        &mut self,
+        command: &Command,
+        at_ms: u64,
+        term: u64,
+        watch: Option<&mut Vec<WatchEvent>>,
+    ) -> Applied {
         match command.decided_in_term() {
             Some(decided) if decided != term => Applied {
                 outcome: Err(LockError::Superseded {
@@ -279,15 +292,24 @@ impl LockTable {
                 }),
                 events: Vec::new(),
             },
-            _ => self.apply_at(command, at_ms),
+            _ => self.apply_observed(command, at_ms, watch),
         }
     }
 
     /// [`apply`](Self::apply), with the wall-clock time (Unix ms) at which
     /// the leader proposed the command, for the audit trail.
     pub fn apply_at(&mut self, command: &Command, at_ms: u64) -> Applied {
-        // A session that ends is gone once applied; the trail still names
-        // who held its locks.
+        self.apply_observed(command, at_ms, None)
+    }
+
+    fn apply_observed(
+        &mut self,
+        command: &Command,
+        at_ms: u64,
+        watch: Option<&mut Vec<WatchEvent>>,
+    ) -> Applied {
+        // A session that ends is gone once applied; the trail (and the
+        // watchers) still name who held its locks.
         let ending_owner = match command {
             Command::CloseSession { session } | Command::ExpireSession { session, .. } => {
                 self.sessions.get(session).and_then(|s| s.owner.clone())
@@ -305,6 +327,13 @@ impl LockTable {
                 Some(Want::Rw(RwMode::Shared)) => AuditKind::SharedGranted,
                 Some(Want::Rw(RwMode::Exclusive) | Want::Campaign) | None => AuditKind::Granted,
             };
+            if let Some(watch) = watch {
+                let holding = |name: &str, session| {
+                    let (want, value) = self.semaphores.holding(session, name)?;
+                    Some((want, value.to_owned()))
+                };
+                watch::events(command, &applied.events, owner_of, holding, watch);
+            }
             let records = audit::records(
                 command,
                 &applied.events,

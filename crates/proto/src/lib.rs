@@ -84,11 +84,15 @@ pub enum ErrorKind {
     /// (docs/upgrading.md). Added after release 0.1.0, whose clients read
     /// it by its gRPC code (`FAILED_PRECONDITION`) as `internal`.
     NeedsUpgrade,
+    /// A watch asked for history the node no longer keeps (or fell that far
+    /// behind): read the current state and watch again from now. Added
+    /// after release 0.1.0.
+    Compacted,
 }
 
 impl ErrorKind {
     /// Every kind: what `parse` knows, and the server's error metric's labels.
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         ErrorKind::UnknownSession,
         ErrorKind::Busy,
         ErrorKind::NotHolder,
@@ -105,6 +109,7 @@ impl ErrorKind {
         ErrorKind::PermissionDenied,
         ErrorKind::Unauthenticated,
         ErrorKind::NeedsUpgrade,
+        ErrorKind::Compacted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -125,6 +130,7 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::NeedsUpgrade => "needs_upgrade",
+            ErrorKind::Compacted => "compacted",
         }
     }
 
@@ -153,6 +159,7 @@ impl ErrorKind {
             ErrorKind::Internal => Code::Internal,
             ErrorKind::PermissionDenied => Code::PermissionDenied,
             ErrorKind::Unauthenticated => Code::Unauthenticated,
+            ErrorKind::Compacted => Code::OutOfRange,
         }
     }
 

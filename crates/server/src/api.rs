@@ -10,6 +10,7 @@ use crate::auth::{self, Caller, Credentials, InFlight};
 use crate::metrics::Call;
 use crate::node::{ApiError, Health, Node, OwnedSession};
 use crate::secret::SecretSource;
+use crate::watches::{self, Cursor, Positioned, WatchEnd, Watcher};
 use deadbolt_core::{
     AclCommand, AuditKind, Grant, LockInfo, Permission, Proposal, RwMode, SessionId, StoredValue,
     Token,
@@ -288,6 +289,46 @@ impl Api {
                     }),
                     candidate_session_ids: info.candidates.iter().map(|s| s.0).collect(),
                 },
+            })
+        })
+        .await
+    }
+
+    /// Starts a watch (see `watches.rs`) of `request.name`, or of every
+    /// name under it with `request.prefix`: `Watch::next` gives its events.
+    pub async fn watch(&self, credentials: &Credentials, request: WatchRequest) -> Reply<Watch> {
+        self.timed(Call::Watch, async {
+            let caller = self.node.authenticate(credentials).await?;
+            self.node
+                .permit_watch(&caller, &request.name, request.prefix)?;
+            let caller = caller.admit(&self.in_flight)?;
+            let from = match request.after.as_str() {
+                "" => None,
+                after => Some(Cursor::parse(after).ok_or_else(|| {
+                    let message = format!(
+                        "after {after:?} is not an event id: give a log index (\"1042\") or an \
+                         event's id (\"1042.3\")"
+                    );
+                    ApiError::new(ErrorKind::InvalidArgument, message)
+                })?),
+            };
+            let WatchRequest { name, prefix, .. } = request;
+            let matches: Box<dyn Fn(&str) -> bool + Send + Sync> = match prefix {
+                true => Box::new(move |candidate| candidate.starts_with(&name)),
+                false => Box::new(move |candidate| candidate == name),
+            };
+            let watcher = self.node.history.watch(from, matches).ok_or_else(|| {
+                let message = format!(
+                    "this node serves {} watches already; watch from another node, or share \
+                     a prefix watch",
+                    watches::MAX_WATCHES
+                );
+                ApiError::new(ErrorKind::LimitReached, message)
+            })?;
+            Ok(Watch {
+                watcher,
+                caller,
+                node: self.node.clone(),
             })
         })
         .await
@@ -830,5 +871,136 @@ fn permit(permit: &deadbolt_core::Permit) -> Permit {
     Permit {
         token: permit.token.0,
         slot: permit.slot,
+    }
+}
+
+/// A watch in progress, for its caller (see [`Api::watch`]).
+pub struct Watch {
+    watcher: Watcher,
+    /// Holds the call's place among its identity's calls in flight.
+    caller: Caller,
+    node: Node,
+}
+
+/// The most events one [`WatchResponse`] carries.
+const MAX_EVENTS_PER_ANSWER: usize = 1000;
+
+impl Watch {
+    /// The next events the caller may read, waiting until there are some;
+    /// or, once the history the watch needs is gone, `compacted` (and the
+    /// watch is over). `unavailable` when the node shuts down.
+    pub async fn next(&mut self) -> Reply<WatchResponse> {
+        loop {
+            match self.watcher.next(MAX_EVENTS_PER_ANSWER).await {
+                Ok(mut found) => {
+                    self.node.retain_watchable(&self.caller, &mut found);
+                    if !found.is_empty() {
+                        return Ok(WatchResponse {
+                            events: found.into_iter().map(watch_event).collect(),
+                            cursor: self.cursor(),
+                            compacted: None,
+                        });
+                    }
+                }
+                Err(WatchEnd::Compacted(compacted)) => {
+                    return Ok(WatchResponse {
+                        events: Vec::new(),
+                        cursor: self.cursor(),
+                        compacted: Some(WatchCompacted {
+                            kept_after: compacted.kept_after,
+                            current_index: compacted.current,
+                        }),
+                    })
+                }
+                Err(WatchEnd::Closing) => {
+                    let message = format!(
+                        "this node is shutting down: watch on another, after {}",
+                        self.cursor()
+                    );
+                    return Err(ApiError::new(ErrorKind::Unavailable, message));
+                }
+            }
+        }
+    }
+
+    /// The watch's answers as a stream: first one without events that says
+    /// where the watch starts (so a client that loses the stream at once
+    /// still knows where to resume), then events until the node shuts
+    /// down, or a last `compacted` answer followed by the `compacted` error.
+    pub fn into_stream(self) -> impl futures::Stream<Item = Reply<WatchResponse>> + Send {
+        enum Next {
+            Starting(Box<Watch>),
+            Watching(Box<Watch>),
+            Failing(ApiError),
+            Done,
+        }
+        futures::stream::unfold(Next::Starting(Box::new(self)), |next| async move {
+            match next {
+                Next::Starting(watch) => {
+                    let start = WatchResponse {
+                        cursor: watch.cursor(),
+                        ..Default::default()
+                    };
+                    Some((Ok(start), Next::Watching(watch)))
+                }
+                Next::Watching(mut watch) => match watch.next().await {
+                    Ok(answer) => {
+                        let then = match &answer.compacted {
+                            Some(compacted) => Next::Failing(compacted_error(compacted)),
+                            None => Next::Watching(watch),
+                        };
+                        Some((Ok(answer), then))
+                    }
+                    Err(err) => Some((Err(err), Next::Done)),
+                },
+                Next::Failing(err) => Some((Err(err), Next::Done)),
+                Next::Done => None,
+            }
+        })
+    }
+
+    /// Where the watch stands, to resume after (an event id or an index).
+    pub fn cursor(&self) -> String {
+        let cursor = self.watcher.cursor();
+        match cursor.event {
+            Some(event) => format!("{}.{event}", cursor.index),
+            None => cursor.index.to_string(),
+        }
+    }
+}
+
+/// The error that ends a watch whose history is gone.
+pub fn compacted_error(compacted: &WatchCompacted) -> ApiError {
+    let message = format!(
+        "the history this watch needs is gone: this node keeps the events after log index {} \
+         only (a watch that falls that far behind is cut off too). Read the current state, then \
+         watch after index {}",
+        compacted.kept_after, compacted.current_index
+    );
+    ApiError::new(ErrorKind::Compacted, message)
+}
+
+fn watch_event(positioned: Positioned) -> WatchEvent {
+    let id = positioned.id();
+    let Positioned {
+        index,
+        event,
+        watched,
+    } = positioned;
+    WatchEvent {
+        index,
+        position: event,
+        id,
+        kind: watched.kind.as_str().to_owned(),
+        name: watched.name,
+        session_id: watched.session.map_or(0, |session| session.0),
+        identity: watched.identity.unwrap_or_default(),
+        token: watched.token.map_or(0, |token| token.0),
+        mode: watched
+            .mode
+            .map(|mode| mode.to_string())
+            .unwrap_or_default(),
+        permits: watched.permits.unwrap_or(0),
+        value: watched.value,
     }
 }

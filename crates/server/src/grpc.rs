@@ -18,6 +18,7 @@ use deadbolt_proto::v1::deadbolt_server::{Deadbolt, DeadboltServer};
 use deadbolt_proto::v1::raft_peer_server::RaftPeerServer;
 use deadbolt_proto::v1::*;
 use deadbolt_proto::MAX_MESSAGE_BYTES;
+use futures::StreamExt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -191,6 +192,22 @@ impl Deadbolt for GrpcApi {
     }
 
     type CallsStream = CallStream;
+
+    type WatchStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+    // A stream's items are tonic's own `Result<_, Status>`.
+    #[allow(clippy::result_large_err)]
+    async fn watch(&self, request: Request<WatchRequest>) -> Reply<Self::WatchStream> {
+        let watch = self
+            .api
+            .watch(&credentials(&request), request.into_inner())
+            .await?;
+        let answers = watch
+            .into_stream()
+            .map(|answer| answer.map_err(Status::from));
+        Ok(Response::new(Box::pin(answers)))
+    }
 
     async fn calls(&self, request: Request<Streaming<CallRequest>>) -> Reply<CallStream> {
         Ok(Response::new(CallStream::new(

@@ -2,7 +2,7 @@
 //! and field names as gRPC: the bodies are the protobuf messages in JSON.
 //! Errors are `{"error": {"kind": ..., "message": ...}}` with a fitting status.
 
-use crate::api::Api;
+use crate::api::{compacted_error, Api};
 use crate::auth::Credentials;
 use crate::node::ApiError;
 use crate::tls::TlsClient;
@@ -11,11 +11,13 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use deadbolt_proto::v1::*;
 use deadbolt_proto::ErrorKind;
+use futures::StreamExt;
 
 /// The HTTP API's routes. A request body that stalls for
 /// `body_read_timeout` is answered 408 and its connection closed.
@@ -34,6 +36,7 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/election/proclaim", post(proclaim))
         .route("/v1/election/resign", post(release))
         .route("/v1/election/leader", get(leader))
+        .route("/v1/watch", get(watch))
         .route("/v1/locks", get(list_locks))
         .route("/v1/lock/check", get(check_token))
         .route("/v1/lock/history", get(lock_history))
@@ -155,6 +158,7 @@ fn http_status(kind: ErrorKind) -> StatusCode {
         ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorKind::NeedsUpgrade => StatusCode::PRECONDITION_FAILED,
+        ErrorKind::Compacted => StatusCode::GONE,
     }
 }
 
@@ -352,6 +356,109 @@ async fn leader(
 ) -> Reply<LeaderResponse> {
     let Query(request) = query?;
     Ok(Json(api.leader(&credentials, request).await?))
+}
+
+/// `GET /v1/watch`'s query: a [`WatchRequest`], and how long a long poll
+/// waits for an event.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WatchQuery {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    prefix: bool,
+    #[serde(default)]
+    after: String,
+    timeout_ms: Option<u64>,
+}
+
+/// A watch as Server-Sent Events: each event with its id (resume after it
+/// with `Last-Event-ID`) and its kind as the SSE event name; a last
+/// `compacted` or `error` event when the watch ends.
+fn server_sent_events(
+    watch: crate::api::Watch,
+) -> Sse<impl futures::Stream<Item = Result<SseEvent, std::convert::Infallible>>> {
+    let events = watch.into_stream().flat_map(|answer| {
+        let events: Vec<SseEvent> = match answer {
+            Ok(answer) => match answer.compacted {
+                Some(compacted) => vec![SseEvent::default()
+                    .event("compacted")
+                    .json_data(compacted)
+                    .expect("a message encodes as JSON")],
+                None => answer
+                    .events
+                    .into_iter()
+                    .map(|event| {
+                        SseEvent::default()
+                            .id(&event.id)
+                            .event(&event.kind)
+                            .json_data(&event)
+                            .expect("a message encodes as JSON")
+                    })
+                    .collect(),
+            },
+            Err(err) => vec![SseEvent::default()
+                .event("error")
+                .json_data(serde_json::json!({ "kind": err.kind.as_str(), "message": err.message }))
+                .expect("JSON encodes as JSON")],
+        };
+        futures::stream::iter(events.into_iter().map(Ok))
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+/// How long a long poll waits for an event by default, and at most.
+const WATCH_POLL_DEFAULT: std::time::Duration = std::time::Duration::from_secs(30);
+const WATCH_POLL_MAX: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A watch: Server-Sent Events if the client accepts `text/event-stream`
+/// (resumed from its `Last-Event-ID`), otherwise a long poll that answers
+/// with the first events, or with none after `timeout_ms`.
+async fn watch(
+    State(api): State<Api>,
+    credentials: Credentials,
+    headers: HeaderMap,
+    query: Result<Query<WatchQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let Query(query) = query?;
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+    let streaming = header("accept").is_some_and(|accept| accept.contains("text/event-stream"));
+    let request = WatchRequest {
+        name: query.name,
+        prefix: query.prefix,
+        // A reconnecting EventSource says where it stopped.
+        after: header("last-event-id").map_or(query.after, str::to_owned),
+    };
+    let mut watch = api.watch(&credentials, request).await?;
+    if streaming {
+        return Ok(server_sent_events(watch).into_response());
+    }
+    let wait = query
+        .timeout_ms
+        .map_or(WATCH_POLL_DEFAULT, std::time::Duration::from_millis)
+        .min(WATCH_POLL_MAX);
+    let answer = match tokio::time::timeout(wait, watch.next()).await {
+        Ok(answer) => answer?,
+        Err(_) => WatchResponse {
+            cursor: watch.cursor(),
+            ..Default::default()
+        },
+    };
+    Ok(match &answer.compacted {
+        Some(compacted) => {
+            let err = compacted_error(compacted);
+            let body = serde_json::json!({
+                "error": {
+                    "kind": err.kind.as_str(),
+                    "message": err.message,
+                    "kept_after": compacted.kept_after,
+                    "current_index": compacted.current_index,
+                }
+            });
+            (http_status(err.kind), Json(body)).into_response()
+        }
+        None => Json(answer).into_response(),
+    })
 }
 
 async fn semaphore_status(

@@ -40,6 +40,7 @@ mod testing;
 mod tls;
 pub mod version;
 mod waits;
+pub mod watches;
 
 pub use backup::{Backup, BadBackup, Summary as BackupSummary, MAX_FILE_BYTES as MAX_BACKUP_BYTES};
 pub use cluster::InitialCluster;
@@ -224,10 +225,12 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     let waits = Arc::new(Waits::default());
     let leases = Arc::new(Leases::new(clock));
     let metrics = Arc::new(metrics::Metrics::new());
+    let history = Arc::new(watches::History::default());
     let observers = Arc::new(Observers {
         waits: waits.clone(),
         leases: leases.clone(),
         metrics: metrics.clone(),
+        history: history.clone(),
     });
     let log_store = LogStore::new(
         db.clone(),
@@ -259,6 +262,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         feature_level,
         member_levels: Default::default(),
         started_leading: Default::default(),
+        history,
     })
 }
 
@@ -582,13 +586,16 @@ impl Server {
         .method_not_allowed_fallback(http::method_not_allowed);
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
+        let history = node.history.clone();
         let mut stopping = stop.subscribe();
         let serving = listener::serve(listener, app, limits, node.tls.clone(), async move {
             shutdown.await;
             tracing::info!("shutting down");
             let _ = stop.send(true);
-            // Blocked acquires would hold the graceful shutdown open forever.
+            // Blocked acquires and watches would hold the graceful shutdown
+            // open forever.
             waits.close();
+            history.close();
         });
         // Connections get a moment to finish their requests, not forever.
         let overdue = async move {

@@ -100,11 +100,13 @@ pub enum Call {
     RemoveMember,
     SetLimits,
     Proclaim,
+    /// Starting a watch (its events are not calls).
+    Watch,
 }
 
 impl Call {
     /// Every call, in declaration order: `ALL[call as usize] == call`.
-    const ALL: [Call; 16] = [
+    const ALL: [Call; 17] = [
         Call::OpenSession,
         Call::KeepAlive,
         Call::CloseSession,
@@ -121,6 +123,7 @@ impl Call {
         Call::RemoveMember,
         Call::SetLimits,
         Call::Proclaim,
+        Call::Watch,
     ];
 
     fn as_str(self) -> &'static str {
@@ -141,6 +144,7 @@ impl Call {
             Call::RemoveMember => "remove_member",
             Call::SetLimits => "set_limits",
             Call::Proclaim => "proclaim",
+            Call::Watch => "watch",
         }
     }
 }

@@ -277,6 +277,33 @@ impl Node {
         let acl = state.table.acl();
         locks.retain(|lock| acl.allows(caller.identity(), Permission::Read, &lock.name));
     }
+
+    /// May `caller` watch `name` (or, with `prefix`, something under it)?
+    /// A lock-like name needs `read`, a store key `store_read`; which one a
+    /// name is may change, so either will do here, and each event is
+    /// checked again as it is sent ([`Node::retain_watchable`]).
+    pub fn permit_watch(&self, caller: &Caller, name: &str, prefix: bool) -> Result<(), ApiError> {
+        let state = self.table.read().expect("state lock poisoned");
+        let acl = state.table.acl();
+        let resource = (!prefix).then_some(name);
+        check(acl, caller, Permission::Read, resource)
+            .or_else(|_| check(acl, caller, Permission::StoreRead, resource))
+    }
+
+    /// Keeps only the events `caller` may read: a lock's with `read`, a
+    /// store key's with `store_read`, under the rules as they are now.
+    pub fn retain_watchable(&self, caller: &Caller, events: &mut Vec<crate::watches::Positioned>) {
+        let state = self.table.read().expect("state lock poisoned");
+        let acl = state.table.acl();
+        events.retain(|event| {
+            let watched = &event.watched;
+            let needs = match watched.kind.is_store() {
+                true => Permission::StoreRead,
+                false => Permission::Read,
+            };
+            acl.allows(caller.identity(), needs, &watched.name)
+        });
+    }
 }
 
 /// [`Node::permit`] on given rules.

@@ -91,6 +91,8 @@ pub struct Node {
     /// cluster's first one) raises the cluster version at once, not a
     /// round later.
     pub(crate) started_leading: Arc<tokio::sync::Notify>,
+    /// The newest entries' events, for watches (`watch.rs`).
+    pub(crate) history: Arc<crate::watches::History>,
 }
 
 /// Each member's answer to the leader's latest question about its level.

@@ -4,8 +4,8 @@
 //! the store calls (its [`EventSink`]) on its apply path, on every replica
 //! and on every replay after a restart, whether or not a request waits, and
 //! when a snapshot is built or installed. The events wake blocked acquirers
-//! ([`Waits`]), start and stop lease tracking ([`Leases`]) and feed the
-//! counters ([`Metrics`]); whatever is added here runs on every apply, so
+//! ([`Waits`]), start and stop lease tracking ([`Leases`]), keep the
+//! watchers' history ([`History`]) and feed the counters ([`Metrics`]); whatever is added here runs on every apply, so
 //! it must stay cheap.
 
 use crate::leases::Leases;
@@ -13,6 +13,7 @@ use crate::metrics::Metrics;
 use crate::raft_types::BatchOutcome;
 use crate::store::EventSink;
 use crate::waits::Waits;
+use crate::watches::{History, WatchedEntry};
 use deadbolt_core::{Event, LockTable};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ pub(crate) struct Observers {
     pub waits: Arc<Waits>,
     pub leases: Arc<Leases>,
     pub metrics: Arc<Metrics>,
+    pub history: Arc<History>,
 }
 
 impl EventSink for Observers {
@@ -34,7 +36,8 @@ impl EventSink for Observers {
         self.metrics.snapshot_built(bytes, took);
     }
 
-    fn on_events(&self, events: Vec<Event>) {
+    fn on_events(&self, events: Vec<Event>, watched: Vec<WatchedEntry>, applied: u64) {
+        self.history.applied(watched, applied);
         for event in &events {
             self.waits.on_event(event);
             match event {
@@ -54,7 +57,8 @@ impl EventSink for Observers {
         }
     }
 
-    fn on_reset(&self, table: &LockTable) {
+    fn on_reset(&self, table: &LockTable, applied: u64) {
         self.waits.reset(table);
+        self.history.reset(applied);
     }
 }

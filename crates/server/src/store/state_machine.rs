@@ -14,6 +14,7 @@
 use super::table_image::{self, ImageError};
 use super::{snapshot_chunks, At, OrStorageError, StorageIo};
 use crate::raft_types::{Batch, BatchOutcome, NodeId, StorageError, TypeConfig};
+use crate::watches::WatchedEntry;
 use deadbolt_core::{Command, Event, FeatureLevel, LockTable, LockTableV9};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -29,15 +30,18 @@ use std::sync::{Arc, RwLock};
 /// produced them are applied. The server wakes blocked acquirers, starts
 /// or stops lease tracking, and counts what happened (metrics) from here.
 pub trait EventSink: Send + Sync + 'static {
-    fn on_events(&self, events: Vec<Event>);
+    /// `events` of the entries applied up to `applied` (a log index), and
+    /// what watchers see of them, entry by entry.
+    fn on_events(&self, events: Vec<Event>, watched: Vec<WatchedEntry>, applied: u64);
     /// What the entries applied produced, for the metrics: called before
     /// `on_events` with the same entries' outcomes and events.
     fn on_applied(&self, outcomes: &[BatchOutcome], events: &[Event]);
     /// A snapshot of `bytes` was built and written in `took`.
     fn on_snapshot_built(&self, bytes: usize, took: std::time::Duration);
-    /// The table was replaced by a snapshot: no events lead from the old
-    /// state to the new one, so observers must rebuild from the table.
-    fn on_reset(&self, table: &LockTable);
+    /// The table was replaced by a snapshot (of log index `applied`): no
+    /// events lead from the old state to the new one, so observers must
+    /// rebuild from the table.
+    fn on_reset(&self, table: &LockTable, applied: u64);
 }
 
 /// The lock table and how far into the log it reflects.
@@ -93,7 +97,9 @@ impl StateMachineStore {
             state.last_applied = stored.meta.last_log_id;
             state.membership = stored.meta.last_membership;
             state.table = table;
-            store.sink.on_reset(&state.table);
+            store
+                .sink
+                .on_reset(&state.table, index_of(state.last_applied));
         }
         Ok(store)
     }
@@ -221,12 +227,18 @@ fn check_supported(table: &LockTable, supports: FeatureLevel) -> Result<(), Abov
     Ok(())
 }
 
+fn index_of(log_id: Option<LogId<NodeId>>) -> u64 {
+    log_id.map_or(0, |id| id.index)
+}
+
 /// Applies one committed log entry to the table, as every replica does
-/// (and as `deadbolt data check` replays the log), collecting the events.
+/// (and as `deadbolt data check` replays the log), collecting the events
+/// and, if `watched` is given, what watchers see of them.
 pub(super) fn apply_entry(
     state: &mut Applied,
     entry: Entry<TypeConfig>,
     events: &mut Vec<Event>,
+    watched: Option<&mut Vec<WatchedEntry>>,
     supports: FeatureLevel,
 ) -> Result<BatchOutcome, AboveSupported> {
     debug_assert!(state.last_applied < Some(entry.log_id));
@@ -249,14 +261,23 @@ pub(super) fn apply_entry(
         EntryPayload::Normal(Batch { commands, at_ms }) => {
             state.table.raise_token_floor(at_ms);
             let term = entry.log_id.leader_id.term;
-            commands
+            let mut watch = Vec::new();
+            let outcomes = commands
                 .iter()
                 .map(|command| {
-                    let applied = state.table.apply_in_term(command, at_ms, term);
+                    let into = watched.is_some().then_some(&mut watch);
+                    let applied = state.table.apply_watched(command, at_ms, term, into);
                     events.extend(applied.events);
                     applied.outcome
                 })
-                .collect()
+                .collect();
+            if let Some(watched) = watched.filter(|_| !watch.is_empty()) {
+                watched.push(WatchedEntry {
+                    index: entry.log_id.index,
+                    events: watch,
+                });
+            }
+            outcomes
         }
         EntryPayload::Membership(membership) => {
             state.membership = StoredMembership::new(Some(entry.log_id), membership);
@@ -311,20 +332,21 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I::IntoIter: OptionalSend,
     {
         let mut events = Vec::new();
-        let replies: Vec<BatchOutcome> = {
+        let mut watched = Vec::new();
+        let (replies, applied): (Vec<BatchOutcome>, u64) = {
             let mut state = self.state.write().expect("state lock poisoned");
-            entries
+            let replies = entries
                 .into_iter()
                 .map(|entry| {
                     let at = At(ErrorSubject::Apply(entry.log_id), ErrorVerb::Read);
-                    apply_entry(&mut state, entry, &mut events, self.feature_level).at(&at)
+                    let watched = Some(&mut watched);
+                    apply_entry(&mut state, entry, &mut events, watched, self.feature_level).at(&at)
                 })
-                .collect::<Result<_, _>>()?
+                .collect::<Result<_, _>>()?;
+            (replies, index_of(state.last_applied))
         };
         self.sink.on_applied(&replies, &events);
-        if !events.is_empty() {
-            self.sink.on_events(events);
-        }
+        self.sink.on_events(events, watched, applied);
         Ok(replies)
     }
 
@@ -376,7 +398,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         state.last_applied = meta.last_log_id;
         state.membership = meta.last_membership.clone();
         state.table = table;
-        self.sink.on_reset(&state.table);
+        self.sink
+            .on_reset(&state.table, index_of(state.last_applied));
         Ok(())
     }
 
@@ -397,10 +420,10 @@ mod tests {
     struct Unobserved;
 
     impl EventSink for Unobserved {
-        fn on_events(&self, _: Vec<Event>) {}
+        fn on_events(&self, _: Vec<Event>, _: Vec<WatchedEntry>, _: u64) {}
         fn on_applied(&self, _: &[BatchOutcome], _: &[Event]) {}
         fn on_snapshot_built(&self, _: usize, _: std::time::Duration) {}
-        fn on_reset(&self, _: &LockTable) {}
+        fn on_reset(&self, _: &LockTable, _: u64) {}
     }
 
     /// A full table's snapshot (112.5 MiB), replaced every 10,000 entries,

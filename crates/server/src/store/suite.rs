@@ -48,6 +48,7 @@ fn observers(metrics: &Arc<Metrics>) -> Arc<Observers> {
         waits: Arc::new(Waits::default()),
         leases: Arc::new(Leases::new(Clock::host())),
         metrics: metrics.clone(),
+        history: Default::default(),
     })
 }
 

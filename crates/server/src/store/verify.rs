@@ -175,7 +175,7 @@ pub fn verify(
         expected = Some(index + 1);
         if Some(entry.log_id) > state.last_applied {
             events.clear();
-            apply_entry(&mut state, entry, &mut events, FeatureLevel::NEWEST)
+            apply_entry(&mut state, entry, &mut events, None, FeatureLevel::NEWEST)
                 .map_err(|err| Refusal::WrongFormat(err.to_string()))?;
         }
     }
