@@ -6,11 +6,13 @@
 //! time and only its term proclaims, tokens strictly increasing, grants in
 //! FIFO order (so no reader passes a queued writer), nobody waiting while
 //! its request fits, one name one kind, and nothing left once every
-//! session ends.
+//! session ends. A watcher that knows only the watch events (`WatchEvent`)
+//! must know who holds, who waits and each leader's value, exactly as the
+//! table has it, after every step.
 
 use deadbolt_core::{
     AcquireOutcome, Command, Event, FeatureLevel, LockError, LockTable, Outcome, RwMode,
-    SecretHash, SessionId, Token,
+    SecretHash, SessionId, Token, WatchEvent, WatchKind,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -134,6 +136,96 @@ impl Seen {
                 Event::Queued { .. } | Event::LockDelayed { .. } => {}
             }
         }
+    }
+}
+
+/// What a watcher of every name knows from the watch events alone.
+#[derive(Default)]
+struct Watched {
+    holders: BTreeMap<String, BTreeMap<SessionId, Token>>,
+    queues: BTreeMap<String, Vec<SessionId>>,
+    /// Each election's leader's value.
+    values: BTreeMap<String, String>,
+}
+
+impl Watched {
+    fn absorb(&mut self, events: &[WatchEvent]) {
+        for event in events {
+            let name = event.name.clone();
+            let session = event.session.expect("every event here is a session's");
+            let queue = self.queues.entry(name.clone()).or_default();
+            match event.kind {
+                WatchKind::Granted => {
+                    queue.retain(|waiting| *waiting != session);
+                    let token = event.token.expect("a grant has a token");
+                    self.holders.entry(name.clone()).or_default().insert(session, token);
+                    if let Some(value) = &event.value {
+                        self.values.insert(name, value.clone());
+                    }
+                }
+                WatchKind::Released
+                | WatchKind::Closed
+                | WatchKind::Expired
+                | WatchKind::Abandoned => {
+                    let held = self.holders.entry(name.clone()).or_default().remove(&session);
+                    assert_eq!(held, event.token, "{event:?} ended another grant");
+                    self.values.remove(&name);
+                }
+                WatchKind::Queued => queue.push(session),
+                WatchKind::LeftQueue => {
+                    let before = queue.len();
+                    queue.retain(|waiting| *waiting != session);
+                    assert_eq!(queue.len() + 1, before, "{event:?} was not queued");
+                }
+                WatchKind::Proclaimed => {
+                    self.values.insert(name, event.value.clone().expect("a value"));
+                }
+                WatchKind::Delayed | WatchKind::Put | WatchKind::Deleted => {
+                    unreachable!("no lock-delays or store writes here: {event:?}")
+                }
+            }
+        }
+    }
+
+    /// The watcher's view must be the table's, for every name.
+    fn check(&self, table: &LockTable) {
+        for name in NAMES {
+            let (holders, queue, value) = holds_and_waits(table, name);
+            let empty = BTreeMap::new();
+            let watched = self.holders.get(name).unwrap_or(&empty);
+            assert_eq!(*watched, holders, "{name}: holders");
+            let watched = self.queues.get(name).cloned().unwrap_or_default();
+            assert_eq!(watched, queue, "{name}: queue");
+            assert_eq!(self.values.get(name), value.as_ref(), "{name}: value");
+        }
+    }
+}
+
+/// Who holds `name` (with which token), who waits, and its leader's
+/// value, whatever kind it is.
+fn holds_and_waits(
+    table: &LockTable,
+    name: &str,
+) -> (BTreeMap<SessionId, Token>, Vec<SessionId>, Option<String>) {
+    let semaphores = table.semaphores();
+    if let Some(info) = semaphores.semaphore(name) {
+        let holders = info.holders.iter().map(|(s, p)| (*s, p[0].token));
+        let waiters = info.waiters.iter().map(|(s, _)| *s);
+        return (holders.collect(), waiters.collect(), None);
+    }
+    if let Some(info) = semaphores.rw_lock(name) {
+        let holders = info.holders.iter().map(|(s, _, t)| (*s, *t));
+        let waiters = info.waiters.iter().map(|(s, _)| *s);
+        return (holders.collect(), waiters.collect(), None);
+    }
+    if let Some(info) = semaphores.election(name) {
+        let (leader, term, value) = info.leader;
+        let holders = BTreeMap::from([(leader, term)]);
+        return (holders, info.candidates, Some(value));
+    }
+    match table.lock(name) {
+        Some(info) => (BTreeMap::from([(info.holder, info.token)]), info.waiters, None),
+        None => Default::default(),
     }
 }
 
@@ -262,12 +354,27 @@ fn check_listings(table: &LockTable) {
     }
 }
 
-fn run(table: &mut LockTable, seen: &mut Seen, command: &Command) -> Result<Outcome, LockError> {
+fn run(
+    table: &mut LockTable,
+    seen: &mut Seen,
+    watched: &mut Watched,
+    command: &Command,
+) -> Result<Outcome, LockError> {
     let before = table.clone();
     let before_semaphores = before.semaphores().clone();
-    let applied = table.apply(command);
+    let mut watch = Vec::new();
+    let term = command.decided_in_term().unwrap_or(1);
+    let applied = table.apply_watched(command, 0, term, Some(&mut watch));
     table.check_invariants();
     check_listings(table);
+    watched.absorb(&watch);
+    watched.check(table);
+    if let Command::CloseSession { .. } = command {
+        assert!(watch.iter().all(|event| matches!(
+            event.kind,
+            WatchKind::Closed | WatchKind::LeftQueue | WatchKind::Granted
+        )));
+    }
     if applied.outcome.is_err() {
         assert_eq!(*table, before, "a refused command changed the table");
         assert_eq!(*table.semaphores(), before_semaphores);
@@ -353,9 +460,10 @@ proptest! {
     ) {
         let mut table = at_semaphore_level();
         let mut seen = Seen::default();
+        let mut watched = Watched::default();
         for step in &steps {
             let command = command(step, &seen);
-            if let Err(err) = run(&mut table, &mut seen, &command) {
+            if let Err(err) = run(&mut table, &mut seen, &mut watched, &command) {
                 let expected = matches!(err,
                     LockError::UnknownSession(_) | LockError::NoPermits { .. }
                     | LockError::Busy { .. } | LockError::NotHolder { .. }
@@ -375,7 +483,8 @@ proptest! {
         let live: Vec<SessionId> =
             seen.opened.iter().copied().filter(|s| !seen.ended.contains(s)).collect();
         for session in live {
-            run(&mut table, &mut seen, &Command::CloseSession { session }).unwrap();
+            let close = Command::CloseSession { session };
+            run(&mut table, &mut seen, &mut watched, &close).unwrap();
         }
         prop_assert!(table.semaphores().is_empty());
         prop_assert_eq!(table.lock_count(), 0);
