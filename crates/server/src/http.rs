@@ -397,6 +397,8 @@ fn server_sent_events(
                     })
                     .collect(),
             },
+            // The `compacted` event before it said all there is to say.
+            Err(err) if err.kind == ErrorKind::Compacted => Vec::new(),
             Err(err) => vec![SseEvent::default()
                 .event("error")
                 .json_data(serde_json::json!({ "kind": err.kind.as_str(), "message": err.message }))
