@@ -2,7 +2,8 @@
 //! (`deadbolt-nemesis run`, real processes) and the deterministic simulation
 //! (`deadbolt-sim`, one process): both record the same operations and are
 //! judged by the same rules; and the tally of how many times a run broke
-//! mutual exclusion (`deadbolt-nemesis run --backend`, docs/backends.md).
+//! mutual exclusion (`deadbolt-nemesis run --backend`, docs/backends.md);
+//! and a watch stream against the service's audit trail (`watched.rs`).
 //!
 //! A crate of its own because it is pure (records in, violations out) and
 //! neither runner's: the simulation depends on it without building the
@@ -11,3 +12,4 @@
 pub mod checker;
 pub mod history;
 pub mod tally;
+pub mod watched;

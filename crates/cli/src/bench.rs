@@ -8,7 +8,13 @@
 //!   how long from each kill until a client's next successful grant;
 //! - `overload`: thousands of blocking waiters on a few locks and a flood of
 //!   unary calls; a probe's latency, the server's memory, and whether every
-//!   grant was right (see `overload.rs`).
+//!   grant was right (see `overload.rs`);
+//! - `rwlock`: all clients on one read/write lock, one in ten a writer;
+//! - `semaphore`: all clients on one semaphore of `--permits` permits.
+//!
+//! `--watchers N` opens N watches of every `bench:` name first and counts
+//! the events they receive while the workload runs: the fan-out's cost,
+//! next to the same workload without them.
 //!
 //! `--fill N` first takes N more locks and holds them while measuring, to
 //! see what a big table costs (snapshots of it, above all).
@@ -40,6 +46,8 @@ pub(crate) enum Workload {
     Expiry,
     Failover,
     Overload,
+    Rwlock,
+    Semaphore,
 }
 
 #[derive(clap::Args)]
@@ -103,6 +111,14 @@ pub struct BenchArgs {
     /// (the server must run on this machine).
     #[arg(long)]
     server_pid: Option<u32>,
+    /// `semaphore`: its permits.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    permits: u32,
+    /// `uncontended`, `contended`, `rwlock`, `semaphore`: first open this
+    /// many watches of every `bench:` name (over connections of their own,
+    /// 100 each), and report the events they receive.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) watchers: u32,
 }
 
 /// Locks the fill takes per session: 990,000 locks in 82,500 sessions.
@@ -211,7 +227,9 @@ pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
     }
     let result = match args.workload {
         Workload::Uncontended => loops(endpoints, &args, false).await,
-        Workload::Contended => loops(endpoints, &args, true).await,
+        Workload::Contended | Workload::Rwlock | Workload::Semaphore => {
+            loops(endpoints, &args, true).await
+        }
         Workload::Expiry => expiry(endpoints, &args).await,
         Workload::Failover | Workload::Overload => {
             let result = match args.workload {
@@ -230,6 +248,86 @@ pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
     match result {
         Ok(()) => exit::OK,
         Err(err) => exit::report(&err),
+    }
+}
+
+/// The workload's name, as on the command line.
+fn workload_name(workload: Workload) -> &'static str {
+    match workload {
+        Workload::Uncontended => "uncontended",
+        Workload::Contended => "contended",
+        Workload::Expiry => "expiry",
+        Workload::Failover => "failover",
+        Workload::Overload => "overload",
+        Workload::Rwlock => "rwlock",
+        Workload::Semaphore => "semaphore",
+    }
+}
+
+/// Watches of every `bench:` name while a workload runs, counting the
+/// events they receive (see [`BenchArgs::watchers`]).
+struct Watchers {
+    count: u32,
+    events: Arc<AtomicU64>,
+    started: Instant,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Watches per connection of their own.
+const WATCHES_PER_CONNECTION: u32 = 100;
+
+impl Watchers {
+    /// Opens `count` watches, and waits until every one is in place.
+    async fn start(endpoints: &Endpoints, count: u32) -> Result<Watchers, Error> {
+        let events = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        let mut client = None;
+        for i in 0..count {
+            if i % WATCHES_PER_CONNECTION == 0 {
+                client = Some(endpoints.connect().await?);
+            }
+            let client = client.as_ref().expect("connected above");
+            let options = deadbolt_client::WatchOptions {
+                prefix: true,
+                after: None,
+            };
+            let mut watch = client.watch("bench:", options);
+            watch.started().await?;
+            let events = events.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(Ok(_)) = watch.next().await {
+                    events.fetch_add(1, Ordering::Relaxed);
+                }
+            }));
+        }
+        if count > 0 {
+            eprintln!("[watch] {count} watches of bench:* in place");
+        }
+        Ok(Watchers {
+            count,
+            events,
+            started: Instant::now(),
+            tasks,
+        })
+    }
+
+    /// Prints the events delivered, from the warm-up to the end.
+    fn report(self) {
+        if self.count == 0 {
+            return;
+        }
+        let events = self.events.load(Ordering::Relaxed);
+        let elapsed = self.started.elapsed().as_secs_f64();
+        println!(
+            "  watches: {} watchers received {events} events in {elapsed:.1}s (warm-up \
+             included): {:.0} events/s delivered, {:.0} per watcher",
+            self.count,
+            events as f64 / elapsed,
+            events as f64 / elapsed / f64::from(self.count),
+        );
+        for task in self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -266,12 +364,18 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     for client in clients.iter().cycle().take(args.clients as usize) {
         sessions.push(client.open_session(args.ttl).await?);
     }
-    let rounds = sessions.iter().cloned().map(|session| {
+    let (workload, permits) = (args.workload, args.permits);
+    let rounds = sessions.iter().cloned().enumerate().map(|(i, session)| {
         move |name: String| {
             let session = session.clone();
             async move {
                 let started = Instant::now();
-                let guard = session.lock(&name).await?;
+                let guard = match workload {
+                    Workload::Rwlock if i % 10 == 0 => session.write_lock(&name).await?,
+                    Workload::Rwlock => session.read_lock(&name).await?,
+                    Workload::Semaphore => session.acquire_permits(&name, permits, 1).await?,
+                    _ => session.lock(&name).await?,
+                };
                 let waited = started.elapsed();
                 let token = Some(guard.token());
                 guard.release().await?;
@@ -283,7 +387,9 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
         "{connections} connection{}",
         if connections == 1 { "" } else { "s" }
     );
+    let watchers = Watchers::start(endpoints, args.watchers).await?;
     measure(args, contended, rounds.collect(), &over).await?;
+    watchers.report();
     for session in sessions {
         session.close().await?;
     }
@@ -309,7 +415,7 @@ where
     let mut tasks = Vec::new();
     for (i, mut round) in rounds.into_iter().enumerate() {
         let name = if contended {
-            "bench:contended".to_owned()
+            format!("bench:{}", workload_name(args.workload))
         } else {
             format!("bench:uncontended:{i}")
         };
@@ -375,11 +481,7 @@ where
     };
     println!(
         "{}: {} clients over {over}, {:.1}s: {rate:.0} {what}",
-        if contended {
-            "contended"
-        } else {
-            "uncontended"
-        },
+        workload_name(args.workload),
         per_client.len(),
         elapsed.as_secs_f64()
     );

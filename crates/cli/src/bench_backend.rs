@@ -21,13 +21,21 @@ pub async fn main(url: &str, args: &BenchArgs) -> i32 {
         );
         return exit::USAGE;
     }
+    if args.watchers > 0 {
+        eprintln!("deadbolt bench: --watchers watches the Deadbolt server; not with --backend");
+        return exit::USAGE;
+    }
     let contended = match args.workload {
         Workload::Uncontended => false,
         Workload::Contended => true,
-        Workload::Expiry | Workload::Failover | Workload::Overload => {
+        Workload::Expiry
+        | Workload::Failover
+        | Workload::Overload
+        | Workload::Rwlock
+        | Workload::Semaphore => {
             eprintln!(
                 "deadbolt bench: --backend runs `uncontended` and `contended`; `expiry`, \
-                 `failover` and `overload` measure the Deadbolt server"
+                 `failover`, `overload`, `rwlock` and `semaphore` measure the Deadbolt server"
             );
             return exit::USAGE;
         }

@@ -158,7 +158,10 @@ impl Watched {
                 WatchKind::Granted => {
                     queue.retain(|waiting| *waiting != session);
                     let token = event.token.expect("a grant has a token");
-                    self.holders.entry(name.clone()).or_default().insert(session, token);
+                    self.holders
+                        .entry(name.clone())
+                        .or_default()
+                        .insert(session, token);
                     if let Some(value) = &event.value {
                         self.values.insert(name, value.clone());
                     }
@@ -167,7 +170,11 @@ impl Watched {
                 | WatchKind::Closed
                 | WatchKind::Expired
                 | WatchKind::Abandoned => {
-                    let held = self.holders.entry(name.clone()).or_default().remove(&session);
+                    let held = self
+                        .holders
+                        .entry(name.clone())
+                        .or_default()
+                        .remove(&session);
                     assert_eq!(held, event.token, "{event:?} ended another grant");
                     self.values.remove(&name);
                 }
@@ -178,7 +185,8 @@ impl Watched {
                     assert_eq!(queue.len() + 1, before, "{event:?} was not queued");
                 }
                 WatchKind::Proclaimed => {
-                    self.values.insert(name, event.value.clone().expect("a value"));
+                    self.values
+                        .insert(name, event.value.clone().expect("a value"));
                 }
                 WatchKind::Delayed | WatchKind::Put | WatchKind::Deleted => {
                     unreachable!("no lock-delays or store writes here: {event:?}")
@@ -224,7 +232,11 @@ fn holds_and_waits(
         return (holders, info.candidates, Some(value));
     }
     match table.lock(name) {
-        Some(info) => (BTreeMap::from([(info.holder, info.token)]), info.waiters, None),
+        Some(info) => (
+            BTreeMap::from([(info.holder, info.token)]),
+            info.waiters,
+            None,
+        ),
         None => Default::default(),
     }
 }

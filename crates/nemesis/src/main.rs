@@ -13,7 +13,7 @@ mod servers;
 mod worker;
 
 use clap::{Parser, Subcommand};
-use deadbolt_checker::{checker, history, tally};
+use deadbolt_checker::{checker, history, tally, watched};
 
 #[derive(Parser)]
 #[command(

@@ -5,8 +5,9 @@
 
 use crate::checker::{check, Finals};
 use crate::history::{now, Accepted, Line, Op, Phase, Record};
+use crate::watched::check_watched;
 use crate::worker::http;
-use deadbolt_client::{AclGrant, Client};
+use deadbolt_client::{AclGrant, Client, WatchEvent, WatchOptions};
 use deadbolt_testkit::{free_port, signal, TestCluster, TestPki};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -99,6 +100,10 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     };
     let resource = Resource::start(&me, &out, false).await?;
     let resource_addr = resource.address;
+    let watch = RunWatch::start(&match &access {
+        Some(access) => access.admin.clone(),
+        None => cluster.client().await,
+    });
 
     let history = Arc::new(Mutex::new(Vec::<Record>::new()));
     // How workers reach the cluster: its endpoints, and under --secure
@@ -173,13 +178,16 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     let mut history = std::mem::take(&mut *history.lock().expect("poisoned"));
     history.sort_by_key(|r| r.at);
     write_history(&out.join("history.jsonl"), &history)?;
-    let violations = check(
+    let mut violations = check(
         &history,
         &accepted,
         &finals,
         healed_at,
         LIVENESS_BOUND.as_nanos() as u64,
     );
+    let (watched, ended) = watch.finish(&finals.audit).await;
+    println!("watch: {} events received across the faults", watched.len());
+    violations.extend(check_watched(&finals.audit, &watched, ended.as_deref()));
     for violation in &violations {
         print!("{violation}");
     }
@@ -196,6 +204,74 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     }
     println!("ops={ops} faults={faults} violations={}", violations.len());
     Ok(violations.is_empty())
+}
+
+/// One watch of every lock of the run, from the log's start and through
+/// every fault: what it receives must be the service's audit trail (see
+/// the checker's `watched.rs`).
+struct RunWatch {
+    events: Arc<Mutex<Vec<WatchEvent>>>,
+    ended: Arc<Mutex<Option<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// How long the watch may take to catch up once the run is over.
+const WATCH_CATCH_UP: Duration = Duration::from_secs(30);
+
+impl RunWatch {
+    fn start(client: &Client) -> RunWatch {
+        let options = WatchOptions {
+            prefix: true,
+            after: Some("0".to_owned()),
+        };
+        let mut watch = client.watch("lock-", options);
+        let events: Arc<Mutex<Vec<WatchEvent>>> = Arc::default();
+        let ended: Arc<Mutex<Option<String>>> = Arc::default();
+        let (into, end) = (events.clone(), ended.clone());
+        let task = tokio::spawn(async move {
+            while let Some(event) = watch.next().await {
+                match event {
+                    Ok(event) => into.lock().expect("poisoned").push(event),
+                    Err(err) => *end.lock().expect("poisoned") = Some(err.to_string()),
+                }
+            }
+        });
+        RunWatch {
+            events,
+            ended,
+            task,
+        }
+    }
+
+    /// Waits until the watch has as many of each lock's changes as its
+    /// trail (or it ended, or [`WATCH_CATCH_UP`] passed); then stops it.
+    async fn finish(
+        self,
+        audit: &BTreeMap<String, Vec<deadbolt_client::AuditEntry>>,
+    ) -> (Vec<WatchEvent>, Option<String>) {
+        let caught_up = || {
+            let events = self.events.lock().expect("poisoned");
+            audit.iter().all(|(lock, trail)| {
+                let changes = events
+                    .iter()
+                    .filter(|e| e.name == *lock)
+                    .filter(|e| !matches!(e.kind.as_str(), "queued" | "left_queue" | "proclaimed"))
+                    .count();
+                changes >= trail.len()
+            })
+        };
+        let started = Instant::now();
+        while !caught_up() && self.ended.lock().expect("poisoned").is_none() {
+            if started.elapsed() > WATCH_CATCH_UP {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.task.abort();
+        let events = std::mem::take(&mut *self.events.lock().expect("poisoned"));
+        let ended = self.ended.lock().expect("poisoned").take();
+        (events, ended)
+    }
 }
 
 pub(crate) struct Worker {
