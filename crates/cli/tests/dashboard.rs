@@ -164,6 +164,13 @@ async fn the_dashboard_shows_a_lock_while_it_is_held_and_its_history() {
         .wait_text(row, "the lock taken", |t| t.contains(&token))
         .await;
     assert!(shown.contains("dash/invoices"), "{shown}");
+    // The live events (a watch since the page opened) show both grants.
+    let events = browser
+        .wait_text("#events", "the grants as events", |t| {
+            t.contains("dash/invoices") && t.contains("other/reports")
+        })
+        .await;
+    assert!(events.contains("granted") && events.contains(&token), "{events}");
 
     // Searching by prefix keeps only the locks under it.
     browser

@@ -1,10 +1,12 @@
 // The dashboard's script: polls this node's /ui/api/ reads and /metrics
-// once a second and redraws. Plain DOM, no framework; data only ever goes
-// into textContent, never into markup.
+// once a second and redraws, and follows the lock prefix's events live
+// with a watch (/v1/watch as Server-Sent Events). Plain DOM, no framework;
+// data only ever goes into textContent, never into markup.
 "use strict";
 
 const POLL_MS = 1000;
 const RATE_POINTS = 60;
+const EVENTS_SHOWN = 50;
 const $ = (id) => document.getElementById(id);
 
 const view = {
@@ -17,6 +19,7 @@ const view = {
   leaderAddress: null,
   rates: [], // {grants, expiries} per second
   lastCounters: null,
+  events: [], // the newest watch events, newest first
 };
 
 const tokenInput = $("token");
@@ -24,6 +27,7 @@ tokenInput.value = sessionStorage.getItem("deadbolt-token") || "";
 tokenInput.addEventListener("change", () => {
   sessionStorage.setItem("deadbolt-token", tokenInput.value);
   refresh();
+  watchEvents();
 });
 
 // Every request carries the token, when one is given.
@@ -193,6 +197,71 @@ function showRates(metrics) {
   line("expiries", "#c60");
 }
 
+function showEvent(e) {
+  view.events.unshift(e);
+  if (view.events.length > EVENTS_SHOWN) view.events.pop();
+  fill($("events"), view.events, (tr, e) => {
+    cell(tr, e.id, "num");
+    cell(tr, e.kind);
+    cell(tr, e.name);
+    cell(tr, e.session_id || "-", "num");
+    cell(tr, e.identity || "-");
+    cell(tr, e.token || "-", "num");
+    const detail = [e.mode, e.permits ? e.permits + " permits" : "", e.value === null ? "" : JSON.stringify(e.value)];
+    cell(tr, detail.filter(Boolean).join(" ") || "-");
+  });
+}
+
+// The prefix's events as they happen: one watch, read through fetch
+// (EventSource cannot send the token), resumed after the last event seen
+// when the stream breaks, and started anew when the prefix or token
+// changes or the history it needs is gone (compacted).
+let watching = null;
+async function watchEvents() {
+  if (watching) watching.abort();
+  const stream = new AbortController();
+  watching = stream;
+  view.events = [];
+  $("events").replaceChildren();
+  let lastId = null;
+  while (!stream.signal.aborted) {
+    try {
+      const headers = { Accept: "text/event-stream" };
+      if (tokenInput.value) headers["Authorization"] = "Bearer " + tokenInput.value;
+      if (lastId) headers["Last-Event-ID"] = lastId;
+      const path = "/v1/watch?prefix=true&name=" + encodeURIComponent(view.prefix);
+      const response = await fetch(path, { headers, signal: stream.signal });
+      if (!response.ok) throw new Error("watch: " + response.status + " " + response.statusText);
+      $("events-state").textContent = "live";
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const fields = {};
+          for (const line of buffer.slice(0, end).split("\n")) {
+            const colon = line.indexOf(":");
+            if (colon > 0) fields[line.slice(0, colon)] = line.slice(colon + 1).trim();
+          }
+          buffer = buffer.slice(end + 2);
+          if (fields.event === "compacted") lastId = null; // start again from now
+          else if (fields.id && fields.data) {
+            lastId = fields.id;
+            showEvent(JSON.parse(fields.data));
+          }
+        }
+      }
+    } catch (err) {
+      if (stream.signal.aborted) return;
+      $("events-state").textContent = String(err.message || err) + "; reconnecting";
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
 let refreshing = false;
 async function refresh() {
   if (refreshing) return;
@@ -226,6 +295,7 @@ $("prefix").addEventListener("input", () => {
   view.prefix = $("prefix").value;
   view.lockPages = [""];
   refresh();
+  watchEvents();
 });
 $("next").addEventListener("click", () => { if (view.lockNext !== null) { view.lockPages.push(view.lockNext); refresh(); } });
 $("prev").addEventListener("click", () => { if (view.lockPages.length > 1) { view.lockPages.pop(); refresh(); } });
@@ -234,3 +304,4 @@ $("sessions-prev").addEventListener("click", () => { if (view.sessionPages.lengt
 
 refresh();
 setInterval(refresh, POLL_MS);
+watchEvents();
