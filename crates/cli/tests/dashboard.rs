@@ -170,7 +170,10 @@ async fn the_dashboard_shows_a_lock_while_it_is_held_and_its_history() {
             t.contains("dash/invoices") && t.contains("other/reports")
         })
         .await;
-    assert!(events.contains("granted") && events.contains(&token), "{events}");
+    assert!(
+        events.contains("granted") && events.contains(&token),
+        "{events}"
+    );
 
     // Searching by prefix keeps only the locks under it.
     browser

@@ -40,6 +40,7 @@
 use crate::auth::peers::Refusal;
 use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::SharedTable;
+use crate::watches::History;
 use deadbolt_core::{Event, LockError, Outcome, SessionEnd};
 use deadbolt_proto::ErrorKind;
 use openraft::ServerState;
@@ -187,6 +188,9 @@ pub struct Metrics {
     /// is done once every member's is the newest `feature_level` of
     /// `deadbolt_build_info`.
     cluster_version: Gauge,
+    /// Watches in progress, and the events kept for them (`watches.rs`).
+    watches: Gauge,
+    watch_events_kept: Gauge,
     /// The table's `max_sessions` and `max_locks` (`deadbolt cluster limits`).
     max_sessions: Gauge,
     max_locks: Gauge,
@@ -427,6 +431,20 @@ impl Metrics {
                 None,
                 Gauge::default(),
             ),
+            watches: register(
+                r,
+                "deadbolt_watches",
+                "Watches this node serves now (docs/watches.md)",
+                None,
+                Gauge::default(),
+            ),
+            watch_events_kept: register(
+                r,
+                "deadbolt_watch_events_kept",
+                "Events this node keeps for watches to read or resume from",
+                None,
+                Gauge::default(),
+            ),
             max_sessions: register(
                 r,
                 "deadbolt_max_sessions",
@@ -590,9 +608,18 @@ impl Metrics {
 
     /// The scrape: reads the gauges from their sources, then encodes
     /// everything in the Prometheus text format.
-    pub fn render(&self, raft: &Raft, table: &SharedTable, queued_commands: usize) -> String {
+    pub fn render(
+        &self,
+        raft: &Raft,
+        table: &SharedTable,
+        queued_commands: usize,
+        history: &History,
+    ) -> String {
         self.queued_commands
             .set(gauge_value(queued_commands as u64));
+        self.watches.set(gauge_value(history.watching() as u64));
+        self.watch_events_kept
+            .set(gauge_value(history.kept_events() as u64));
         {
             let applied = table.read().expect("state lock poisoned");
             let table = &applied.table;

@@ -176,6 +176,16 @@ impl History {
         self.applied.send_replace(applied);
     }
 
+    /// Watches in progress.
+    pub fn watching(&self) -> usize {
+        MAX_WATCHES - self.watches.available_permits()
+    }
+
+    /// Events kept.
+    pub fn kept_events(&self) -> usize {
+        self.ring().events
+    }
+
     /// Ends every watch, now and from now on: the node is shutting down.
     pub fn close(&self) {
         self.closing.store(true, Ordering::SeqCst);

@@ -468,7 +468,8 @@ impl Node {
 
     /// The Prometheus scrape (see `metrics.rs`).
     pub fn metrics_text(&self) -> String {
-        (self.metrics).render(&self.raft, &self.table, self.proposer.queued_commands())
+        let queued = self.proposer.queued_commands();
+        (self.metrics).render(&self.raft, &self.table, queued, &self.history)
     }
 
     pub fn health(&self) -> Health {
