@@ -11,7 +11,7 @@
 
 use crate::Endpoints;
 use crate::{exit, parse_duration, stop_signal};
-use deadbolt_client::{Client, Error, ErrorKind, LockState, RwMode, SessionHandle, WatchOptions};
+use deadbolt_client::{Client, Error, ErrorKind, LockState, RwMode, SessionHandle};
 use std::time::Duration;
 
 /// Which lock to take and how long to wait for it: shared by `run` and
@@ -408,29 +408,18 @@ pub async fn leader(endpoints: &Endpoints, args: LeaderArgs) -> i32 {
     }
     let stopped = stop_signal();
     tokio::pin!(stopped);
-    // In place before the first read: no change after it goes unseen.
-    let mut events = client.watch(election, WatchOptions::default());
-    if let Err(err) = events.started().await {
-        return exit::report(&err);
-    }
-    let mut shown = None;
+    let mut changes = match client.observe_leader(election).await {
+        Ok(changes) => changes,
+        Err(err) => return exit::report(&err),
+    };
     loop {
-        let answer = match client.leader(election).await {
-            Ok(answer) => answer,
-            Err(err) => return exit::report(&err),
-        };
-        // Only the leadership's changes: candidates come and go.
-        if shown.as_ref() != Some(&answer.leader) {
-            shown = Some(answer.leader.clone());
-            show(answer);
-        }
-        tokio::select! {
-            event = events.next() => match event {
-                Some(Ok(_)) => {}
-                Some(Err(err)) => return exit::report(&err),
-                None => return exit::FAILURE,
-            },
+        let leader = tokio::select! {
+            leader = changes.next() => leader,
             _ = &mut stopped => return exit::OK,
+        };
+        match leader {
+            Ok(answer) => show(answer),
+            Err(err) => return exit::report(&err),
         }
     }
 }

@@ -129,4 +129,4 @@ pub use error::Error;
 pub use handle::SessionHandle;
 pub use lock::{LockGuard, RwMode};
 pub use session::{LeaseLost, Session};
-pub use watch::{Watch, WatchOptions};
+pub use watch::{LeaderChanges, Watch, WatchOptions};

@@ -12,7 +12,7 @@
 
 use crate::{Client, Error, ErrorKind};
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
-use deadbolt_proto::v1::{WatchEvent, WatchRequest};
+use deadbolt_proto::v1::{ElectionLeader, LeaderResponse, WatchEvent, WatchRequest};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -119,6 +119,60 @@ impl Client {
         };
         tokio::spawn(follow(self.clone(), request, send));
         Watch { events }
+    }
+}
+
+impl Client {
+    /// Follows who leads `election`: [`LeaderChanges::next`] gives the
+    /// leader now, then again each time the leader, its term or its value
+    /// changes (`None`: nobody leads). Built on a watch of the election:
+    /// every change wakes it, and it reads the leadership then, so the last
+    /// change is never missed, but changes in quick succession (a grant and
+    /// the new leader's first proclaim) may show as one. For every single
+    /// change, read the watch itself ([`Client::watch`]). Survives the loss
+    /// of the node serving it.
+    pub async fn observe_leader(&self, election: &str) -> Result<LeaderChanges, Error> {
+        let mut events = self.watch(election, WatchOptions::default());
+        // In place before the first read: no change after it goes unseen.
+        events.started().await?;
+        Ok(LeaderChanges {
+            client: self.clone(),
+            election: election.to_owned(),
+            events,
+            shown: None,
+        })
+    }
+}
+
+/// The leadership of an election as it changes (see
+/// [`Client::observe_leader`]).
+pub struct LeaderChanges {
+    client: Client,
+    election: String,
+    events: Watch,
+    /// What `next` gave last.
+    shown: Option<Option<ElectionLeader>>,
+}
+
+impl LeaderChanges {
+    /// The leader now (and the candidates), the first time; then at the
+    /// next leadership that differs from the last one given (candidates
+    /// joining or leaving the queue do not count). An error ends the
+    /// observation.
+    pub async fn next(&mut self) -> Result<LeaderResponse, Error> {
+        loop {
+            if self.shown.is_some() {
+                match self.events.next().await {
+                    Some(event) => drop(event?),
+                    None => return Err(Error::new(ErrorKind::Unavailable, "the watch ended")),
+                }
+            }
+            let answer = self.client.leader(&self.election).await?;
+            if self.shown.as_ref() != Some(&answer.leader) {
+                self.shown = Some(answer.leader.clone());
+                return Ok(answer);
+            }
+        }
     }
 }
 
