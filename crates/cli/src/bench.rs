@@ -10,7 +10,9 @@
 //!   unary calls; a probe's latency, the server's memory, and whether every
 //!   grant was right (see `overload.rs`);
 //! - `rwlock`: all clients on one read/write lock, one in ten a writer;
-//! - `semaphore`: all clients on one semaphore of `--permits` permits.
+//! - `semaphore`: all clients on one semaphore of `--permits` permits;
+//! - `election`: a leader dies (stops renewing) right after it is elected;
+//!   how long until the next candidate is leader and has proclaimed.
 //!
 //! `--watchers N` opens N watches of every `bench:` name first and counts
 //! the events they receive while the workload runs: the fan-out's cost,
@@ -48,6 +50,7 @@ pub(crate) enum Workload {
     Overload,
     Rwlock,
     Semaphore,
+    Election,
 }
 
 #[derive(clap::Args)]
@@ -76,7 +79,7 @@ pub struct BenchArgs {
     /// and `contended` only; one session per client).
     #[arg(long, value_name = "URL", conflicts_with = "connections")]
     pub(crate) backend: Option<String>,
-    /// Rounds of the `expiry` and `failover` workloads.
+    /// Rounds of the `expiry`, `election` and `failover` workloads.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// `failover`: shell command that kills a node; `{id}` is replaced by the
@@ -230,7 +233,7 @@ pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
         Workload::Contended | Workload::Rwlock | Workload::Semaphore => {
             loops(endpoints, &args, true).await
         }
-        Workload::Expiry => expiry(endpoints, &args).await,
+        Workload::Expiry | Workload::Election => handover(endpoints, &args).await,
         Workload::Failover | Workload::Overload => {
             let result = match args.workload {
                 Workload::Failover => failover(endpoints, &args).await,
@@ -261,6 +264,7 @@ fn workload_name(workload: Workload) -> &'static str {
         Workload::Overload => "overload",
         Workload::Rwlock => "rwlock",
         Workload::Semaphore => "semaphore",
+        Workload::Election => "election",
     }
 }
 
@@ -510,17 +514,38 @@ where
     Ok(())
 }
 
-async fn expiry(endpoints: &Endpoints, args: &BenchArgs) -> Result<(), Error> {
+/// `expiry` and `election`: a holder (of a lock, or an election's leader)
+/// dies right after its grant, round after round; how long after its TTL
+/// the waiter (the next candidate, which then proclaims) takes over.
+async fn handover(endpoints: &Endpoints, args: &BenchArgs) -> Result<(), Error> {
+    let election = matches!(args.workload, Workload::Election);
+    let what = workload_name(args.workload);
     let client = endpoints.connect().await?;
     let waiter = client.open_session(Duration::from_secs(30)).await?;
     let mut overshoots = histogram();
     for round in 0..args.rounds {
-        let name = format!("bench:expiry:{round}:{}", std::process::id());
+        let name = format!("bench:{what}:{round}:{}", std::process::id());
         // The holder never sends a keepalive: it "dies" right after its grant.
         let sent = Instant::now();
         let (holder, _) = client.open_session_raw(args.ttl).await?;
-        let token = client.acquire_raw(&holder, &name, false, None).await?;
-        let guard = waiter.lock(&name).await?;
+        let token = match election {
+            true => {
+                client
+                    .campaign_raw(&holder, &name, "dies", false, None)
+                    .await?
+            }
+            false => client.acquire_raw(&holder, &name, false, None).await?,
+        };
+        let guard = match election {
+            true => {
+                let leading = waiter.campaign(&name, "candidate").await?;
+                leading
+                    .proclaim(&format!("took over in round {}", round + 1))
+                    .await?;
+                leading
+            }
+            false => waiter.lock(&name).await?,
+        };
         let handover = sent.elapsed();
         assert!(
             guard.token() > token,
@@ -530,8 +555,12 @@ async fn expiry(endpoints: &Endpoints, args: &BenchArgs) -> Result<(), Error> {
         let over = handover.saturating_sub(args.ttl);
         overshoots.saturating_record(over.as_micros() as u64);
         println!(
-            "round {}: waiter granted {:.1}ms after the holder's session opened (TTL {}, +{:.1}ms)",
+            "round {}: {} {:.1}ms after the holder's session opened (TTL {}, +{:.1}ms)",
             round + 1,
+            match election {
+                true => "the next leader proclaimed",
+                false => "waiter granted",
+            },
             handover.as_secs_f64() * 1000.0,
             humantime::format_duration(args.ttl),
             over.as_secs_f64() * 1000.0
@@ -542,7 +571,7 @@ async fn expiry(endpoints: &Endpoints, args: &BenchArgs) -> Result<(), Error> {
     }
     waiter.close().await?;
     println!(
-        "expiry: handover after TTL + p50 {:.1}ms, max {:.1}ms",
+        "{what}: handover after TTL + p50 {:.1}ms, max {:.1}ms",
         overshoots.value_at_quantile(0.5) as f64 / 1000.0,
         overshoots.max() as f64 / 1000.0
     );

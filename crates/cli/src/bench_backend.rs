@@ -32,10 +32,11 @@ pub async fn main(url: &str, args: &BenchArgs) -> i32 {
         | Workload::Failover
         | Workload::Overload
         | Workload::Rwlock
-        | Workload::Semaphore => {
+        | Workload::Semaphore
+        | Workload::Election => {
             eprintln!(
-                "deadbolt bench: --backend runs `uncontended` and `contended`; `expiry`, \
-                 `failover`, `overload`, `rwlock` and `semaphore` measure the Deadbolt server"
+                "deadbolt bench: --backend runs `uncontended` and `contended`; the other \
+                 workloads measure the Deadbolt server"
             );
             return exit::USAGE;
         }
