@@ -30,12 +30,13 @@ pub struct LockArgs {
     #[arg(
         long,
         value_name = "NAME",
-        requires = "permits",
         conflicts_with_all = ["lock", "lock_delay"]
     )]
     pub semaphore: Option<String>,
-    /// The semaphore's number of permits; every holder must name the same.
-    #[arg(long, value_name = "N", requires = "semaphore")]
+    /// The semaphore's number of permits, which creates it; every holder
+    /// must name the same. Leave it out to take a permit of a semaphore
+    /// that exists (one an admin defined: `deadbolt semaphore define`).
+    #[arg(long, value_name = "N", requires = "semaphore", value_parser = clap::value_parser!(u32).range(1..))]
     pub permits: Option<u32>,
     /// Take --lock as a read/write lock, shared: beside other --shared
     /// holders, behind any --exclusive one queued first (docs/rw-locks.md).
@@ -193,8 +194,15 @@ pub async fn acquire(endpoints: &Endpoints, args: AcquireArgs) -> i32 {
     let timeout = if args.no_wait { None } else { args.wait };
     let acquiring = async {
         match (&args.semaphore, args.permits) {
-            (Some(semaphore), Some(capacity)) => client
-                .acquire_permits_raw(&session, semaphore, capacity, 1, !args.no_wait, timeout)
+            (Some(semaphore), capacity) => client
+                .acquire_permits_raw(
+                    &session,
+                    semaphore,
+                    capacity.unwrap_or(0),
+                    1,
+                    !args.no_wait,
+                    timeout,
+                )
                 .await
                 .map(|permits| permits.first().map_or(0, |permit| permit.token)),
             _ if args.election.is_some() => {
@@ -313,7 +321,7 @@ pub async fn status(endpoints: &Endpoints, args: StatusArgs) -> i32 {
     }))
 }
 
-async fn semaphore_status(client: &Client, semaphore: &str, json: bool) -> i32 {
+pub(crate) async fn semaphore_status(client: &Client, semaphore: &str, json: bool) -> i32 {
     outcome(client.semaphore_status(semaphore).await.map(|state| {
         if json {
             let json = serde_json::json!({ "semaphore": semaphore, "state": state });
@@ -325,9 +333,13 @@ async fn semaphore_status(client: &Client, semaphore: &str, json: bool) -> i32 {
         };
         let held: usize = state.holders.iter().map(|h| h.permits.len()).sum();
         println!(
-            "{semaphore}: {held} of {} permits held, {} waiting",
+            "{semaphore}: {held} of {} permits held, {} waiting{}",
             state.capacity,
-            state.waiters.len()
+            state.waiters.len(),
+            match state.defined {
+                true => " (defined: it stays while unused)",
+                false => "",
+            }
         );
         for holder in &state.holders {
             let permits: Vec<String> = holder

@@ -18,6 +18,7 @@ mod locks;
 mod peer_secret;
 mod run;
 mod run_backend;
+mod semaphore;
 mod server;
 mod snapshot;
 mod store;
@@ -163,6 +164,10 @@ enum Command {
     Keepalive(locks::KeepaliveArgs),
     /// Show who holds a lock, with which token, and who waits.
     Status(locks::StatusArgs),
+    /// Define a semaphore (it stays while unused), change its permits,
+    /// delete it, or show it (docs/semaphores.md).
+    #[command(subcommand)]
+    Semaphore(semaphore::SemaphoreCommand),
     /// List held locks with holder, token and waiters.
     Locks(locks::ListArgs),
     /// Who held a lock, with which token, and how each grant ended.
@@ -301,6 +306,7 @@ fn main() {
             Command::Elect(args) => run::main(endpoint, args.into()).await,
             Command::Leader(args) => locks::leader(endpoint, args).await,
             Command::Watch(args) => watch::main(endpoint, args).await,
+            Command::Semaphore(command) => semaphore::main(endpoint, command).await,
             Command::Acquire(args) => locks::acquire(endpoint, args).await,
             Command::Release(args) => locks::release(endpoint, args).await,
             Command::Keepalive(args) => locks::keepalive(endpoint, args).await,

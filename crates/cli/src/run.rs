@@ -158,8 +158,9 @@ pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
 async fn take_lock(session: &Session, args: &RunArgs) -> Result<LockGuard, i32> {
     let target = &args.target;
     let taken = match (&target.semaphore, target.permits) {
-        (Some(semaphore), Some(capacity)) => {
-            take_permit(session, semaphore, capacity, target).await
+        // No capacity (0): the semaphore's own, as it was defined.
+        (Some(semaphore), capacity) => {
+            take_permit(session, semaphore, capacity.unwrap_or(0), target).await
         }
         _ if target.rw_mode().is_some() => {
             let mode = target.rw_mode().expect("a read/write mode");

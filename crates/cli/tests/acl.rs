@@ -511,3 +511,23 @@ fn a_watch_shows_only_what_its_identity_may_read() {
     let (status, refused) = curl(server.addr, None, "/v1/watch?name=jobs/a", None);
     assert_eq!(status, 401, "{refused}");
 }
+
+#[test]
+fn only_an_admin_defines_or_deletes_a_semaphore() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    common::wait_for_newest_cluster_version(&endpoint);
+    let (root, ci, _) = secured(&server);
+    let define = ["semaphore", "define", "jobs/pool", "--permits", "2"];
+    let refused = as_token(&endpoint, Some(&ci), &define);
+    assert_eq!(refused.status.code(), Some(77), "{refused:?}");
+    stdout(&as_token(&endpoint, Some(&root), &define));
+    // ci may use it (lock on jobs/), not delete it.
+    let used = ["run", "--semaphore", "jobs/pool", "--", "true"];
+    stdout(&as_token(&endpoint, Some(&ci), &used));
+    let delete = ["semaphore", "delete", "jobs/pool"];
+    let refused = as_token(&endpoint, Some(&ci), &delete);
+    assert_eq!(refused.status.code(), Some(77), "{refused:?}");
+    stdout(&as_token(&endpoint, Some(&root), &delete));
+}

@@ -906,3 +906,71 @@ fn leader_watch_prints_each_change_of_leadership() {
     signal(watcher.id() as i32, libc::SIGTERM);
     assert!(watcher.wait().unwrap().success());
 }
+
+#[test]
+fn an_admin_defines_a_semaphore_that_stays_and_resizes_it_on_purpose() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    common::wait_for_newest_cluster_version(&endpoint);
+    // Not defined yet: a run that names no permits is told how to fix it.
+    let undefined = deadbolt(&endpoint, &["run", "--semaphore", "gpus", "--", "true"]);
+    assert_eq!(undefined.status.code(), Some(1), "{undefined:?}");
+    let said = String::from_utf8_lossy(&undefined.stderr);
+    assert!(
+        said.contains("does not exist") && said.contains("semaphore define"),
+        "{said}"
+    );
+    let defined = deadbolt(
+        &endpoint,
+        &["semaphore", "define", "gpus", "--permits", "2"],
+    );
+    assert!(stdout(&defined).contains("0 of 2 permits held, 0 waiting (defined"));
+    // A run names no permits, and sees its slot; the semaphore stays after.
+    let ran = deadbolt(
+        &endpoint,
+        &[
+            "run",
+            "--semaphore",
+            "gpus",
+            "--",
+            "sh",
+            "-c",
+            "echo slot=$DEADBOLT_SLOT",
+        ],
+    );
+    assert_eq!(stdout(&ran), "slot=0");
+    let shown = deadbolt(&endpoint, &["semaphore", "status", "gpus", "--json"]);
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&shown)).unwrap();
+    assert_eq!(shown["state"]["defined"], true, "{shown}");
+    assert_eq!(shown["state"]["capacity"], 2, "{shown}");
+    // Another count is refused, and says how a count changes.
+    let other = deadbolt(
+        &endpoint,
+        &["acquire", "--semaphore", "gpus", "--permits", "3"],
+    );
+    assert_eq!(other.status.code(), Some(1), "{other:?}");
+    assert!(String::from_utf8_lossy(&other.stderr).contains("semaphore define"));
+    // The admin's resize is the change: acquirers follow it.
+    let resized = deadbolt(
+        &endpoint,
+        &["semaphore", "define", "gpus", "--permits", "3"],
+    );
+    assert!(stdout(&resized).contains("0 of 3 permits held"));
+    for _ in 0..3 {
+        let taken = deadbolt(&endpoint, &["acquire", "--semaphore", "gpus", "--no-wait"]);
+        assert!(taken.status.success(), "{taken:?}");
+    }
+    let full = deadbolt(&endpoint, &["acquire", "--semaphore", "gpus", "--no-wait"]);
+    assert_eq!(full.status.code(), Some(75), "{full:?}");
+    // Deleted while held: it goes with its last permit.
+    let deleted = deadbolt(&endpoint, &["semaphore", "delete", "gpus"]);
+    assert!(stdout(&deleted).contains("no longer defined"));
+    let kept = deadbolt(&endpoint, &["semaphore", "status", "gpus"]);
+    assert!(
+        stdout(&kept).contains("3 of 3 permits held, 0 waiting"),
+        "{kept:?}"
+    );
+    let gone = deadbolt(&endpoint, &["semaphore", "delete", "gpus"]);
+    assert_eq!(gone.status.code(), Some(1), "{gone:?}");
+}

@@ -26,11 +26,12 @@ use deadbolt_proto::v1::{
     AclRevokeTokenRequest, AclRole, AclRoleBinding, AclShowRequest, AclShowResponse,
     AclTokenResponse, AcquirePermitsRequest, AcquireRequest, AddMemberRequest, AuditEntry,
     CampaignRequest, CheckTokenRequest, CloseSessionRequest, ClusterStatusRequest,
-    ClusterStatusResponse, HealthRequest, KeepAliveRequest, LeaderRequest, LeaderResponse,
-    LimitsRequest, LimitsResponse, ListLocksRequest, LockHistoryRequest, LockStatusRequest,
-    OpenSessionRequest, Permit, ProclaimRequest, ReleaseRequest, RemoveMemberRequest,
-    SemaphoreState, SemaphoreStatusRequest, SetLimitsRequest, StoreDeleteRequest, StoreGetRequest,
-    StorePutRequest, WhoAmIRequest, WhoAmIResponse,
+    ClusterStatusResponse, DefineSemaphoreRequest, DeleteSemaphoreRequest, HealthRequest,
+    KeepAliveRequest, LeaderRequest, LeaderResponse, LimitsRequest, LimitsResponse,
+    ListLocksRequest, LockHistoryRequest, LockStatusRequest, OpenSessionRequest, Permit,
+    ProclaimRequest, ReleaseRequest, RemoveMemberRequest, SemaphoreState, SemaphoreStatusRequest,
+    SetLimitsRequest, StoreDeleteRequest, StoreGetRequest, StorePutRequest, WhoAmIRequest,
+    WhoAmIResponse,
 };
 use std::future::Future;
 use std::path::Path;
@@ -533,6 +534,41 @@ impl Client {
         let response = self
             .call(request, |channel, request| async move {
                 DeadboltClient::new(channel).semaphore_status(request).await
+            })
+            .await?;
+        Ok(response.state)
+    }
+
+    /// Creates the semaphore `semaphore` with `capacity` permits, kept while
+    /// nobody holds it, or changes the capacity of the one that exists
+    /// (docs/semaphores.md); needs the `admin` permission. Acquirers may
+    /// then pass capacity 0 to take what it has. Answers its state.
+    pub async fn define_semaphore(
+        &self,
+        semaphore: &str,
+        capacity: u32,
+    ) -> Result<Option<SemaphoreState>, Error> {
+        let request = DefineSemaphoreRequest {
+            semaphore: semaphore.to_owned(),
+            capacity,
+        };
+        let response = self
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).define_semaphore(request).await
+            })
+            .await?;
+        Ok(response.state)
+    }
+
+    /// Drops the definition of `semaphore`: it goes once nobody holds or
+    /// waits on it. Needs the `admin` permission.
+    pub async fn delete_semaphore(&self, semaphore: &str) -> Result<Option<SemaphoreState>, Error> {
+        let request = DeleteSemaphoreRequest {
+            semaphore: semaphore.to_owned(),
+        };
+        let response = self
+            .call(request, |channel, request| async move {
+                DeadboltClient::new(channel).delete_semaphore(request).await
             })
             .await?;
         Ok(response.state)

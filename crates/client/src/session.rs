@@ -503,7 +503,9 @@ impl Session {
     }
 
     /// Takes `count` permits of the semaphore `semaphore` (created with
-    /// `capacity` permits if nobody holds or waits on it), waiting in its
+    /// `capacity` permits if nobody holds or waits on it; capacity 0 takes
+    /// the capacity of a semaphore that exists, such as a defined one: see
+    /// [`Client::define_semaphore`](crate::Client::define_semaphore)), waiting in its
     /// FIFO queue for as long as it takes. The guard's
     /// [`permits`](LockGuard::permits) are the permits, each with its own
     /// fencing token and slot; [`token`](LockGuard::token) is the first's.

@@ -170,6 +170,14 @@ pub enum Command {
         token: Token,
         value: String,
     },
+    /// An admin creates the semaphore `semaphore` with `capacity` permits,
+    /// kept while nobody holds it, or changes the capacity of the one that
+    /// exists (see `semaphore.rs`). Proposed only at
+    /// [`FeatureLevel::SEMAPHORES`].
+    DefineSemaphore { semaphore: String, capacity: u32 },
+    /// An admin drops the definition of `semaphore`: it goes once nobody
+    /// holds or waits on it.
+    DeleteSemaphore { semaphore: String },
 }
 
 impl Command {
@@ -194,7 +202,9 @@ impl Command {
             | Command::Abandon { lock, .. }
             | Command::EndLockDelay { lock, .. }
             | Command::AcquireRw { lock, .. } => lock.len(),
-            Command::AcquirePermits { semaphore, .. } => semaphore.len(),
+            Command::AcquirePermits { semaphore, .. }
+            | Command::DefineSemaphore { semaphore, .. }
+            | Command::DeleteSemaphore { semaphore } => semaphore.len(),
             Command::Campaign {
                 election, value, ..
             }
@@ -264,6 +274,8 @@ pub enum Outcome {
     ClusterVersionSet(FeatureLevel),
     /// The election's leader now has the proclaimed value.
     Proclaimed,
+    /// The semaphore's definition was made (or dropped).
+    SemaphoreDefined,
 }
 
 /// Where an acquire left the session.

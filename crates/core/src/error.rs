@@ -88,6 +88,11 @@ pub enum LockError {
         max: u64,
     },
     #[error(
+        "semaphore {semaphore:?} does not exist: name its permits to create it, or have an \
+         admin define it (`deadbolt semaphore define`)"
+    )]
+    NoSuchSemaphore { semaphore: String },
+    #[error(
         "semaphore {semaphore:?}: {count} of {capacity} permits is not a valid request: the \
          capacity must be between 1 and {max}, and the count between 1 and the capacity"
     )]
@@ -99,7 +104,8 @@ pub enum LockError {
     },
     #[error(
         "semaphore {semaphore:?} has {capacity} permits, not {requested}: every acquirer must \
-         name the same number (it changes only once nobody holds or waits on it)"
+         name the same number, or none to take what it has (an admin changes it with `deadbolt \
+         semaphore define`; an undefined one changes once nobody holds or waits on it)"
     )]
     CapacityMismatch {
         semaphore: String,

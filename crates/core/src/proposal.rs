@@ -145,6 +145,23 @@ impl Proposal<()> {
         Proposal::new("proclaim", command, answer!(Outcome::Proclaimed => ()))
     }
 
+    /// [`Command::DefineSemaphore`].
+    pub fn define_semaphore(semaphore: String, capacity: u32) -> Self {
+        let command = Command::DefineSemaphore {
+            semaphore,
+            capacity,
+        };
+        let answer = answer!(Outcome::SemaphoreDefined => ());
+        Proposal::new("define semaphore", command, answer)
+    }
+
+    /// [`Command::DeleteSemaphore`].
+    pub fn delete_semaphore(semaphore: String) -> Self {
+        let command = Command::DeleteSemaphore { semaphore };
+        let answer = answer!(Outcome::SemaphoreDefined => ());
+        Proposal::new("delete semaphore", command, answer)
+    }
+
     /// [`Command::LeaseRenewed`].
     pub fn lease_renewed(session: SessionId) -> Self {
         let command = Command::LeaseRenewed { session };

@@ -51,6 +51,10 @@ struct Semaphore {
     rule: Rule,
     holders: BTreeMap<SessionId, Holding>,
     queue: VecDeque<Request>,
+    /// Created by [`crate::Command::DefineSemaphore`]: kept while nobody
+    /// holds or waits on it, until deleted, and its capacity changes only
+    /// by another definition.
+    defined: bool,
 }
 
 /// What a name lets several sessions hold at once.
@@ -118,6 +122,8 @@ pub struct SemaphoreInfo {
     pub holders: Vec<(SessionId, Vec<Permit>)>,
     /// Waiting sessions with the permits each asks for, next in line first.
     pub waiters: Vec<(SessionId, u32)>,
+    /// Created by a definition: kept while unused, until deleted.
+    pub defined: bool,
 }
 
 /// A read-only view of one read/write lock.
@@ -205,7 +211,10 @@ impl Semaphore {
     /// Whether `want` could be granted now, queue aside.
     fn fits(&self, want: Want) -> bool {
         match (self.rule, want) {
-            (Rule::Permits { capacity }, Want::Permits(count)) => count <= capacity - self.held(),
+            // Held may be above a capacity lowered since: no grant then.
+            (Rule::Permits { capacity }, Want::Permits(count)) => {
+                count <= capacity.saturating_sub(self.held())
+            }
             (Rule::ReadWrite, Want::Rw(RwMode::Exclusive)) | (Rule::Election, Want::Campaign) => {
                 self.holders.is_empty()
             }
@@ -217,8 +226,10 @@ impl Semaphore {
         }
     }
 
+    /// Nothing keeps it: nobody holds or waits on it, and it was not
+    /// defined.
     fn is_unused(&self) -> bool {
-        self.holders.is_empty() && self.queue.is_empty()
+        !self.defined && self.holders.is_empty() && self.queue.is_empty()
     }
 
     /// The `count` lowest slots no holder has.
@@ -240,7 +251,7 @@ impl Semaphore {
         match (self.rule, want) {
             (Rule::Permits { capacity }, Want::Permits(asked)) => LockError::NoPermits {
                 semaphore: name.to_owned(),
-                free: capacity - self.held(),
+                free: capacity.saturating_sub(self.held()),
                 queued,
                 asked,
             },
@@ -320,6 +331,23 @@ impl Semaphores {
                 limit: MAX_ELECTION_VALUE,
             });
         }
+        // Capacity 0: whatever the semaphore has (it must exist).
+        let rule = match (rule, self.by_name.get(name).map(|s| s.rule)) {
+            (Rule::Permits { capacity: 0 }, None) => {
+                return Err(LockError::NoSuchSemaphore {
+                    semaphore: name.to_owned(),
+                })
+            }
+            (Rule::Permits { capacity: 0 }, Some(existing @ Rule::Permits { .. })) => existing,
+            (Rule::Permits { capacity: 0 }, Some(other)) => {
+                return Err(LockError::WrongKind {
+                    name: name.to_owned(),
+                    kind: other.kind().to_owned(),
+                    asked: rule.kind().to_owned(),
+                })
+            }
+            (rule, _) => rule,
+        };
         if let (Rule::Permits { capacity }, Want::Permits(count)) = (rule, want) {
             if !(1..=MAX_PERMITS).contains(&capacity) || !(1..=capacity).contains(&count) {
                 return Err(LockError::InvalidPermits {
@@ -337,6 +365,7 @@ impl Semaphores {
                 rule,
                 holders: BTreeMap::new(),
                 queue: VecDeque::new(),
+                defined: false,
             });
         match (semaphore.rule, rule) {
             (
@@ -536,8 +565,14 @@ impl Semaphores {
         }
         self.unlink(session, name);
         // A request that left may have held back smaller ones behind it.
-        // Granted waiters stay linked: they waited, and now they hold.
-        let semaphore = self.by_name.get_mut(name).expect("left semaphore exists");
+        self.grant_from_head(next_token, name, events);
+        self.remove_if_unused(name);
+    }
+
+    /// Grants the requests at the head of `name`'s queue while they fit.
+    /// Granted waiters stay linked: they waited, and now they hold.
+    fn grant_from_head(&mut self, next_token: &mut u64, name: &str, events: &mut Vec<Event>) {
+        let semaphore = self.by_name.get_mut(name).expect("semaphore exists");
         while let Some(head) = semaphore.queue.front() {
             if !semaphore.fits(head.want) {
                 break;
@@ -545,7 +580,82 @@ impl Semaphores {
             let head = semaphore.queue.pop_front().expect("head exists");
             grant(semaphore, next_token, head, name, events);
         }
+    }
+
+    /// Creates the semaphore `name` with `capacity` permits, kept while
+    /// nobody holds it, or gives the one that exists that capacity: raised,
+    /// the requests at the head of its queue that now fit are granted;
+    /// lowered below what is held, nothing is taken back, but nothing is
+    /// granted until enough is released. The caller checked the name and
+    /// the room for a new one.
+    pub(crate) fn define(
+        &mut self,
+        next_token: &mut u64,
+        name: &str,
+        capacity: u32,
+        events: &mut Vec<Event>,
+    ) -> Result<(), LockError> {
+        if !(1..=MAX_PERMITS).contains(&capacity) {
+            return Err(LockError::InvalidPermits {
+                semaphore: name.to_owned(),
+                capacity,
+                count: 1,
+                max: MAX_PERMITS,
+            });
+        }
+        let rule = Rule::Permits { capacity };
+        if let Some(other) = self.by_name.get(name).map(|s| s.rule.kind()) {
+            if other != rule.kind() {
+                return Err(LockError::WrongKind {
+                    name: name.to_owned(),
+                    kind: other.to_owned(),
+                    asked: rule.kind().to_owned(),
+                });
+            }
+        }
+        let semaphore = self
+            .by_name
+            .entry(name.to_owned())
+            .or_insert_with(|| Semaphore {
+                rule,
+                holders: BTreeMap::new(),
+                queue: VecDeque::new(),
+                defined: true,
+            });
+        semaphore.rule = rule;
+        semaphore.defined = true;
+        // A request for more than the new capacity could never be granted,
+        // and would hold back everyone behind it: it ends, ungranted.
+        let (too_big, fitting) = std::mem::take(&mut semaphore.queue)
+            .into_iter()
+            .partition(|request| permits_of(request.want) > capacity);
+        semaphore.queue = fitting;
+        for request in Vec::from(too_big) {
+            events.push(Event::WaitEnded {
+                lock: name.to_owned(),
+                session: request.session,
+            });
+            self.unlink(request.session, name);
+        }
+        self.grant_from_head(next_token, name, events);
+        Ok(())
+    }
+
+    /// Drops the definition of the semaphore `name`: it goes once nobody
+    /// holds or waits on it (at once if nobody does). Permits held stay.
+    pub(crate) fn delete(&mut self, name: &str) -> Result<(), LockError> {
+        let defined = self
+            .by_name
+            .get_mut(name)
+            .filter(|semaphore| semaphore.defined);
+        let Some(semaphore) = defined else {
+            return Err(LockError::NoSuchSemaphore {
+                semaphore: name.to_owned(),
+            });
+        };
+        semaphore.defined = false;
         self.remove_if_unused(name);
+        Ok(())
     }
 
     fn link(&mut self, session: SessionId, name: &str) {
@@ -704,6 +814,7 @@ impl Semaphores {
                 .iter()
                 .map(|request| (request.session, permits_of(request.want)))
                 .collect(),
+            defined: semaphore.defined,
         })
     }
 
@@ -770,14 +881,9 @@ impl Semaphores {
             assert!(!semaphore.is_unused(), "unused semaphore {name:?} kept");
             let kind = semaphore.rule.kind();
             match semaphore.rule {
-                Rule::Permits { capacity } => {
-                    assert!((1..=MAX_PERMITS).contains(&capacity));
-                    assert!(
-                        semaphore.held() <= capacity,
-                        "semaphore {name:?} has {} permits out of {capacity}",
-                        semaphore.held(),
-                    );
-                }
+                // Held may exceed a capacity a definition lowered since:
+                // `grant` asserts that no grant ever exceeds it.
+                Rule::Permits { capacity } => assert!((1..=MAX_PERMITS).contains(&capacity)),
                 Rule::Election => {
                     assert!(
                         semaphore.holders.len() <= 1,
@@ -806,10 +912,10 @@ impl Semaphores {
                 }
                 for permit in &holding.permits {
                     assert!(permit.token.0 < next_token, "permit token not issued");
-                    assert!(
-                        permit.slot < semaphore.capacity().unwrap_or(1),
-                        "slot out of range"
-                    );
+                    // A permit granted before a definition lowered the
+                    // capacity keeps its slot.
+                    let ever = semaphore.capacity().map_or(1, |_| MAX_PERMITS);
+                    assert!(permit.slot < ever, "slot out of range");
                     assert!(
                         slots.insert(permit.slot) || semaphore.rule == Rule::ReadWrite,
                         "two permits on slot {}",
@@ -892,6 +998,15 @@ fn grant(
         value,
     };
     semaphore.holders.insert(session, holding);
+    // Never more permits out than the capacity, each on a slot below it.
+    if let Some(capacity) = semaphore.capacity() {
+        assert!(
+            semaphore.held() <= capacity,
+            "{name:?}: granted past capacity"
+        );
+        let slots = &semaphore.holders[&session].permits;
+        assert!(slots.iter().all(|permit| permit.slot < capacity));
+    }
     events.push(Event::Granted {
         lock: name.to_owned(),
         session,

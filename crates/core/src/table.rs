@@ -454,6 +454,14 @@ impl LockTable {
                 token,
                 value,
             } => self.proclaim(*session, election, *token, value),
+            Command::DefineSemaphore {
+                semaphore,
+                capacity,
+            } => self.define_semaphore(semaphore, *capacity, &mut events),
+            Command::DeleteSemaphore { semaphore } => self
+                .semaphores_allowed()
+                .and_then(|()| self.semaphores.delete(semaphore))
+                .map(|()| Outcome::SemaphoreDefined),
             Command::EndLockDelay { lock, token, .. } => {
                 Ok(self.end_lock_delay(lock, *token, &mut events))
             }
@@ -780,6 +788,38 @@ impl LockTable {
 
     /// An acquire of a semaphore's permits, of a read/write lock or of an
     /// election's leadership.
+    /// Semaphores are refused below the cluster version that allows them.
+    fn semaphores_allowed(&self) -> Result<(), LockError> {
+        if self.cluster_version < FeatureLevel::SEMAPHORES {
+            return Err(LockError::NeedsClusterVersion {
+                feature: "semaphores".to_owned(),
+                needed: FeatureLevel::SEMAPHORES,
+                current: self.cluster_version,
+            });
+        }
+        Ok(())
+    }
+
+    fn define_semaphore(
+        &mut self,
+        name: &str,
+        capacity: u32,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, LockError> {
+        self.semaphores_allowed()?;
+        validate_lock_name(name)?;
+        if self.locks.contains_key(name) {
+            return Err(wrong_kind(name, "lock", Rule::Permits { capacity }.kind()));
+        }
+        let limit = self.limits.max_locks;
+        if !self.semaphores.contains(name) && self.name_count() >= limit {
+            return Err(LockError::TooManyLocks { limit });
+        }
+        self.semaphores
+            .define(&mut self.next_token, name, capacity, events)?;
+        Ok(Outcome::SemaphoreDefined)
+    }
+
     fn acquire_shared(
         &mut self,
         session: SessionId,

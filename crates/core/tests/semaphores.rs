@@ -38,6 +38,10 @@ enum Step {
     Release(usize, usize, bool),
     Cancel(usize, usize),
     Abandon(usize, usize, u64),
+    /// An admin defines (or resizes) a semaphore.
+    Define(usize, u32),
+    /// An admin drops a definition.
+    Delete(usize),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -46,8 +50,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..6usize).prop_map(Step::Close),
         1 => (0..6usize).prop_map(Step::Expire),
         // Capacity 3 mostly; 2 or 4 sometimes, which a live semaphore of 3
-        // refuses.
-        8 => (0..6usize, 0..3usize, prop::sample::select(vec![3u32, 3, 3, 2, 4]), 0..5u32,
+        // refuses; 0 takes whatever it has (refused if it does not exist).
+        8 => (0..6usize, 0..3usize, prop::sample::select(vec![3u32, 3, 3, 2, 4, 0]), 0..5u32,
               prop::bool::weighted(0.8), 0..3u64)
             .prop_map(|(s, n, c, k, w, a)| Step::Permits(s, n, c, k, w, a)),
         6 => (0..6usize, 0..3usize, prop::bool::weighted(0.3), prop::bool::weighted(0.8), 0..3u64)
@@ -61,6 +65,10 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(s, n, ok)| Step::Release(s, n, ok)),
         1 => (0..6usize, 0..3usize).prop_map(|(s, n)| Step::Cancel(s, n)),
         1 => (0..6usize, 0..3usize, 0..3u64).prop_map(|(s, n, a)| Step::Abandon(s, n, a)),
+        // Capacity 0 in a `Permits` step takes a defined one's; these make
+        // and resize them, below what is held too.
+        1 => (0..3usize, 1..5u32).prop_map(|(n, c)| Step::Define(n, c)),
+        1 => (0..3usize).prop_map(Step::Delete),
     ]
 }
 
@@ -321,6 +329,11 @@ fn command(step: &Step, seen: &Seen) -> Command {
             lock: name(n),
             attempt,
         },
+        Step::Define(n, capacity) => Command::DefineSemaphore {
+            semaphore: name(n),
+            capacity,
+        },
+        Step::Delete(n) => Command::DeleteSemaphore { semaphore: name(n) },
     }
 }
 
@@ -348,8 +361,9 @@ fn check_listings(table: &LockTable) {
         let Some(info) = table.semaphores().semaphore(name) else {
             continue;
         };
+        // Held may exceed a capacity a definition lowered since (`run`
+        // checks that no grant does).
         let held: usize = info.holders.iter().map(|(_, p)| p.len()).sum();
-        assert!(held <= info.capacity as usize, "{name}: {held} permits out");
         let slots: BTreeSet<u32> = info
             .holders
             .iter()
@@ -357,7 +371,7 @@ fn check_listings(table: &LockTable) {
             .collect();
         assert_eq!(slots.len(), held, "{name}: two permits on one slot");
         if let Some((_, count)) = info.waiters.first() {
-            assert!(*count as usize > info.capacity as usize - held);
+            assert!(*count as usize > (info.capacity as usize).saturating_sub(held));
         }
         assert!(
             table.lock(name).is_none(),
@@ -381,6 +395,15 @@ fn run(
     check_listings(table);
     watched.absorb(&watch);
     watched.check(table);
+    // A command that grants permits leaves no more out than the capacity.
+    for event in &applied.events {
+        if let Event::Granted { lock, .. } = event {
+            if let Some(info) = table.semaphores().semaphore(lock) {
+                let held: usize = info.holders.iter().map(|(_, p)| p.len()).sum();
+                assert!(held <= info.capacity as usize, "{lock}: {held} permits out");
+            }
+        }
+    }
     if let Command::CloseSession { .. } = command {
         assert!(watch.iter().all(|event| matches!(
             event.kind,
@@ -482,7 +505,7 @@ proptest! {
                     | LockError::StaleToken { .. } | LockError::InvalidPermits { .. }
                     | LockError::CapacityMismatch { .. } | LockError::WrongKind { .. }
                     | LockError::RwBusy { .. } | LockError::OtherMode { .. }
-                    | LockError::HasLeader { .. });
+                    | LockError::HasLeader { .. } | LockError::NoSuchSemaphore { .. });
                 prop_assert!(expected, "unexpected error {}", err);
             }
         }
@@ -497,6 +520,14 @@ proptest! {
         for session in live {
             let close = Command::CloseSession { session };
             run(&mut table, &mut seen, &mut watched, &close).unwrap();
+        }
+        // Defined semaphores stay, unused, until deleted.
+        for name in NAMES {
+            if table.semaphores().semaphore(name).is_some_and(|s| s.defined) {
+                prop_assert!(table.semaphores().semaphore(name).unwrap().holders.is_empty());
+                let delete = Command::DeleteSemaphore { semaphore: name.to_owned() };
+                run(&mut table, &mut seen, &mut watched, &delete).unwrap();
+            }
         }
         prop_assert!(table.semaphores().is_empty());
         prop_assert_eq!(table.lock_count(), 0);
@@ -770,4 +801,146 @@ fn a_shared_token_fences_reads_and_only_the_exclusive_one_writes() {
     let exclusive = token_of(table.apply(&rw(writer, RwMode::Exclusive, true)).outcome);
     assert!(exclusive > newer);
     table.apply(&put(exclusive)).outcome.unwrap();
+}
+
+/// Permits of the semaphore "pool", naming `capacity` (0: what it has).
+fn permits_of(session: SessionId, capacity: u32) -> Command {
+    Command::AcquirePermits {
+        session,
+        semaphore: "pool".into(),
+        capacity,
+        count: 1,
+        wait: true,
+        attempt: 0,
+    }
+}
+
+fn define(capacity: u32) -> Command {
+    Command::DefineSemaphore {
+        semaphore: "pool".into(),
+        capacity,
+    }
+}
+
+#[test]
+fn a_defined_semaphore_stays_and_only_a_definition_changes_its_permits() {
+    let mut table = at_semaphore_level();
+    let [a, b, c] = [(); 3].map(|()| open(&mut table));
+    let missing = table.apply(&permits_of(a, 0)).outcome;
+    assert!(
+        matches!(missing, Err(LockError::NoSuchSemaphore { .. })),
+        "{missing:?}"
+    );
+    table.apply(&define(2)).outcome.unwrap();
+    let pool = table.semaphores().semaphore("pool").unwrap();
+    assert!(pool.defined && pool.holders.is_empty() && pool.capacity == 2);
+    // Acquirers name no capacity, or the one it has; another is refused.
+    for session in [a, b] {
+        let taken = table.apply(&permits_of(session, 0)).outcome;
+        assert!(matches!(
+            taken,
+            Ok(Outcome::Acquire(AcquireOutcome::Granted { .. }))
+        ));
+    }
+    let other = table.apply(&permits_of(c, 3)).outcome;
+    assert!(
+        matches!(other, Err(LockError::CapacityMismatch { .. })),
+        "{other:?}"
+    );
+    assert!(matches!(
+        table.apply(&permits_of(c, 2)).outcome,
+        Ok(Outcome::Acquire(AcquireOutcome::Queued { position: 1 }))
+    ));
+    // Lowered below what is held: nothing is taken back, nothing granted
+    // until enough is released.
+    assert!(table.apply(&define(1)).events.is_empty());
+    let token_of =
+        |table: &LockTable, session| table.semaphores().permits(session, "pool").unwrap()[0].token;
+    let release = Command::Release {
+        session: a,
+        lock: "pool".into(),
+        token: token_of(&table, a),
+    };
+    assert_eq!(granted(&table.apply(&release)), []);
+    // Raised: the head of the queue fits now, and is granted at once.
+    assert_eq!(granted(&table.apply(&define(3))), [c]);
+    table.check_invariants();
+    // Everyone gone, it stays; deleted, it goes.
+    for session in [b, c] {
+        table
+            .apply(&Command::CloseSession { session })
+            .outcome
+            .unwrap();
+    }
+    assert!(table.semaphores().semaphore("pool").unwrap().defined);
+    let delete = Command::DeleteSemaphore {
+        semaphore: "pool".into(),
+    };
+    table.apply(&delete).outcome.unwrap();
+    assert!(table.semaphores().is_empty());
+    let again = table.apply(&delete).outcome;
+    assert!(
+        matches!(again, Err(LockError::NoSuchSemaphore { .. })),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn lowering_a_semaphore_ends_the_waits_it_could_never_grant() {
+    let mut table = at_semaphore_level();
+    let [a, b, c] = [(); 3].map(|()| open(&mut table));
+    table.apply(&define(4)).outcome.unwrap();
+    let ask = |session, count| Command::AcquirePermits {
+        session,
+        semaphore: "pool".into(),
+        capacity: 0,
+        count,
+        wait: true,
+        attempt: 0,
+    };
+    table.apply(&ask(a, 4)).outcome.unwrap();
+    table.apply(&ask(b, 3)).outcome.unwrap();
+    table.apply(&ask(c, 1)).outcome.unwrap();
+    // b's 3 could never fit in 2, and would hold c back forever.
+    let lowered = table.apply(&define(2));
+    assert_eq!(
+        lowered.events,
+        [Event::WaitEnded {
+            lock: "pool".into(),
+            session: b
+        }]
+    );
+    let waiting = table.semaphores().semaphore("pool").unwrap().waiters;
+    assert_eq!(waiting, [(c, 1)]);
+    table.check_invariants();
+}
+
+#[test]
+fn a_name_defined_as_a_semaphore_is_no_lock_and_a_lock_is_no_semaphore() {
+    let mut table = at_semaphore_level();
+    let a = open(&mut table);
+    table.apply(&lock_of(a)).outcome.unwrap();
+    let refused = table.apply(&define(2)).outcome;
+    assert!(
+        matches!(refused, Err(LockError::WrongKind { .. })),
+        "{refused:?}"
+    );
+    let mut table = at_semaphore_level();
+    let a = open(&mut table);
+    table.apply(&define(2)).outcome.unwrap();
+    let refused = table.apply(&lock_of(a)).outcome;
+    assert!(
+        matches!(refused, Err(LockError::WrongKind { .. })),
+        "{refused:?}"
+    );
+}
+
+fn lock_of(session: SessionId) -> Command {
+    Command::Acquire {
+        session,
+        lock: "pool".into(),
+        wait: false,
+        attempt: 0,
+        lock_delay_ms: 0,
+    }
 }

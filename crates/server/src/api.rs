@@ -346,28 +346,54 @@ impl Api {
                 .caller(credentials, Permission::Read, semaphore)
                 .await?;
             let info = self.node.semaphore_status(&request.semaphore).await?;
-            Ok(SemaphoreStatusResponse {
-                state: info.map(|info| SemaphoreState {
-                    semaphore: info.name,
-                    capacity: info.capacity,
-                    holders: info
-                        .holders
-                        .into_iter()
-                        .map(|(session, permits)| SemaphoreHolder {
-                            session_id: session.0,
-                            permits: permits.iter().map(permit).collect(),
-                        })
-                        .collect(),
-                    waiters: info
-                        .waiters
-                        .into_iter()
-                        .map(|(session, count)| SemaphoreWaiter {
-                            session_id: session.0,
-                            count,
-                        })
-                        .collect(),
-                }),
-            })
+            Ok(semaphore_state(info))
+        })
+        .await
+    }
+
+    /// Creates or resizes a semaphore; an admin's call.
+    pub async fn define_semaphore(
+        &self,
+        credentials: &Credentials,
+        request: DefineSemaphoreRequest,
+    ) -> Reply<SemaphoreStatusResponse> {
+        self.timed(Call::DefineSemaphore, async {
+            let caller = self.caller(credentials, Permission::Admin, None).await?;
+            let DefineSemaphoreRequest {
+                semaphore,
+                capacity,
+            } = request;
+            let info = self
+                .node
+                .define_semaphore(&semaphore, Some(capacity))
+                .await?;
+            tracing::info!(
+                by = caller.identity(),
+                semaphore,
+                capacity,
+                "semaphore defined"
+            );
+            Ok(semaphore_state(info))
+        })
+        .await
+    }
+
+    /// Drops a semaphore's definition; an admin's call.
+    pub async fn delete_semaphore(
+        &self,
+        credentials: &Credentials,
+        request: DeleteSemaphoreRequest,
+    ) -> Reply<SemaphoreStatusResponse> {
+        self.timed(Call::DefineSemaphore, async {
+            let caller = self.caller(credentials, Permission::Admin, None).await?;
+            let info = self.node.define_semaphore(&request.semaphore, None).await?;
+            let semaphore = request.semaphore;
+            tracing::info!(
+                by = caller.identity(),
+                semaphore,
+                "semaphore definition deleted"
+            );
+            Ok(semaphore_state(info))
         })
         .await
     }
@@ -1016,5 +1042,32 @@ fn watch_event(positioned: Positioned) -> WatchEvent {
             .unwrap_or_default(),
         permits: watched.permits.unwrap_or(0),
         value: watched.value,
+    }
+}
+
+/// A semaphore's state for the API (none if it does not exist).
+fn semaphore_state(info: Option<deadbolt_core::SemaphoreInfo>) -> SemaphoreStatusResponse {
+    SemaphoreStatusResponse {
+        state: info.map(|info| SemaphoreState {
+            semaphore: info.name,
+            capacity: info.capacity,
+            holders: info
+                .holders
+                .into_iter()
+                .map(|(session, permits)| SemaphoreHolder {
+                    session_id: session.0,
+                    permits: permits.iter().map(permit).collect(),
+                })
+                .collect(),
+            waiters: info
+                .waiters
+                .into_iter()
+                .map(|(session, count)| SemaphoreWaiter {
+                    session_id: session.0,
+                    count,
+                })
+                .collect(),
+            defined: info.defined,
+        }),
     }
 }

@@ -237,6 +237,28 @@ impl Deadbolt for GrpcApi {
         ))
     }
 
+    async fn define_semaphore(
+        &self,
+        request: Request<DefineSemaphoreRequest>,
+    ) -> Reply<SemaphoreStatusResponse> {
+        Ok(Response::new(
+            self.api
+                .define_semaphore(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn delete_semaphore(
+        &self,
+        request: Request<DeleteSemaphoreRequest>,
+    ) -> Reply<SemaphoreStatusResponse> {
+        Ok(Response::new(
+            self.api
+                .delete_semaphore(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
     async fn proclaim(&self, request: Request<ProclaimRequest>) -> Reply<ProclaimResponse> {
         Ok(Response::new(
             self.api

@@ -32,6 +32,8 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/semaphore/acquire", post(acquire_permits))
         .route("/v1/semaphore/release", post(release))
         .route("/v1/semaphore/status", get(semaphore_status))
+        .route("/v1/semaphore/define", post(define_semaphore))
+        .route("/v1/semaphore/delete", post(delete_semaphore))
         .route("/v1/election/campaign", post(campaign))
         .route("/v1/election/proclaim", post(proclaim))
         .route("/v1/election/resign", post(release))
@@ -461,6 +463,22 @@ async fn watch(
         }
         None => Json(answer).into_response(),
     })
+}
+
+async fn define_semaphore(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<DefineSemaphoreRequest>,
+) -> Reply<SemaphoreStatusResponse> {
+    Ok(Json(api.define_semaphore(&credentials, request).await?))
+}
+
+async fn delete_semaphore(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<DeleteSemaphoreRequest>,
+) -> Reply<SemaphoreStatusResponse> {
+    Ok(Json(api.delete_semaphore(&credentials, request).await?))
 }
 
 async fn semaphore_status(

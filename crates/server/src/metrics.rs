@@ -103,11 +103,13 @@ pub enum Call {
     Proclaim,
     /// Starting a watch (its events are not calls).
     Watch,
+    /// Defining or deleting a semaphore.
+    DefineSemaphore,
 }
 
 impl Call {
     /// Every call, in declaration order: `ALL[call as usize] == call`.
-    const ALL: [Call; 17] = [
+    const ALL: [Call; 18] = [
         Call::OpenSession,
         Call::KeepAlive,
         Call::CloseSession,
@@ -125,6 +127,7 @@ impl Call {
         Call::SetLimits,
         Call::Proclaim,
         Call::Watch,
+        Call::DefineSemaphore,
     ];
 
     fn as_str(self) -> &'static str {
@@ -146,6 +149,7 @@ impl Call {
             Call::SetLimits => "set_limits",
             Call::Proclaim => "proclaim",
             Call::Watch => "watch",
+            Call::DefineSemaphore => "define_semaphore",
         }
     }
 }

@@ -134,6 +134,8 @@ impl Admission {
             | Command::AcquireRw { .. }
             | Command::Campaign { .. }
             | Command::Proclaim { .. }
+            | Command::DefineSemaphore { .. }
+            | Command::DeleteSemaphore { .. }
             | Command::StorePut { .. }
             | Command::StoreRead { .. }
             | Command::StoreDelete { .. }

@@ -50,6 +50,7 @@ impl From<LockError> for ApiError {
             | LockError::LimitOutOfRange { .. }
             | LockError::InvalidPermits { .. }
             | LockError::CapacityMismatch { .. }
+            | LockError::NoSuchSemaphore { .. }
             | LockError::WrongKind { .. }
             | LockError::OtherMode { .. } => ErrorKind::InvalidArgument,
             LockError::NoPermits { .. }

@@ -363,6 +363,24 @@ impl Node {
             .await
     }
 
+    /// Creates the semaphore `semaphore` with `capacity` permits, or gives
+    /// the one that exists that capacity (`delete`: drops its definition);
+    /// then its state.
+    pub async fn define_semaphore(
+        &self,
+        semaphore: &str,
+        capacity: Option<u32>,
+    ) -> Result<Option<deadbolt_core::SemaphoreInfo>, ApiError> {
+        validate_lock_name(semaphore)?;
+        self.check_cluster_version_allows(FeatureLevel::SEMAPHORES, "semaphores")?;
+        let proposal = match capacity {
+            Some(capacity) => Proposal::define_semaphore(semaphore.to_owned(), capacity),
+            None => Proposal::delete_semaphore(semaphore.to_owned()),
+        };
+        self.propose(proposal).await?;
+        self.semaphore_status(semaphore).await
+    }
+
     /// The leader of `election` proclaims `value`, with its term's token.
     pub async fn proclaim(
         &self,
