@@ -327,10 +327,16 @@ impl AcquireCall {
                 "this node stopped leading or is shutting down; retry the acquire to keep the queue place",
             );
         }
+        let why = match self.asked {
+            Asked::Permits { count, .. } => format!(
+                " (or an admin lowered the semaphore below the {count} permits it asked for)"
+            ),
+            _ => String::new(),
+        };
         ApiError::new(
             ErrorKind::WaitCancelled,
             format!(
-                "the wait for {} {:?} was cancelled",
+                "the wait for {} {:?} was cancelled{why}",
                 self.asked.kind(),
                 self.lock
             ),
