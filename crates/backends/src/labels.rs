@@ -26,6 +26,10 @@ pub struct Label {
     pub failover: &'static str,
     pub client_pause: &'static str,
     pub token: &'static str,
+    /// Read/write locks, semaphores and elections: what the system itself
+    /// offers, and whether this crate uses it (it uses none yet: `run
+    /// --backend` and `bench --backend` take exclusive locks only).
+    pub primitives: &'static str,
 }
 
 pub const LABELS: [Label; 5] = [
@@ -43,6 +47,9 @@ pub const LABELS: [Label; 5] = [
                        late writes are refused by a resource that checks the token",
         token: "fencing token: Raft-replicated counter, strictly increasing across locks, crashes \
                 and failovers",
+        primitives:
+            "read/write locks, semaphores and elections, fenced and FIFO (docs/rw-locks.md, \
+                     semaphores.md, elections.md); use the Deadbolt server itself, not --backend",
     },
     Label {
         backend: Backend::Redis,
@@ -59,6 +66,8 @@ pub const LABELS: [Label; 5] = [
         token:
             "none; with ?fence=counter an INCR counter (Token::Counter), NOT a fencing token: a \
                 restart without persistence or a failover can repeat it",
+        primitives: "none native: read/write locks and semaphores are client recipes (Redisson's \
+                     RReadWriteLock, RSemaphore) with the same unsafe expiry; not supported here",
     },
     Label {
         backend: Backend::Redlock,
@@ -73,6 +82,7 @@ pub const LABELS: [Label; 5] = [
         client_pause: "the lock ends after its validity time; the paused holder acts late, and \
                        safety assumes bounded pauses, delays and clock drift (Kleppmann)",
         token: "none: Redlock cannot produce a fencing token",
+        primitives: "none: Redlock defines only an exclusive lock; not supported here",
     },
     Label {
         backend: Backend::Etcd,
@@ -86,6 +96,9 @@ pub const LABELS: [Label; 5] = [
             "the lease expires after the TTL and the lock passes on; the paused holder's \
                        late writes are refused by a resource that checks the token",
         token: "fencing token: the lock key's create revision, strictly increasing, replicated",
+        primitives: "elections are native (the v3election API: campaign, proclaim, observe; the \
+                     leader key's revision fences); read/write locks and semaphores are client \
+                     recipes (etcd's recipes package). None is supported here yet",
     },
     Label {
         backend: Backend::Postgres,
@@ -101,6 +114,9 @@ pub const LABELS: [Label; 5] = [
             "a holder hung with its socket open keeps the lock until idle_session_timeout \
                        (set to the TTL) ends its session; then the token fences late writes",
         token: "fencing token: nextval of sequence deadbolt_fence in the same database",
+        primitives: "shared advisory locks are native (pg_advisory_lock_shared: many readers or \
+                     one pg_advisory_lock writer, but readers may starve a writer); no semaphores \
+                     or elections. Not supported here yet",
     },
 ];
 

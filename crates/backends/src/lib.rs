@@ -112,35 +112,24 @@ impl Locker {
     /// Parses `url` (see [`Target`]). Only the Deadbolt client connects
     /// here; the others connect per session.
     pub async fn connect(url: &str) -> Result<Locker, Error> {
-        let (kind, backend) = match Target::parse(url)? {
-            Target::Deadbolt { endpoints } => (
-                LockerKind::Deadbolt(deadbolt::Locker::connect(endpoints).await?),
-                Backend::Deadbolt,
-            ),
-            Target::Redis { node, fence } => (
-                LockerKind::Redis(redis::Locker::single(node, fence)?),
-                Backend::Redis,
-            ),
-            Target::Redlock { nodes } => (
-                LockerKind::Redis(redis::Locker::redlock(nodes)?),
-                Backend::Redlock,
-            ),
+        let target = Target::parse(url)?;
+        let backend = target.backend();
+        let kind = match target {
+            Target::Deadbolt { endpoints } => {
+                LockerKind::Deadbolt(deadbolt::Locker::connect(endpoints).await?)
+            }
+            Target::Redis { node, fence } => LockerKind::Redis(redis::Locker::single(node, fence)?),
+            Target::Redlock { nodes } => LockerKind::Redis(redis::Locker::redlock(nodes)?),
             Target::Etcd {
                 endpoints,
                 user,
                 tls,
-            } => (
-                LockerKind::Etcd(etcd::Locker::new(endpoints, user, tls)?),
-                Backend::Etcd,
-            ),
+            } => LockerKind::Etcd(etcd::Locker::new(endpoints, user, tls)?),
             Target::Postgres {
                 url,
                 idle_timeout,
                 tls,
-            } => (
-                LockerKind::Postgres(Box::new(postgres::Locker::new(&url, idle_timeout, tls)?)),
-                Backend::Postgres,
-            ),
+            } => LockerKind::Postgres(Box::new(postgres::Locker::new(&url, idle_timeout, tls)?)),
         };
         Ok(Locker { kind, backend })
     }

@@ -20,6 +20,7 @@
 //!   `sslrootcert=PATH` for TLS on rustls (plus `idle_session_timeout=off`,
 //!   unsafe, to measure what the hung-holder protection prevents).
 
+use crate::Backend;
 use crate::Error;
 use std::fmt;
 use std::path::PathBuf;
@@ -198,6 +199,17 @@ impl fmt::Display for RedisNode {
 const SCHEMES: &str = "http(s)://, redis(s)://, redlock(s)://, etcd(s)://, postgres://";
 
 impl Target {
+    /// The lock system it names.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Target::Deadbolt { .. } => Backend::Deadbolt,
+            Target::Redis { .. } => Backend::Redis,
+            Target::Redlock { .. } => Backend::Redlock,
+            Target::Etcd { .. } => Backend::Etcd,
+            Target::Postgres { .. } => Backend::Postgres,
+        }
+    }
+
     pub fn parse(url: &str) -> Result<Target, Error> {
         let Some((scheme, rest)) = url.split_once("://") else {
             return Err(Error::invalid(format!(

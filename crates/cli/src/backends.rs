@@ -26,6 +26,7 @@ pub fn main(args: BackendsArgs) -> i32 {
                     "failover": label.failover,
                     "client_pause": label.client_pause,
                     "token": label.token,
+                    "primitives": label.primitives,
                 })
             })
             .collect();
@@ -40,6 +41,7 @@ pub fn main(args: BackendsArgs) -> i32 {
             ("failover", label.failover),
             ("client pause", label.client_pause),
             ("token", label.token),
+            ("primitives", label.primitives),
         ] {
             println!("  {what:<13} {text}");
         }

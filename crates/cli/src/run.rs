@@ -40,11 +40,7 @@ pub struct RunArgs {
     /// Take the lock in another lock system instead of the Deadbolt server,
     /// named by URL: redis(s)://, redlock(s)://, etcd(s)://, postgres:// (what each
     /// guarantees: `deadbolt backends`).
-    #[arg(
-        long,
-        value_name = "URL",
-        conflicts_with_all = ["once", "semaphore", "shared", "exclusive", "election"]
-    )]
+    #[arg(long, value_name = "URL", conflicts_with = "once")]
     backend: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]

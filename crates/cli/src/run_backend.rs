@@ -43,6 +43,25 @@ impl Holding for Guard {
 }
 
 pub async fn main(url: &str, args: &RunArgs, grace: Duration, margin: Duration) -> i32 {
+    let target = &args.target;
+    let primitive = match () {
+        () if target.semaphore.is_some() => Some("--semaphore"),
+        () if target.rw_mode().is_some() => Some("--shared and --exclusive"),
+        () if target.election.is_some() => Some("--election"),
+        () => None,
+    };
+    if let Some(asked) = primitive {
+        let label = match deadbolt_backends::Target::parse(url) {
+            Ok(parsed) => parsed.backend().label(),
+            Err(err) => return report(&err),
+        };
+        eprintln!(
+            "deadbolt run: {asked} needs the Deadbolt server (its read/write locks, semaphores \
+             and elections); with --backend, only exclusive locks. {}: {}",
+            label.name, label.primitives
+        );
+        return exit::USAGE;
+    }
     if !args.target.lock_delay.is_zero() {
         eprintln!(
             "deadbolt run: --lock-delay is the Deadbolt server's; the lock at {} cannot \

@@ -354,3 +354,38 @@ fn a_frozen_holder_over_postgres() {
     };
     assert_eq!(a_frozen_holder_loses_the_lock_after_its_ttl(&url), FENCED);
 }
+
+#[test]
+fn a_primitive_with_backend_is_refused_with_what_that_system_offers() {
+    // Refused before any connection: the URLs need not answer.
+    for (url, flags, offers) in [
+        (
+            "etcd://127.0.0.1:1",
+            &["--election", "e"][..],
+            "elections are native",
+        ),
+        (
+            "postgres://u:p@127.0.0.1:1/db",
+            &["--lock", "l", "--shared"][..],
+            "pg_advisory_lock_shared",
+        ),
+        (
+            "redis://127.0.0.1:1",
+            &["--semaphore", "s", "--permits", "2"][..],
+            "not supported here",
+        ),
+    ] {
+        let refused = Command::new(BIN)
+            .args(["run", "--backend", url])
+            .args(flags)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+        let said = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            said.contains("needs the Deadbolt server") && said.contains(offers),
+            "{said}"
+        );
+    }
+}
