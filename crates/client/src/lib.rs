@@ -26,7 +26,10 @@
 //!
 //! Runnable versions of the examples below, against a local server:
 //! `cargo run -p deadbolt-client --example cron_dedupe` (also `long_task`,
-//! `fenced_write`).
+//! `fenced_write`); and of the other primitives: `semaphore` (permits,
+//! each with a slot and a token), `election` (candidates and an observer,
+//! [`Client::observe_leader`]) and `watch` (every event under a prefix,
+//! [`Client::watch`], resumable after any event).
 //!
 //! # Run a cron job on one host only
 //!
