@@ -363,7 +363,7 @@ pub fn check_scoped(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn record(at: u64, client: usize, op: Op, phase: Phase, token: Option<u64>) -> Record {
@@ -388,7 +388,8 @@ mod tests {
         }
     }
 
-    fn audit(seq: u64, token: u64, what: &str) -> AuditEntry {
+    /// A record of session 1 (the watch checker's tests use it too).
+    pub(crate) fn audit(seq: u64, token: u64, what: &str) -> AuditEntry {
         AuditEntry {
             seq,
             at_ms: 0,

@@ -123,17 +123,7 @@ pub fn check_watched(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn entry(seq: u64, token: u64, what: &str) -> AuditEntry {
-        AuditEntry {
-            seq,
-            at_ms: 0,
-            session_id: 1,
-            token,
-            what: what.into(),
-            identity: String::new(),
-        }
-    }
+    use crate::checker::tests::audit as entry;
 
     fn event(index: u64, token: u64, kind: &str) -> WatchEvent {
         WatchEvent {

@@ -194,6 +194,16 @@ impl std::fmt::Display for RwMode {
 }
 
 impl Semaphore {
+    /// Nobody holds or waits on it yet.
+    fn new(rule: Rule, defined: bool) -> Self {
+        Semaphore {
+            rule,
+            holders: BTreeMap::new(),
+            queue: VecDeque::new(),
+            defined,
+        }
+    }
+
     fn capacity(&self) -> Option<u32> {
         match self.rule {
             Rule::Permits { capacity } => Some(capacity),
@@ -361,12 +371,7 @@ impl Semaphores {
         let semaphore = self
             .by_name
             .entry(name.to_owned())
-            .or_insert_with(|| Semaphore {
-                rule,
-                holders: BTreeMap::new(),
-                queue: VecDeque::new(),
-                defined: false,
-            });
+            .or_insert_with(|| Semaphore::new(rule, false));
         match (semaphore.rule, rule) {
             (
                 Rule::Permits { capacity },
@@ -616,12 +621,7 @@ impl Semaphores {
         let semaphore = self
             .by_name
             .entry(name.to_owned())
-            .or_insert_with(|| Semaphore {
-                rule,
-                holders: BTreeMap::new(),
-                queue: VecDeque::new(),
-                defined: true,
-            });
+            .or_insert_with(|| Semaphore::new(rule, true));
         semaphore.rule = rule;
         semaphore.defined = true;
         // A request for more than the new capacity could never be granted,
