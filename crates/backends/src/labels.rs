@@ -114,9 +114,11 @@ pub const LABELS: [Label; 5] = [
             "a holder hung with its socket open keeps the lock until idle_session_timeout \
                        (set to the TTL) ends its session; then the token fences late writes",
         token: "fencing token: nextval of sequence deadbolt_fence in the same database",
-        primitives: "shared advisory locks are native (pg_advisory_lock_shared: many readers or \
-                     one pg_advisory_lock writer, but readers may starve a writer); no semaphores \
-                     or elections. Not supported here yet",
+        primitives:
+            "shared advisory locks are native, and supported (run --backend postgres://... \
+                     --shared: pg_advisory_lock_shared beside other readers, never beside a \
+                     pg_advisory_lock writer; a stream of readers can keep a writer waiting; each \
+                     grant takes a token from the sequence); no semaphores or elections",
     },
 ];
 

@@ -185,21 +185,49 @@ enum Wait {
 const POLL_BASE: Duration = Duration::from_millis(5);
 const POLL_CAP: Duration = Duration::from_millis(250);
 
+/// How a lock is held: alone, or beside other shared holders (only
+/// PostgreSQL offers that natively: `pg_advisory_lock_shared`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Exclusive,
+    Shared,
+}
+
 impl Session {
     /// Takes `lock`, waiting as long as it takes.
     pub async fn lock(&self, lock: &str) -> Result<Guard, Error> {
-        self.acquire(lock, Wait::Until(None)).await
+        self.acquire(lock, Wait::Until(None), Mode::Exclusive).await
     }
 
     /// Takes `lock`, waiting at most `timeout` ([`ErrorKind::WaitTimeout`]).
     pub async fn lock_timeout(&self, lock: &str, timeout: Duration) -> Result<Guard, Error> {
-        self.acquire(lock, Wait::Until(Instant::now().checked_add(timeout)))
+        self.lock_in(lock, Mode::Exclusive, Some(timeout)).await
+    }
+
+    /// Takes `lock` in `mode`, waiting at most `timeout` (`None`: as long as
+    /// it takes). [`Mode::Shared`] is PostgreSQL's shared advisory lock
+    /// (beside other shared holders, never beside an exclusive one; a
+    /// stream of readers can keep a writer waiting); the other backends
+    /// refuse it with [`ErrorKind::InvalidArgument`].
+    pub async fn lock_in(
+        &self,
+        lock: &str,
+        mode: Mode,
+        timeout: Option<Duration>,
+    ) -> Result<Guard, Error> {
+        let give_up = timeout.map(|timeout| Instant::now().checked_add(timeout));
+        self.acquire(lock, Wait::Until(give_up.flatten()), mode)
             .await
     }
 
     /// Takes `lock` if it is free; `None` if someone else holds it.
     pub async fn try_lock(&self, lock: &str) -> Result<Option<Guard>, Error> {
-        match self.acquire(lock, Wait::No).await {
+        self.try_lock_in(lock, Mode::Exclusive).await
+    }
+
+    /// [`try_lock`](Self::try_lock) in `mode` (see [`lock_in`](Self::lock_in)).
+    pub async fn try_lock_in(&self, lock: &str, mode: Mode) -> Result<Option<Guard>, Error> {
+        match self.acquire(lock, Wait::No, mode).await {
             Ok(guard) => Ok(Some(guard)),
             Err(error) if error.kind() == ErrorKind::Busy => Ok(None),
             Err(error) => Err(error),
@@ -217,8 +245,16 @@ impl Session {
         }
     }
 
-    async fn acquire(&self, name: &str, wait: Wait) -> Result<Guard, Error> {
+    async fn acquire(&self, name: &str, wait: Wait, mode: Mode) -> Result<Guard, Error> {
         deadbolt_core::validate_lock_name(name).map_err(|err| Error::invalid(err.to_string()))?;
+        let shared = mode == Mode::Shared;
+        if shared && !matches!(self.kind, SessionKind::Postgres(_)) {
+            return Err(Error::invalid(
+                "shared locks are PostgreSQL's here (pg_advisory_lock_shared); this lock system \
+                 has none (`deadbolt backends` says what each offers; the Deadbolt server's \
+                 read/write locks are `deadbolt run --shared` without --backend)",
+            ));
+        }
         match &self.kind {
             SessionKind::Deadbolt(session) => {
                 let (guard, token) = match wait {
@@ -239,8 +275,8 @@ impl Session {
                     .await
             }
             SessionKind::Postgres(session) => {
-                self.polled(name, wait, || session.try_acquire(name), Held::Postgres)
-                    .await
+                let attempt = || session.try_acquire(name, shared);
+                self.polled(name, wait, attempt, Held::Postgres).await
             }
             SessionKind::Etcd(session) => {
                 let claim = self.claim(name)?;

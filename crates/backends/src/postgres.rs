@@ -256,10 +256,21 @@ impl Locker {
     }
 }
 
+/// The lock and, in the same statement and only if it was granted, the
+/// next token: grants are serialised by the lock, so tokens grow.
+const TRY_LOCK: &str = "WITH taken AS MATERIALIZED \
+     (SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS got) \
+     SELECT CASE WHEN got THEN nextval('deadbolt_fence') END FROM taken";
+const TRY_LOCK_SHARED: &str = "WITH taken AS MATERIALIZED \
+     (SELECT pg_try_advisory_lock_shared(hashtextextended($1, 0)) AS got) \
+     SELECT CASE WHEN got THEN nextval('deadbolt_fence') END FROM taken";
+
 /// A held advisory lock (the session holds it; this names it).
 #[derive(Debug)]
 pub(crate) struct Held {
     session: Session,
+    /// Taken with `pg_try_advisory_lock_shared`: released with its twin.
+    shared: bool,
 }
 
 impl Session {
@@ -267,17 +278,23 @@ impl Session {
         &self.inner.lease
     }
 
-    /// One `pg_try_advisory_lock`, and the next token if it was granted.
-    pub(crate) async fn try_acquire(&self, name: &str) -> Result<Option<(Held, Token)>, Error> {
+    /// One `pg_try_advisory_lock` (with `shared`, `..._shared`: beside
+    /// other shared holders, not beside an exclusive one), and the next
+    /// token if it was granted.
+    pub(crate) async fn try_acquire(
+        &self,
+        name: &str,
+        shared: bool,
+    ) -> Result<Option<(Held, Token)>, Error> {
         let inner = &self.inner;
         let sent = Instant::now();
+        let statement = match shared {
+            true => TRY_LOCK_SHARED,
+            false => TRY_LOCK,
+        };
         let row = inner
             .client
-            .query_one(
-                "WITH taken AS MATERIALIZED (SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS got) \
-                 SELECT CASE WHEN got THEN nextval('deadbolt_fence') END FROM taken",
-                &[&name],
-            )
+            .query_one(statement, &[&name])
             .await
             .map_err(|err| Error::unavailable(&inner.server, err))?;
         // Any answered statement proves the session was not idle.
@@ -286,6 +303,7 @@ impl Session {
         Ok(token.map(|token| {
             let held = Held {
                 session: self.clone(),
+                shared,
             };
             (held, Token::Fencing(token.unsigned_abs()))
         }))
@@ -299,13 +317,11 @@ impl Held {
 
     pub(crate) async fn release(self, name: &str) -> Result<(), Error> {
         let inner = &self.session.inner;
-        let unlocked = inner
-            .client
-            .query_one(
-                "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
-                &[&name],
-            )
-            .await;
+        let statement = match self.shared {
+            true => "SELECT pg_advisory_unlock_shared(hashtextextended($1, 0))",
+            false => "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
+        };
+        let unlocked = inner.client.query_one(statement, &[&name]).await;
         match unlocked {
             Ok(row) if row.get::<_, bool>(0) => Ok(()),
             Ok(_) => Err(Error::lost(name, "this session no longer held it")),

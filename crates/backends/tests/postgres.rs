@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::{contract, lost_within, Expect};
-use deadbolt_backends::{ErrorKind, Lost};
+use deadbolt_backends::{ErrorKind, Lost, Mode};
 use deadbolt_testkit::peers;
 use std::time::Duration;
 use tokio_postgres::NoTls;
@@ -121,4 +121,38 @@ async fn sslmode_verify_full_locks_over_tls_with_the_ca_of_sslrootcert() {
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::InvalidArgument, "{error}");
     assert!(error.to_string().contains("/nonexistent/ca.pem"), "{error}");
+}
+
+/// `Mode::Shared` is PostgreSQL's shared advisory lock: readers hold it
+/// together, a writer waits for them and they for it, and every grant
+/// takes the next token from the sequence.
+#[tokio::test]
+async fn shared_holders_lock_together_and_a_writer_waits_for_them() {
+    let Some(url) = peers::postgres_url() else {
+        return;
+    };
+    let locker = deadbolt_backends::Locker::connect(&url).await.unwrap();
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        sessions.push(locker.open_session(TTL).await.unwrap());
+    }
+    let name = format!("pg-shared-{}", std::process::id());
+    let token = |guard: &deadbolt_backends::Guard| guard.token().fencing().unwrap();
+    let first = sessions[0]
+        .lock_in(&name, Mode::Shared, None)
+        .await
+        .unwrap();
+    let second = sessions[1].try_lock_in(&name, Mode::Shared).await.unwrap();
+    let second = second.expect("readers share");
+    assert!(token(&second) > token(&first));
+    let writer = sessions[2].try_lock(&name).await.unwrap();
+    assert!(writer.is_none(), "a writer beside readers");
+    let last_read = token(&second);
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+    let writer = sessions[2].lock_timeout(&name, TTL).await.unwrap();
+    assert!(token(&writer) > last_read);
+    let reader = sessions[0].try_lock_in(&name, Mode::Shared).await.unwrap();
+    assert!(reader.is_none(), "a reader beside the writer");
+    writer.release().await.unwrap();
 }

@@ -11,7 +11,7 @@
 
 use crate::exit;
 use crate::run::{run_holding, Holding, RunArgs};
-use deadbolt_backends::{Error, ErrorKind, Guard, Locker, Lost, Session, Token};
+use deadbolt_backends::{Backend, Error, ErrorKind, Guard, Locker, Lost, Mode, Session, Token};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -44,21 +44,24 @@ impl Holding for Guard {
 
 pub async fn main(url: &str, args: &RunArgs, grace: Duration, margin: Duration) -> i32 {
     let target = &args.target;
+    let backend = match deadbolt_backends::Target::parse(url) {
+        Ok(parsed) => parsed.backend(),
+        Err(err) => return report(&err),
+    };
+    // PostgreSQL's shared advisory locks are its own read/write locks.
+    let shared_natively = backend == Backend::Postgres;
     let primitive = match () {
         () if target.semaphore.is_some() => Some("--semaphore"),
-        () if target.rw_mode().is_some() => Some("--shared and --exclusive"),
+        () if target.rw_mode().is_some() && !shared_natively => Some("--shared and --exclusive"),
         () if target.election.is_some() => Some("--election"),
         () => None,
     };
     if let Some(asked) = primitive {
-        let label = match deadbolt_backends::Target::parse(url) {
-            Ok(parsed) => parsed.backend().label(),
-            Err(err) => return report(&err),
-        };
+        let label = backend.label();
         eprintln!(
-            "deadbolt run: {asked} needs the Deadbolt server (its read/write locks, semaphores \
-             and elections); with --backend, only exclusive locks. {}: {}",
-            label.name, label.primitives
+            "deadbolt run: {asked} is not supported with --backend {}; the Deadbolt server has \
+             it (run without --backend). {}: {}",
+            label.name, label.name, label.primitives
         );
         return exit::USAGE;
     }
@@ -99,8 +102,13 @@ async fn open(url: &str, ttl: Duration) -> Result<Session, Error> {
 
 async fn take_lock(session: &Session, args: &RunArgs) -> Result<Guard, i32> {
     let lock = &args.target.lock;
+    // --exclusive is a plain (exclusive) lock: it waits for the shared ones.
+    let mode = match args.target.rw_mode() {
+        Some(deadbolt_client::RwMode::Shared) => Mode::Shared,
+        _ => Mode::Exclusive,
+    };
     let taken = if args.target.no_wait {
-        match session.try_lock(lock).await {
+        match session.try_lock_in(lock, mode).await {
             Ok(Some(guard)) => Ok(guard),
             Ok(None) => {
                 eprintln!("deadbolt run: lock {lock:?} is busy");
@@ -108,10 +116,8 @@ async fn take_lock(session: &Session, args: &RunArgs) -> Result<Guard, i32> {
             }
             Err(err) => Err(err),
         }
-    } else if let Some(wait) = args.target.wait {
-        session.lock_timeout(lock, wait).await
     } else {
-        session.lock(lock).await
+        session.lock_in(lock, mode, args.target.wait).await
     };
     taken.map_err(|err| report(&err))
 }

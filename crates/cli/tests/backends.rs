@@ -366,8 +366,13 @@ fn a_primitive_with_backend_is_refused_with_what_that_system_offers() {
         ),
         (
             "postgres://u:p@127.0.0.1:1/db",
-            &["--lock", "l", "--shared"][..],
+            &["--election", "e"][..],
             "pg_advisory_lock_shared",
+        ),
+        (
+            "etcd://127.0.0.1:1",
+            &["--lock", "l", "--shared"][..],
+            "client recipes",
         ),
         (
             "redis://127.0.0.1:1",
@@ -384,8 +389,53 @@ fn a_primitive_with_backend_is_refused_with_what_that_system_offers() {
         assert_eq!(refused.status.code(), Some(2), "{refused:?}");
         let said = String::from_utf8_lossy(&refused.stderr);
         assert!(
-            said.contains("needs the Deadbolt server") && said.contains(offers),
+            said.contains("not supported with --backend") && said.contains(offers),
             "{said}"
         );
     }
+}
+
+/// PostgreSQL's shared advisory locks through `run --backend --shared`:
+/// a second reader runs beside the first, a writer (`--exclusive`) does
+/// not.
+#[test]
+fn readers_share_a_postgres_lock_and_a_writer_waits() {
+    let Some(url) = peers::postgres_url() else {
+        return;
+    };
+    let lock = format!("pg-readers-{}", std::process::id());
+    let run = |extra: &[&str], command: &[&str]| {
+        let mut run = Command::new(BIN);
+        run.args(["run", "--backend", &url, "--lock", &lock])
+            .args(extra)
+            .arg("--")
+            .args(command);
+        run
+    };
+    let mut reader = run(&["--shared"], &["sleep", "3"]).spawn().unwrap();
+    // The first reader holds it once a writer is refused.
+    let started = Instant::now();
+    loop {
+        let writer = run(&["--exclusive", "--no-wait"], &["true"])
+            .output()
+            .unwrap();
+        if writer.status.code() == Some(75) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{writer:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let second = run(
+        &["--shared", "--no-wait"],
+        &["sh", "-c", "echo $DEADBOLT_TOKEN"],
+    )
+    .output()
+    .unwrap();
+    assert!(second.status.success(), "{second:?}");
+    assert!(!String::from_utf8_lossy(&second.stdout).trim().is_empty());
+    assert!(reader.wait().unwrap().success());
+    let writer = run(&["--exclusive", "--no-wait"], &["true"])
+        .output()
+        .unwrap();
+    assert!(writer.status.success(), "{writer:?}");
 }
