@@ -973,4 +973,6 @@ fn an_admin_defines_a_semaphore_that_stays_and_resizes_it_on_purpose() {
     );
     let gone = deadbolt(&endpoint, &["semaphore", "delete", "gpus"]);
     assert_eq!(gone.status.code(), Some(1), "{gone:?}");
+    let said = String::from_utf8_lossy(&gone.stderr);
+    assert!(said.contains("was not defined by an admin"), "{said}");
 }

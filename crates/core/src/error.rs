@@ -93,6 +93,11 @@ pub enum LockError {
     )]
     NoSuchSemaphore { semaphore: String },
     #[error(
+        "semaphore {semaphore:?} was not defined by an admin: its first acquirer made it, and it \
+         goes with its last permit; there is no definition to delete"
+    )]
+    NotDefined { semaphore: String },
+    #[error(
         "semaphore {semaphore:?}: {count} of {capacity} permits is not a valid request: the \
          capacity must be between 1 and {max}, and the count between 1 and the capacity"
     )]

@@ -644,14 +644,23 @@ impl Semaphores {
     /// Drops the definition of the semaphore `name`: it goes once nobody
     /// holds or waits on it (at once if nobody does). Permits held stay.
     pub(crate) fn delete(&mut self, name: &str) -> Result<(), LockError> {
-        let defined = self
+        let semaphore = self
             .by_name
             .get_mut(name)
-            .filter(|semaphore| semaphore.defined);
-        let Some(semaphore) = defined else {
-            return Err(LockError::NoSuchSemaphore {
-                semaphore: name.to_owned(),
-            });
+            .filter(|semaphore| semaphore.capacity().is_some());
+        let semaphore = match semaphore {
+            Some(semaphore) if semaphore.defined => semaphore,
+            // Held, but made by its first acquirer: nothing to delete.
+            Some(_) => {
+                return Err(LockError::NotDefined {
+                    semaphore: name.to_owned(),
+                })
+            }
+            None => {
+                return Err(LockError::NoSuchSemaphore {
+                    semaphore: name.to_owned(),
+                })
+            }
         };
         semaphore.defined = false;
         self.remove_if_unused(name);

@@ -505,7 +505,8 @@ proptest! {
                     | LockError::StaleToken { .. } | LockError::InvalidPermits { .. }
                     | LockError::CapacityMismatch { .. } | LockError::WrongKind { .. }
                     | LockError::RwBusy { .. } | LockError::OtherMode { .. }
-                    | LockError::HasLeader { .. } | LockError::NoSuchSemaphore { .. });
+                    | LockError::HasLeader { .. } | LockError::NoSuchSemaphore { .. }
+                    | LockError::NotDefined { .. });
                 prop_assert!(expected, "unexpected error {}", err);
             }
         }

@@ -51,6 +51,7 @@ impl From<LockError> for ApiError {
             | LockError::InvalidPermits { .. }
             | LockError::CapacityMismatch { .. }
             | LockError::NoSuchSemaphore { .. }
+            | LockError::NotDefined { .. }
             | LockError::WrongKind { .. }
             | LockError::OtherMode { .. } => ErrorKind::InvalidArgument,
             LockError::NoPermits { .. }
