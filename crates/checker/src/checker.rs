@@ -17,7 +17,8 @@
 //!   (grant and both increments acknowledged) within the bound;
 //! - **the service's own timeline** (its audit trail, read at the end): no
 //!   grant of a lock while an earlier grant of it had not ended (of a
-//!   semaphore: no more grants at once than it has permits; of a
+//!   semaphore: no more grants at once than it has permits, and no two
+//!   live ones on the slot their clients were told of; of a
 //!   read/write lock: shared grants only beside shared ones), grant tokens
 //!   growing, and every grant a client was told of present in it (none lost
 //!   to a crash or a leader change).
@@ -266,6 +267,12 @@ pub fn check_scoped(
             .map_or(1, |&permits| permits as usize);
         let mut holders: BTreeMap<u64, &AuditEntry> = BTreeMap::new();
         let mut last_grant: Option<&AuditEntry> = None;
+        // The slot each acknowledged permit's client was told of.
+        let slots: HashMap<u64, u64> = grants
+            .iter()
+            .filter(|g| g.done.lock == *lock)
+            .filter_map(|g| Some((g.done.token?, g.done.value?)))
+            .collect();
         for entry in trail {
             match entry.what.as_str() {
                 what @ ("granted" | "permits_granted" | "shared_granted") => {
@@ -286,6 +293,21 @@ pub fn check_scoped(
                                 .chain([&entry])
                                 .map(|e| format!("{e:?}"))
                                 .collect(),
+                        });
+                    }
+                    let slot = slots.get(&entry.token);
+                    if let Some(sharer) = holders
+                        .values()
+                        .find(|h| slot.is_some() && slots.get(&h.token) == slot)
+                    {
+                        violations.push(Violation {
+                            what: format!(
+                                "{lock}'s permits with tokens {} and {} held slot {} at once",
+                                sharer.token,
+                                entry.token,
+                                slot.copied().unwrap_or_default()
+                            ),
+                            records: vec![format!("{sharer:?}"), format!("{entry:?}")],
                         });
                     }
                     if let Some(last) = last_grant.filter(|last| last.token >= entry.token) {
@@ -508,6 +530,30 @@ pub(crate) mod tests {
         let violations = check(&clean_history(), &[], &semaphore, 0, 1_000);
         assert!(
             violations.iter().any(|v| v.what.contains("had not ended")),
+            "{violations:?}"
+        );
+        // Its two live permits on two slots, not on one.
+        semaphore.audit.insert("l".into(), permits(&[1, 2]));
+        let with_slots = |slots: [u64; 2]| -> Vec<Record> {
+            let mut history = clean_history();
+            let acks = history
+                .iter_mut()
+                .filter(|r| r.op == Op::Acquire && r.phase == Phase::Ok);
+            for (ack, slot) in acks.zip(slots) {
+                ack.value = Some(slot);
+            }
+            history
+        };
+        let violations = check(&with_slots([0, 1]), &[], &semaphore, 0, 1_000);
+        assert!(
+            !violations.iter().any(|v| v.what.contains("slot")),
+            "{violations:?}"
+        );
+        let violations = check(&with_slots([1, 1]), &[], &semaphore, 0, 1_000);
+        assert!(
+            violations
+                .iter()
+                .any(|v| v.what.contains("tokens 1 and 2 held slot 1 at once")),
             "{violations:?}"
         );
         // A read/write lock: shared grants beside shared ones, an exclusive

@@ -45,7 +45,8 @@ pub struct Record {
     /// The fencing token the operation carried (acquire: the one granted).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub token: Option<u64>,
-    /// For increments: the value written.
+    /// For increments: the value written; for a semaphore's acquire: the
+    /// slot of its permit.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub value: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]

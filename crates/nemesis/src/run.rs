@@ -91,9 +91,14 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     let mut cluster =
         TestCluster::start_with(&deadbolt, &out.join("cluster"), args.nodes, pki).await;
     let mut locks: Vec<String> = (0..args.locks).map(|i| format!("lock-{i}")).collect();
-    // A read/write lock and an election too, under the same checks.
-    use crate::worker::{ELECTION_PREFIX, RW_LOCK_PREFIX};
-    locks.extend([format!("{RW_LOCK_PREFIX}0"), format!("{ELECTION_PREFIX}0")]);
+    // A read/write lock, an election and a semaphore too, under the same
+    // checks (the semaphore's with its permits and slots).
+    use crate::worker::{ELECTION_PREFIX, RW_LOCK_PREFIX, SEMAPHORE_PERMITS, SEMAPHORE_PREFIX};
+    locks.extend([
+        format!("{RW_LOCK_PREFIX}0"),
+        format!("{ELECTION_PREFIX}0"),
+        format!("{SEMAPHORE_PREFIX}0"),
+    ]);
     let access = match cluster.pki() {
         Some(pki) => Some(secure(&cluster, pki).await?),
         None => None,
@@ -162,7 +167,11 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         store: BTreeMap::new(),
         resource: BTreeMap::new(),
         audit: BTreeMap::new(),
-        semaphores: BTreeMap::new(),
+        semaphores: locks
+            .iter()
+            .filter(|name| name.starts_with(SEMAPHORE_PREFIX))
+            .map(|name| (name.clone(), SEMAPHORE_PERMITS))
+            .collect(),
     };
     for lock in &locks {
         let stored = client.store_get(&format!("counter:{lock}"), None).await?;

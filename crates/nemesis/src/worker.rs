@@ -228,10 +228,15 @@ async fn backend_round(
     !lost
 }
 
-/// Names of the run's read/write lock and election (`run.rs` adds one of
-/// each beside the locks, under the workers' `lock-` prefix).
+/// Names of the run's read/write lock, election and semaphore (`run.rs`
+/// adds one of each beside the locks, under the workers' `lock-` prefix).
 pub(crate) const RW_LOCK_PREFIX: &str = "lock-rw-";
 pub(crate) const ELECTION_PREFIX: &str = "lock-election-";
+pub(crate) const SEMAPHORE_PREFIX: &str = "lock-semaphore-";
+/// The semaphore's permits: its workers take one each, so two hold it at
+/// once, and the fenced read before each write keeps their increments
+/// from overwriting each other.
+pub(crate) const SEMAPHORE_PERMITS: u32 = 2;
 
 /// Acquire, two increments, release.
 async fn round(
@@ -244,7 +249,7 @@ async fn round(
     log.record(Op::Acquire, Phase::Invoke, lock, None, None, None);
     // The run's read/write lock is taken exclusive and its election
     // campaigned for: each grant is then as exclusive as a lock's, and the
-    // same checks hold.
+    // same checks hold. Its semaphore's permits are two at once.
     let taken = if lock.starts_with(RW_LOCK_PREFIX) {
         let exclusive = deadbolt_client::RwMode::Exclusive;
         session
@@ -254,6 +259,10 @@ async fn round(
         let value = format!("worker {}", session.id());
         session
             .campaign_timeout(lock, &value, ACQUIRE_TIMEOUT)
+            .await
+    } else if lock.starts_with(SEMAPHORE_PREFIX) {
+        session
+            .acquire_permits_timeout(lock, SEMAPHORE_PERMITS, 1, ACQUIRE_TIMEOUT)
             .await
     } else {
         session.lock_timeout(lock, ACQUIRE_TIMEOUT).await
@@ -275,7 +284,10 @@ async fn round(
         }
     };
     let token = guard.token();
-    log.record(Op::Acquire, Phase::Ok, lock, Some(token), None, None);
+    // A permit's slot goes into the history: the checker holds each live
+    // permit to its own.
+    let slot = guard.permits().first().map(|permit| u64::from(permit.slot));
+    log.record(Op::Acquire, Phase::Ok, lock, Some(token), slot, None);
 
     log.record(
         Op::StoreIncrement,

@@ -495,7 +495,7 @@ impl Client {
                     }
                 })
                 .await
-                .map(|elected| elected.term),
+                .map(|elected| (elected.term, None)),
             _ if !lock.starts_with(SEMAPHORE_PREFIX) => self
                 .router
                 .send(|api, credentials| {
@@ -515,7 +515,7 @@ impl Client {
                     }
                 })
                 .await
-                .map(|granted| granted.token),
+                .map(|granted| (granted.token, None)),
             _ => self
                 .router
                 .send(|api, credentials| {
@@ -535,10 +535,15 @@ impl Client {
                     }
                 })
                 .await
-                .map(|granted| granted.token),
+                .map(|granted| {
+                    let slot = granted.permits.first().map(|permit| permit.slot.into());
+                    (granted.token, slot)
+                }),
         };
-        let token = match acquired {
-            Ok(token) => token,
+        // A semaphore's slot goes into the history: the checker holds
+        // each live permit to its own.
+        let (token, slot) = match acquired {
+            Ok(granted) => granted,
             Err(failure) => {
                 // Semaphores wait for the cluster version to allow them.
                 let session_fine = matches!(
@@ -555,7 +560,7 @@ impl Client {
             }
         };
         acquire.token = Some(token);
-        acquire.ok(None);
+        acquire.ok(slot);
 
         if self.rng.gen_bool(PAUSE_CHANCE) {
             let pause = SESSION_TTL.mul_f64(self.rng.gen_range(1.5..3.0));
