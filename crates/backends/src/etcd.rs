@@ -13,6 +13,10 @@
 //!   created after every older holder's key existed, so tokens strictly
 //!   increase; the revision is replicated by etcd's Raft log and survives
 //!   crashes and leader changes: a real fencing token;
+//! - elections are etcd's own v3election service (`Campaign`, `Proclaim`,
+//!   `Leader`; resigning is the release's compare-and-delete, which is what
+//!   its `Resign` does): the same layout, with the leader's value in its
+//!   key, so `etcdctl elect NAME` campaigns in the same queue;
 //! - the lease ends the lock: a holder that stops renewing (crash, pause,
 //!   partition) loses it within the lease TTL, which etcd counts on the
 //!   leader and restarts in full after a leader change.
@@ -33,11 +37,11 @@
 
 use crate::lease::{watchdog, Lease, Renewal};
 use crate::target::{EtcdTls, Secret};
-use crate::{Error, ErrorKind, Lost, Token};
+use crate::{Error, ErrorKind, Leader, Lost, Token};
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream,
-    LeaseKeeper, LockOptions, PutOptions, SortOrder, SortTarget, TlsOptions, Txn, TxnOp,
-    TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaderKey,
+    LeaseKeepAliveStream, LeaseKeeper, LockOptions, ProclaimOptions, PutOptions, SortOrder,
+    SortTarget, TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -48,6 +52,10 @@ use tokio::time::Instant;
 
 /// How long connecting and each non-blocking request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// etcd's `ErrElectionNoLeader` and `ErrElectionNotLeader` (v3election).
+const NO_LEADER: &str = "election: no leader";
+const NOT_LEADER: &str = "election: not leader";
 
 /// One client per member, and which one requests go to.
 struct Members {
@@ -363,6 +371,28 @@ impl Locker {
         })
     }
 
+    /// The current leader of the election `name` (etcd's `Leader` RPC).
+    pub(crate) async fn leader(&self, name: &str) -> Result<Option<Leader>, Error> {
+        let members = Members::connect(&self.endpoints, &self.access).await?;
+        let asked = members
+            .call(|mut client| async move {
+                match client.leader(name).await {
+                    Ok(answer) => Ok(answer.kv().map(|kv| Leader {
+                        value: String::from_utf8_lossy(kv.value()).into_owned(),
+                        token: Token::Fencing(kv.create_revision().unsigned_abs()),
+                    })),
+                    Err(etcd_client::Error::GRpcStatus(status))
+                        if status.message().contains(NO_LEADER) =>
+                    {
+                        Ok(None)
+                    }
+                    Err(err) => Err(err),
+                }
+            })
+            .await?;
+        Ok(asked)
+    }
+
     /// Connects and grants the session's lease: `ttl` rounded up to whole
     /// seconds (etcd's unit), or the server's minimum if that is longer.
     pub(crate) async fn open_session(&self, ttl: Duration) -> Result<Session, Error> {
@@ -487,38 +517,19 @@ impl Session {
             .map(drop)
     }
 
-    /// The `Lock` RPC, waiting on the server until `give_up`; on another
-    /// member if this one cannot be reached (each member once).
+    /// The `Lock` RPC, waiting on the server until `give_up`.
     pub(crate) async fn acquire(
         &self,
         name: &str,
         give_up: Option<Instant>,
     ) -> Result<(Held, Token), Error> {
         let options = LockOptions::new().with_lease(self.inner.lease_id);
-        let waited = Instant::now();
-        let mut tries = self.members().clients.len();
-        let answer = loop {
-            let (at, mut client) = self.members().current();
-            let locking = client.lock(name, Some(options.clone()));
-            tokio::select! {
-                answer = locking => match answer {
-                    Ok(answer) => break answer,
-                    Err(err) if unreachable_member(&err) && tries > 1 => {
-                        tries -= 1;
-                        self.members().failed(at);
-                    }
-                    Err(err) => return Err(self.members().error(err)),
-                },
-                reason = self.inner.lease.lost(Duration::ZERO) => {
-                    return Err(Error::lost(name, reason));
-                }
-                () = sleep_until_set(give_up) => {
-                    // The grant may have raced the timeout: our key goes either way.
-                    let _ = self.delete(&self.key(name)).await;
-                    return Err(Error::timed_out(name, waited.elapsed()));
-                }
-            }
-        };
+        let answer = self
+            .wait_on_server(name, give_up, |mut client| {
+                let options = options.clone();
+                async move { client.lock(name, Some(options)).await }
+            })
+            .await?;
         let key = String::from_utf8_lossy(answer.key()).into_owned();
         let read = self
             .members()
@@ -533,6 +544,69 @@ impl Session {
                 name,
                 "its key was gone as soon as it was granted (the lease expired)",
             )),
+        }
+    }
+
+    /// The `Campaign` RPC of etcd's v3election service, waiting on the
+    /// server until `give_up`: the leader key is `NAME/LEASE` with `value`,
+    /// and leads while it is the oldest under `NAME/` (FIFO by create
+    /// revision, the lock's layout). Its create revision is the term and
+    /// the fencing token.
+    pub(crate) async fn campaign(
+        &self,
+        name: &str,
+        value: &str,
+        give_up: Option<Instant>,
+    ) -> Result<(Held, Token), Error> {
+        let lease = self.inner.lease_id;
+        let answer = self
+            .wait_on_server(name, give_up, |mut client| async move {
+                client.campaign(name, value, lease).await
+            })
+            .await?;
+        match answer.leader() {
+            Some(leader) => Ok(self.held(
+                String::from_utf8_lossy(leader.key()).into_owned(),
+                leader.rev(),
+            )),
+            None => Err(Error::lost(name, "etcd elected no leader key")),
+        }
+    }
+
+    /// Waits for the grant `rpc` asks the server for (the `Lock` or the
+    /// `Campaign` RPC) until `give_up`, or until the session's lease is
+    /// lost; on another member if this one cannot be reached (each member
+    /// once). A wait given up deletes our key, in case the grant raced it.
+    async fn wait_on_server<T, Fut>(
+        &self,
+        name: &str,
+        give_up: Option<Instant>,
+        rpc: impl Fn(Client) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let waited = Instant::now();
+        let mut tries = self.members().clients.len();
+        loop {
+            let (at, client) = self.members().current();
+            tokio::select! {
+                answer = rpc(client) => match answer {
+                    Ok(answer) => return Ok(answer),
+                    Err(err) if unreachable_member(&err) && tries > 1 => {
+                        tries -= 1;
+                        self.members().failed(at);
+                    }
+                    Err(err) => return Err(self.members().error(err)),
+                },
+                reason = self.inner.lease.lost(Duration::ZERO) => {
+                    return Err(Error::lost(name, reason));
+                }
+                () = sleep_until_set(give_up) => {
+                    let _ = self.delete(&self.key(name)).await;
+                    return Err(Error::timed_out(name, waited.elapsed()));
+                }
+            }
         }
     }
 
@@ -570,7 +644,44 @@ impl Held {
         self.session.lease()
     }
 
-    /// Deletes the key only if it is still the one granted.
+    /// etcd's `Proclaim` RPC: the leader key's value becomes `value`, if
+    /// the key is still the one elected (its create revision; otherwise
+    /// nothing changes and leadership is lost).
+    pub(crate) async fn proclaim(&self, name: &str, value: &str) -> Result<(), Error> {
+        let leader = LeaderKey::new()
+            .with_name(name)
+            .with_key(self.key.as_str())
+            .with_rev(self.revision)
+            .with_lease(self.session.inner.lease_id);
+        let proclaimed = self
+            .session
+            .members()
+            .call(|mut client| {
+                let options = ProclaimOptions::new().with_leader(leader.clone());
+                async move {
+                    match client.proclaim(value, Some(options)).await {
+                        Err(etcd_client::Error::GRpcStatus(status))
+                            if status.message().contains(NOT_LEADER) =>
+                        {
+                            Ok(false)
+                        }
+                        proclaimed => proclaimed.map(|_| true),
+                    }
+                }
+            })
+            .await?;
+        if proclaimed {
+            Ok(())
+        } else {
+            Err(Error::lost(
+                name,
+                "its leader key is gone (the lease expired or was revoked)",
+            ))
+        }
+    }
+
+    /// Deletes the key only if it is still the one granted (for a leader
+    /// key, what etcd's `Resign` does).
     pub(crate) async fn release(self, name: &str) -> Result<(), Error> {
         let delete = Txn::new()
             .when([Compare::create_revision(

@@ -27,8 +27,8 @@ pub struct Label {
     pub client_pause: &'static str,
     pub token: &'static str,
     /// Read/write locks, semaphores and elections: what the system itself
-    /// offers, and whether this crate uses it (it uses none yet: `run
-    /// --backend` and `bench --backend` take exclusive locks only).
+    /// offers, and whether this crate uses it (`Session::lock_in` with
+    /// `Mode::Shared`, `Session::campaign`).
     pub primitives: &'static str,
 }
 
@@ -96,9 +96,11 @@ pub const LABELS: [Label; 5] = [
             "the lease expires after the TTL and the lock passes on; the paused holder's \
                        late writes are refused by a resource that checks the token",
         token: "fencing token: the lock key's create revision, strictly increasing, replicated",
-        primitives: "elections are native (the v3election API: campaign, proclaim, observe; the \
-                     leader key's revision fences); read/write locks and semaphores are client \
-                     recipes (etcd's recipes package). None is supported here yet",
+        primitives: "elections are native, and supported (elect --backend etcd://...: the \
+                     v3election API's Campaign, FIFO by create revision; Proclaim and Leader; \
+                     the leader key's create revision is the term and fences); read/write locks \
+                     and semaphores are client recipes (etcd's recipes package), not supported \
+                     here",
     },
     Label {
         backend: Backend::Postgres,

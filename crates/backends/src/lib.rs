@@ -92,6 +92,15 @@ impl fmt::Display for Token {
     }
 }
 
+/// An election's leader, as [`Session::leader`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// What the leader proclaimed (or campaigned with).
+    pub value: String,
+    /// Its term: the fencing token of its leadership.
+    pub token: Token,
+}
+
 /// A lock service, named by URL. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Locker {
@@ -136,6 +145,17 @@ impl Locker {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// Who leads `election` now, if anyone (etcd only, as
+    /// [`Session::campaign`]).
+    pub async fn leader(&self, election: &str) -> Result<Option<Leader>, Error> {
+        deadbolt_core::validate_lock_name(election)
+            .map_err(|err| Error::invalid(err.to_string()))?;
+        match &self.kind {
+            LockerKind::Etcd(locker) => locker.leader(election).await,
+            _ => Err(no_elections()),
+        }
     }
 
     /// A session for one holder, with leases of `ttl` (etcd rounds it up to
@@ -234,6 +254,33 @@ impl Session {
         }
     }
 
+    /// Campaigns in the election `election` with `value`, waiting at most
+    /// `timeout` (`None`: as long as it takes) to lead; the guard's token
+    /// is the term, and releasing it resigns. Elections are etcd's here
+    /// (its v3election service: FIFO, leased, the leader key's create
+    /// revision a fencing token); the other backends refuse them with
+    /// [`ErrorKind::InvalidArgument`].
+    pub async fn campaign(
+        &self,
+        election: &str,
+        value: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Guard, Error> {
+        deadbolt_core::validate_lock_name(election)
+            .map_err(|err| Error::invalid(err.to_string()))?;
+        let SessionKind::Etcd(session) = &self.kind else {
+            return Err(no_elections());
+        };
+        let claim = self.claim(election)?;
+        let give_up = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        let (held, token) = session
+            .campaign(election, value, give_up.map(Into::into))
+            .await?;
+        let mut guard = Guard::new(election, token, Held::Etcd(held), Some(claim));
+        guard.election = true;
+        Ok(guard)
+    }
+
     /// Ends the session: its leases and whatever locks it still holds.
     pub async fn close(self) -> Result<(), Error> {
         match self.kind {
@@ -325,6 +372,14 @@ impl Session {
             name: name.to_owned(),
         })
     }
+}
+
+fn no_elections() -> Error {
+    Error::invalid(
+        "elections are etcd's here (its v3election service); this lock system has none \
+         (`deadbolt backends` says what each offers; the Deadbolt server's elections are \
+         `deadbolt elect` without --backend)",
+    )
 }
 
 fn busy(name: &str) -> Error {
@@ -429,6 +484,9 @@ pub struct Guard {
     /// Kept until the release is done, so no acquire of the same name
     /// through the session can overtake it.
     claim: Option<Claim>,
+    /// Won by [`Session::campaign`]: its holder may
+    /// [`proclaim`](Self::proclaim).
+    election: bool,
 }
 
 impl Guard {
@@ -438,6 +496,19 @@ impl Guard {
             token,
             held: Some(held),
             claim,
+            election: false,
+        }
+    }
+
+    /// Tells everyone a new value of this leadership (etcd's `Proclaim`),
+    /// if it still leads: otherwise [`ErrorKind::LockLost`].
+    pub async fn proclaim(&self, value: &str) -> Result<(), Error> {
+        match self.held() {
+            Held::Etcd(held) if self.election => held.proclaim(&self.name, value).await,
+            _ => Err(Error::invalid(format!(
+                "{:?} is a lock, not an election: only a campaign's guard proclaims",
+                self.name
+            ))),
         }
     }
 

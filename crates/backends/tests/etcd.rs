@@ -81,6 +81,109 @@ async fn a_waiter_gets_the_lock_when_the_holders_lease_ends() {
     );
 }
 
+/// etcd's own elections: campaigns queue FIFO, the leader's term is its
+/// key's create revision, only the leader proclaims, resigning hands over
+/// to the next candidate in a larger term, and a leader whose lease ended
+/// is told it lost (a proclaim is refused) while the next one leads.
+/// A plain etcd client's `Leader` call sees the same leader.
+#[tokio::test]
+async fn etcd_elections_hand_over_in_order_with_growing_terms() {
+    let Some(server) = peers::etcd() else { return };
+    let locker = Locker::connect(&format!("etcd://{}", server.address()))
+        .await
+        .unwrap();
+    let name = unique("etcd-election");
+    assert_eq!(locker.leader(&name).await.unwrap(), None);
+    let (a, b, c) = (
+        locker.open_session(TTL).await.unwrap(),
+        Arc::new(locker.open_session(TTL).await.unwrap()),
+        Arc::new(locker.open_session(TTL).await.unwrap()),
+    );
+    let first = a.campaign(&name, "a", None).await.unwrap();
+    let first_term = first.token().fencing().unwrap();
+    first.proclaim("a, again").await.unwrap();
+    let led = locker.leader(&name).await.unwrap().unwrap();
+    assert_eq!((led.value.as_str(), led.token), ("a, again", first.token()));
+
+    // b, then c, queue behind a (c starts once b's key exists).
+    let campaign = |session: Arc<deadbolt_backends::Session>, value: &'static str| {
+        let name = name.clone();
+        tokio::spawn(async move { session.campaign(&name, value, Some(TTL * 5)).await })
+    };
+    let second = campaign(b.clone(), "b");
+    let mut admin = etcd_client::Client::connect([server.address()], None)
+        .await
+        .unwrap();
+    let candidates = |admin: &mut etcd_client::Client| {
+        let mut admin = admin.clone();
+        let prefix = format!("{name}/");
+        async move {
+            let options = etcd_client::GetOptions::new().with_prefix();
+            let keys = admin.get(prefix, Some(options)).await.unwrap();
+            keys.kvs().len()
+        }
+    };
+    while candidates(&mut admin).await < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let third = campaign(c.clone(), "c");
+    while candidates(&mut admin).await < 3 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        locker.leader(&name).await.unwrap().unwrap().value,
+        "a, again"
+    );
+
+    first.release().await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    let second_term = second.token().fencing().unwrap();
+    assert!(second_term > first_term, "{second_term} after {first_term}");
+    let led = admin.leader(name.as_str()).await.unwrap();
+    assert_eq!(led.kv().unwrap().value(), b"b");
+
+    // b's lease ends (as when it expires): c leads, b may not proclaim.
+    let lease = i64::from_str_radix(
+        std::str::from_utf8(led.kv().unwrap().key())
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap(),
+        16,
+    )
+    .unwrap();
+    admin.lease_revoke(lease).await.unwrap();
+    let third = third.await.unwrap().unwrap();
+    assert!(third.token().fencing().unwrap() > second_term);
+    let refused = second.proclaim("b is back").await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::LockLost, "{refused}");
+    let led = locker.leader(&name).await.unwrap().unwrap();
+    assert_eq!((led.value.as_str(), led.token), ("c", third.token()));
+}
+
+/// A lock's guard is not a leadership, and the other backends have no
+/// elections: both refused, saying so.
+#[tokio::test]
+async fn only_an_etcd_campaign_proclaims() {
+    let Some(server) = peers::etcd() else { return };
+    let locker = Locker::connect(&format!("etcd://{}", server.address()))
+        .await
+        .unwrap();
+    let session = locker.open_session(TTL).await.unwrap();
+    let lock = session.lock(&unique("etcd-not-election")).await.unwrap();
+    let refused = lock.proclaim("x").await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
+    assert!(refused.to_string().contains("not an election"), "{refused}");
+
+    let redis = Locker::connect("redis://127.0.0.1:1").await.unwrap();
+    let refused = redis.leader("e").await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidArgument);
+    assert!(
+        refused.to_string().contains("elections are etcd's"),
+        "{refused}"
+    );
+}
+
 /// Closing a session revokes its lease, which frees its locks at once.
 #[tokio::test]
 async fn closing_the_session_frees_its_locks_at_once() {

@@ -160,6 +160,10 @@ pub struct LeaderArgs {
     /// docs/watches.md).
     #[arg(long)]
     watch: bool,
+    /// Ask another lock system's election instead of the Deadbolt
+    /// server's, named by URL: etcd(s):// (as `elect --backend`).
+    #[arg(long, value_name = "URL", conflicts_with = "watch")]
+    backend: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -394,6 +398,9 @@ fn waiter_list(state: &LockState) -> String {
 /// `deadbolt leader NAME`: who leads the election, in which term, with
 /// which value, and who is next.
 pub async fn leader(endpoints: &Endpoints, args: LeaderArgs) -> i32 {
+    if let Some(url) = &args.backend {
+        return crate::run_backend::leader(url, &args.election, args.json).await;
+    }
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,

@@ -78,6 +78,11 @@ pub struct ElectArgs {
     /// As `run --grace`.
     #[arg(long, value_parser = parse_duration)]
     grace: Option<Duration>,
+    /// Campaign in another lock system's elections instead of the Deadbolt
+    /// server's, named by URL: etcd(s):// (its v3election service; the
+    /// others have none: `deadbolt backends`).
+    #[arg(long, value_name = "URL")]
+    backend: Option<String>,
     /// The command and its arguments: it runs only while this process
     /// leads, and is stopped before anyone else can be elected.
     #[arg(last = true, required = true, num_args = 1..)]
@@ -102,7 +107,7 @@ impl From<ElectArgs> for RunArgs {
             },
             grace: elect.grace,
             once: None,
-            backend: None,
+            backend: elect.backend,
             command: elect.command,
         }
     }

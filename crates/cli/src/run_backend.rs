@@ -8,6 +8,9 @@
 //! backends`): a Redis restart without persistence hands the lock to someone
 //! else with no lease ending on our side at all. The command learns the
 //! token in `$DEADBOLT_TOKEN` only when it is a fencing token.
+//!
+//! `deadbolt elect --backend etcd://…` campaigns in etcd's own elections
+//! the same way, and `deadbolt leader --backend` asks who leads them.
 
 use crate::exit;
 use crate::run::{run_holding, Holding, RunArgs};
@@ -48,12 +51,14 @@ pub async fn main(url: &str, args: &RunArgs, grace: Duration, margin: Duration) 
         Ok(parsed) => parsed.backend(),
         Err(err) => return report(&err),
     };
-    // PostgreSQL's shared advisory locks are its own read/write locks.
-    let shared_natively = backend == Backend::Postgres;
+    // PostgreSQL's shared advisory locks are its own read/write locks, and
+    // etcd's v3election service its own elections.
     let primitive = match () {
         () if target.semaphore.is_some() => Some("--semaphore"),
-        () if target.rw_mode().is_some() && !shared_natively => Some("--shared and --exclusive"),
-        () if target.election.is_some() => Some("--election"),
+        () if target.rw_mode().is_some() && backend != Backend::Postgres => {
+            Some("--shared and --exclusive")
+        }
+        () if target.election.is_some() && backend != Backend::Etcd => Some("--election"),
         () => None,
     };
     if let Some(asked) = primitive {
@@ -101,7 +106,20 @@ async fn open(url: &str, ttl: Duration) -> Result<Session, Error> {
 }
 
 async fn take_lock(session: &Session, args: &RunArgs) -> Result<Guard, i32> {
-    let lock = &args.target.lock;
+    let target = &args.target;
+    if let Some(election) = &target.election {
+        // Without waiting: a campaign that gives up at once.
+        let wait = if target.no_wait {
+            Some(Duration::ZERO)
+        } else {
+            target.wait
+        };
+        return session
+            .campaign(election, &target.value, wait)
+            .await
+            .map_err(|err| report(&err));
+    }
+    let lock = &target.lock;
     // --exclusive is a plain (exclusive) lock: it waits for the shared ones.
     let mode = match args.target.rw_mode() {
         Some(deadbolt_client::RwMode::Shared) => Mode::Shared,
@@ -120,6 +138,37 @@ async fn take_lock(session: &Session, args: &RunArgs) -> Result<Guard, i32> {
         session.lock_in(lock, mode, args.target.wait).await
     };
     taken.map_err(|err| report(&err))
+}
+
+/// `deadbolt leader NAME --backend URL`: who leads the election in that
+/// lock system (etcd's `Leader`).
+pub async fn leader(url: &str, election: &str, json: bool) -> i32 {
+    let asked = match Locker::connect(url).await {
+        Ok(locker) => locker.leader(election).await,
+        Err(err) => Err(err),
+    };
+    let leader = match asked {
+        Ok(leader) => leader,
+        Err(err) => return report(&err),
+    };
+    if json {
+        let state = leader.map(
+            |leader| serde_json::json!({ "value": leader.value, "term": leader.token.fencing() }),
+        );
+        println!(
+            "{}",
+            serde_json::json!({ "election": election, "leader": state })
+        );
+    } else {
+        match leader {
+            Some(leader) => println!(
+                "{election}: led in term {}, value {:?}",
+                leader.token, leader.value
+            ),
+            None => println!("{election}: no leader (nobody campaigns)"),
+        }
+    }
+    exit::OK
 }
 
 /// Prints the error and returns its exit code, as `exit::report` does for

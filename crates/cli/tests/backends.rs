@@ -360,9 +360,9 @@ fn a_primitive_with_backend_is_refused_with_what_that_system_offers() {
     // Refused before any connection: the URLs need not answer.
     for (url, flags, offers) in [
         (
-            "etcd://127.0.0.1:1",
+            "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
             &["--election", "e"][..],
-            "elections are native",
+            "only an exclusive lock",
         ),
         (
             "postgres://u:p@127.0.0.1:1/db",
@@ -393,6 +393,78 @@ fn a_primitive_with_backend_is_refused_with_what_that_system_offers() {
             "{said}"
         );
     }
+}
+
+/// etcd's own elections through `elect --backend` and `leader
+/// --backend`: the leader's command sees its term as `$DEADBOLT_TOKEN`,
+/// `leader` shows that term and the value, a second candidate times out
+/// while the first leads and wins the next, larger term once it resigned.
+#[test]
+fn an_etcd_election_runs_one_leader_and_says_who_leads() {
+    let Some(etcd) = peers::etcd() else {
+        return;
+    };
+    let url = format!("etcd://{}", etcd.address());
+    let election = format!("etcd-elect-{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let (term_file, go) = (dir.path().join("term"), dir.path().join("go"));
+    let elect = |value: &str, extra: &[&str], script: &str| {
+        let mut elect = Command::new(BIN);
+        elect
+            .args(["elect", &election, "--backend", &url, "--value", value])
+            .args(["--ttl", "2s"])
+            .args(extra)
+            .args(["--", "sh", "-c", script]);
+        elect
+    };
+    let leader = || {
+        let output = Command::new(BIN)
+            .args(["leader", &election, "--backend", &url, "--json"])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", stderr(&output));
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()
+    };
+    assert_eq!(leader()["leader"], serde_json::Value::Null);
+
+    // The first leads until it is told to go.
+    let script = format!(
+        "echo $DEADBOLT_TOKEN > {0}.tmp; mv {0}.tmp {0}; while [ ! -e {1} ]; do sleep 0.05; done",
+        term_file.display(),
+        go.display()
+    );
+    let mut first = elect("first", &[], &script).spawn().unwrap();
+    let started = Instant::now();
+    while !term_file.exists() {
+        assert!(started.elapsed() < Duration::from_secs(20), "never led");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let term: u64 = std::fs::read_to_string(&term_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let led = leader();
+    assert_eq!(led["leader"]["value"], "first", "{led}");
+    assert_eq!(led["leader"]["term"], term, "{led}");
+
+    let busy = elect("second", &["--wait", "500ms"], "true")
+        .output()
+        .unwrap();
+    assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
+
+    std::fs::write(&go, "").unwrap();
+    assert!(first.wait().unwrap().success());
+    let second = elect("second", &[], "echo $DEADBOLT_TOKEN")
+        .output()
+        .unwrap();
+    assert!(second.status.success(), "{}", stderr(&second));
+    let next: u64 = String::from_utf8_lossy(&second.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(next > term, "term {next} after {term}");
+    assert_eq!(leader()["leader"], serde_json::Value::Null);
 }
 
 /// PostgreSQL's shared advisory locks through `run --backend --shared`:
