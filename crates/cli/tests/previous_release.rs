@@ -71,10 +71,23 @@ async fn holds_the_fixture(server: &TestServer, expected: &Value) {
     let me = as_worker.acl_whoami().await.unwrap();
     assert_eq!(me.identity, "fixture-worker", "{release}: {me:?}");
 
+    let primitives = &expected["primitives"];
+    if !primitives.is_null() {
+        holds_the_primitives(&client, release, primitives).await;
+    }
+
     let highest = expected["tokens"]
         .as_object()
         .unwrap()
         .values()
+        .chain([&primitives["election"]["term"]])
+        .chain(primitives["rw"]["readers"].as_array().into_iter().flatten())
+        .chain(
+            primitives["semaphore"]["permits"]
+                .as_array()
+                .into_iter()
+                .flatten(),
+        )
         .filter_map(Value::as_u64)
         .max()
         .unwrap();
@@ -87,6 +100,65 @@ async fn holds_the_fixture(server: &TestServer, expected: &Value) {
         guard.token() > highest,
         "{release}: token {} after {highest}",
         guard.token()
+    );
+}
+
+/// The read/write lock, semaphore and election of a fixture made from
+/// 0.2.0 on: the same holders with the same tokens (and slots), and the
+/// same queues.
+async fn holds_the_primitives(client: &Client, release: &str, expected: &Value) {
+    let tokens = |value: &Value| -> Vec<u64> {
+        let listed = value.as_array().unwrap().iter();
+        listed.map(|token| token.as_u64().unwrap()).collect()
+    };
+    let rw = &expected["rw"];
+    let lock = rw["lock"].as_str().unwrap();
+    let state = client.lock_status(lock).await.unwrap();
+    let state = state.unwrap_or_else(|| panic!("{release}: {lock} is free"));
+    let readers: Vec<u64> = state.holders.iter().map(|hold| hold.token).collect();
+    assert_eq!(
+        (state.mode.as_str(), readers),
+        ("shared", tokens(&rw["readers"])),
+        "{release}: {state:?}"
+    );
+    let writers = state.waiters.iter().filter(|w| w.mode == "exclusive");
+    assert_eq!(
+        writers.count() as u64,
+        rw["writers_queued"].as_u64().unwrap(),
+        "{release}: {state:?}"
+    );
+
+    let semaphore = &expected["semaphore"];
+    let name = semaphore["name"].as_str().unwrap();
+    let state = client.semaphore_status(name).await.unwrap();
+    let state = state.unwrap_or_else(|| panic!("{release}: {name} is gone"));
+    let permits = state.holders.iter().flat_map(|holder| &holder.permits);
+    let (held, slots): (Vec<u64>, Vec<u32>) = permits.map(|p| (p.token, p.slot)).unzip();
+    assert_eq!(held, tokens(&semaphore["permits"]), "{release}: {state:?}");
+    assert_eq!(slots, [0, 1], "{release}: {state:?}");
+    assert_eq!(
+        (state.capacity, state.defined),
+        (semaphore["capacity"].as_u64().unwrap() as u32, true),
+        "{release}: {state:?}"
+    );
+
+    let election = &expected["election"];
+    let name = election["name"].as_str().unwrap();
+    let led = client.leader(name).await.unwrap();
+    let leader = led.leader.clone();
+    let leader = leader.unwrap_or_else(|| panic!("{release}: {name} has no leader"));
+    assert_eq!(
+        (leader.term, leader.value.as_str()),
+        (
+            election["term"].as_u64().unwrap(),
+            election["value"].as_str().unwrap()
+        ),
+        "{release}: {led:?}"
+    );
+    assert_eq!(
+        led.candidate_session_ids.len() as u64,
+        election["candidates"].as_u64().unwrap(),
+        "{release}: {led:?}"
     );
 }
 
