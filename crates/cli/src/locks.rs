@@ -297,38 +297,46 @@ pub async fn status(endpoints: &Endpoints, args: StatusArgs) -> i32 {
         (Some(lock), None) => lock,
         (None, None) => unreachable!("clap requires --lock or --semaphore"),
     };
-    outcome(client.lock_status(&lock).await.map(|state| {
-        if args.json {
-            println!("{}", serde_json::json!({ "lock": lock, "state": state }));
-            return;
-        }
-        match state {
-            None => println!("{lock}: free"),
-            Some(state) if !state.mode.is_empty() => print_rw_lock(&state),
-            Some(state) if state.lock_delay => println!(
-                "{}: in lock-delay (session {} expired holding token {}), {} waiting{}",
-                state.lock,
-                state.holder_session_id,
-                state.token,
-                state.waiter_session_ids.len(),
-                waiter_list(&state)
-            ),
-            Some(state) => println!(
-                "{}: held by session {} with token {}, {} waiting{}",
-                state.lock,
-                state.holder_session_id,
-                state.token,
-                state.waiter_session_ids.len(),
-                waiter_list(&state)
-            ),
-        }
-    }))
+    outcome(
+        client
+            .lock_status_with_index(&lock)
+            .await
+            .map(|(state, index)| {
+                if args.json {
+                    let json = serde_json::json!({ "lock": lock, "state": state, "index": index });
+                    println!("{json}");
+                    return;
+                }
+                match state {
+                    None => println!("{lock}: free"),
+                    Some(state) if !state.mode.is_empty() => print_rw_lock(&state),
+                    Some(state) if state.lock_delay => println!(
+                        "{}: in lock-delay (session {} expired holding token {}), {} waiting{}",
+                        state.lock,
+                        state.holder_session_id,
+                        state.token,
+                        state.waiter_session_ids.len(),
+                        waiter_list(&state)
+                    ),
+                    Some(state) => println!(
+                        "{}: held by session {} with token {}, {} waiting{}",
+                        state.lock,
+                        state.holder_session_id,
+                        state.token,
+                        state.waiter_session_ids.len(),
+                        waiter_list(&state)
+                    ),
+                }
+            }),
+    )
 }
 
 pub(crate) async fn semaphore_status(client: &Client, semaphore: &str, json: bool) -> i32 {
-    outcome(client.semaphore_status(semaphore).await.map(|state| {
+    let status = client.semaphore_status_with_index(semaphore).await;
+    outcome(status.map(|(state, index)| {
         if json {
-            let json = serde_json::json!({ "semaphore": semaphore, "state": state });
+            let json =
+                serde_json::json!({ "semaphore": semaphore, "state": state, "index": index });
             println!("{json}");
             return;
         }
@@ -408,7 +416,8 @@ pub async fn leader(endpoints: &Endpoints, args: LeaderArgs) -> i32 {
     let election = &args.election;
     let show = |answer: deadbolt_client::LeaderResponse| {
         if args.json {
-            let json = serde_json::json!({ "election": election, "state": answer });
+            let index = answer.index;
+            let json = serde_json::json!({ "election": election, "state": answer, "index": index });
             return println!("{json}");
         }
         let Some(leader) = answer.leader else {

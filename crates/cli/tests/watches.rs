@@ -291,6 +291,58 @@ async fn a_watch_of_history_the_node_no_longer_keeps_ends_with_compacted() {
     assert!(events[0].index > current);
 }
 
+/// How a client starts again after `compacted`: a status read gives the
+/// log index of the state it read, and a watch after that index goes on
+/// from exactly that state: the grant the read saw is not repeated, and
+/// nothing after it is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_after_a_status_reads_index_follows_on_from_that_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let client = server.client().await;
+    let (a, b) = (
+        client.open_session(Duration::from_secs(10)).await.unwrap(),
+        client.open_session(Duration::from_secs(10)).await.unwrap(),
+    );
+    let first = a.lock("restart").await.unwrap();
+    let first_token = first.token();
+    let (state, index) = client.lock_status_with_index("restart").await.unwrap();
+    assert_eq!(state.unwrap().token, first_token);
+    let shown = deadbolt(
+        &server.endpoint(),
+        &["status", "--lock", "restart", "--json"],
+    );
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert!(shown["index"].as_u64().unwrap() >= index, "{shown}");
+
+    let after = |index: u64| WatchOptions {
+        after: Some(index.to_string()),
+        ..Default::default()
+    };
+    let mut watch = client.watch("restart", after(index));
+    watch.started().await.unwrap();
+    first.release().await.unwrap();
+    let second = b.lock("restart").await.unwrap();
+    let second_token = second.token();
+    second.release().await.unwrap();
+    let events = take(&mut watch, 3).await;
+    let seen: Vec<_> = events.iter().map(|e| (e.kind.as_str(), e.token)).collect();
+    assert_eq!(
+        seen,
+        [
+            ("released", first_token),
+            ("granted", second_token),
+            ("released", second_token),
+        ]
+    );
+    assert!(events[0].index > index);
+    // The grant the read saw came at or before its index.
+    let mut from_the_start = client.watch("restart", after(0));
+    let granted = take(&mut from_the_start, 1).await;
+    assert_eq!(kinds(&granted), [("granted", "restart")]);
+    assert!(granted[0].index <= index, "{granted:?} after index {index}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_goes_on_without_a_gap_when_the_node_serving_it_is_killed() {
     let dir = tempfile::tempdir().unwrap();

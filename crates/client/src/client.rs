@@ -309,6 +309,17 @@ impl Client {
 
     /// Who holds `lock`, and who waits for it; `None` when nobody holds it.
     pub async fn lock_status(&self, lock: &str) -> Result<Option<LockState>, Error> {
+        Ok(self.lock_status_with_index(lock).await?.0)
+    }
+
+    /// [`lock_status`](Self::lock_status), and the log index of the state
+    /// it read: a [`watch`](Self::watch) after that index goes on from it
+    /// with no event missed or repeated (how to start again after a
+    /// `compacted` watch).
+    pub async fn lock_status_with_index(
+        &self,
+        lock: &str,
+    ) -> Result<(Option<LockState>, u64), Error> {
         let request = LockStatusRequest {
             lock: lock.to_owned(),
         };
@@ -317,7 +328,7 @@ impl Client {
                 DeadboltClient::new(channel).lock_status(request).await
             })
             .await?;
-        Ok(response.state)
+        Ok((response.state, response.index))
     }
 
     /// Every held lock, in name order, fetched page by page.
@@ -528,6 +539,15 @@ impl Client {
 
     /// Who holds and waits on the semaphore `semaphore`; `None` if nobody.
     pub async fn semaphore_status(&self, semaphore: &str) -> Result<Option<SemaphoreState>, Error> {
+        Ok(self.semaphore_status_with_index(semaphore).await?.0)
+    }
+
+    /// [`semaphore_status`](Self::semaphore_status), and the log index of
+    /// the state it read (as [`lock_status_with_index`](Self::lock_status_with_index)).
+    pub async fn semaphore_status_with_index(
+        &self,
+        semaphore: &str,
+    ) -> Result<(Option<SemaphoreState>, u64), Error> {
         let request = SemaphoreStatusRequest {
             semaphore: semaphore.to_owned(),
         };
@@ -536,7 +556,7 @@ impl Client {
                 DeadboltClient::new(channel).semaphore_status(request).await
             })
             .await?;
-        Ok(response.state)
+        Ok((response.state, response.index))
     }
 
     /// Creates the semaphore `semaphore` with `capacity` permits, kept while

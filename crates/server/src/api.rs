@@ -8,7 +8,7 @@
 
 use crate::auth::{self, Caller, Credentials, InFlight};
 use crate::metrics::Call;
-use crate::node::{ApiError, Health, Node, OwnedSession};
+use crate::node::{ApiError, Health, Indexed, Node, OwnedSession};
 use crate::secret::SecretSource;
 use crate::watches::{self, Cursor, Positioned, WatchEnd, Watcher};
 use deadbolt_core::{
@@ -278,9 +278,12 @@ impl Api {
         self.timed(Call::LockStatus, async {
             let election = Some(request.election.as_str());
             let _caller = self.caller(credentials, Permission::Read, election).await?;
-            let info = self.node.election(&request.election).await?;
-            Ok(match info {
-                None => LeaderResponse::default(),
+            let read = self.node.election(&request.election).await?;
+            Ok(match read.value {
+                None => LeaderResponse {
+                    index: read.index,
+                    ..Default::default()
+                },
                 Some(info) => LeaderResponse {
                     leader: Some(ElectionLeader {
                         session_id: info.leader.0 .0,
@@ -288,6 +291,7 @@ impl Api {
                         value: info.leader.2,
                     }),
                     candidate_session_ids: info.candidates.iter().map(|s| s.0).collect(),
+                    index: read.index,
                 },
             })
         })
@@ -406,9 +410,10 @@ impl Api {
         self.timed(Call::LockStatus, async {
             let lock = Some(request.lock.as_str());
             let _caller = self.caller(credentials, Permission::Read, lock).await?;
-            let info = self.node.lock_status(&request.lock).await?;
+            let read = self.node.lock_status(&request.lock).await?;
             Ok(LockStatusResponse {
-                state: info.map(lock_state),
+                state: read.value.map(lock_state),
+                index: read.index,
             })
         })
         .await
@@ -422,14 +427,16 @@ impl Api {
     ) -> Reply<ListLocksResponse> {
         self.timed(Call::ListLocks, async {
             let caller = self.caller(credentials, Permission::Read, None).await?;
-            let (mut locks, more) = self
+            let read = self
                 .node
                 .list_locks(&request.after, request.limit as usize)
                 .await?;
+            let (mut locks, more) = read.value;
             self.node.retain_readable(&caller, &mut locks);
             Ok(ListLocksResponse {
                 locks: locks.into_iter().map(lock_state).collect(),
                 more,
+                index: read.index,
             })
         })
         .await
@@ -1046,9 +1053,10 @@ fn watch_event(positioned: Positioned) -> WatchEvent {
 }
 
 /// A semaphore's state for the API (none if it does not exist).
-fn semaphore_state(info: Option<deadbolt_core::SemaphoreInfo>) -> SemaphoreStatusResponse {
+fn semaphore_state(read: Indexed<Option<deadbolt_core::SemaphoreInfo>>) -> SemaphoreStatusResponse {
     SemaphoreStatusResponse {
-        state: info.map(|info| SemaphoreState {
+        index: read.index,
+        state: read.value.map(|info| SemaphoreState {
             semaphore: info.name,
             capacity: info.capacity,
             holders: info

@@ -17,6 +17,15 @@ mod observers;
 
 pub(crate) use acquire::give_up_abandoned;
 pub use error::ApiError;
+
+/// A linearizable read and the log index of the state it read: a watch
+/// after that index goes on from exactly that state, with no event missed
+/// or repeated (docs/watches.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Indexed<T> {
+    pub value: T,
+    pub index: u64,
+}
 pub(crate) use observers::Observers;
 
 use crate::auth::Caller;
@@ -344,22 +353,35 @@ impl Node {
         &self,
         read: impl FnOnce(&LockTable) -> T,
     ) -> Result<T, ApiError> {
-        self.linearizable().await?;
-        Ok(read(&self.table.read().expect("state lock poisoned").table))
+        Ok(self.read_indexed(read).await?.value)
     }
 
-    pub async fn lock_status(&self, lock: &str) -> Result<Option<LockInfo>, ApiError> {
+    /// [`read_linearizable`](Self::read_linearizable), with the log index
+    /// of the state it read.
+    async fn read_indexed<T>(
+        &self,
+        read: impl FnOnce(&LockTable) -> T,
+    ) -> Result<Indexed<T>, ApiError> {
+        self.linearizable().await?;
+        let applied = self.table.read().expect("state lock poisoned");
+        Ok(Indexed {
+            value: read(&applied.table),
+            index: applied.last_applied.map_or(0, |id| id.index),
+        })
+    }
+
+    pub async fn lock_status(&self, lock: &str) -> Result<Indexed<Option<LockInfo>>, ApiError> {
         validate_lock_name(lock)?;
-        self.read_linearizable(|table| table.lock_or_rw(lock)).await
+        self.read_indexed(|table| table.lock_or_rw(lock)).await
     }
 
     /// Who holds and waits on the semaphore `semaphore`. Linearizable.
     pub async fn semaphore_status(
         &self,
         semaphore: &str,
-    ) -> Result<Option<deadbolt_core::SemaphoreInfo>, ApiError> {
+    ) -> Result<Indexed<Option<deadbolt_core::SemaphoreInfo>>, ApiError> {
         validate_lock_name(semaphore)?;
-        self.read_linearizable(|table| table.semaphores().semaphore(semaphore))
+        self.read_indexed(|table| table.semaphores().semaphore(semaphore))
             .await
     }
 
@@ -370,7 +392,7 @@ impl Node {
         &self,
         semaphore: &str,
         capacity: Option<u32>,
-    ) -> Result<Option<deadbolt_core::SemaphoreInfo>, ApiError> {
+    ) -> Result<Indexed<Option<deadbolt_core::SemaphoreInfo>>, ApiError> {
         validate_lock_name(semaphore)?;
         self.check_cluster_version_allows(FeatureLevel::SEMAPHORES, "semaphores")?;
         let proposal = match capacity {
@@ -399,9 +421,9 @@ impl Node {
     pub async fn election(
         &self,
         election: &str,
-    ) -> Result<Option<deadbolt_core::ElectionInfo>, ApiError> {
+    ) -> Result<Indexed<Option<deadbolt_core::ElectionInfo>>, ApiError> {
         validate_lock_name(election)?;
-        self.read_linearizable(|table| table.semaphores().election(election))
+        self.read_indexed(|table| table.semaphores().election(election))
             .await
     }
 
@@ -410,21 +432,27 @@ impl Node {
         &self,
         after: &str,
         limit: usize,
-    ) -> Result<(Vec<LockInfo>, bool), ApiError> {
+    ) -> Result<Indexed<(Vec<LockInfo>, bool)>, ApiError> {
         let limit = if limit == 0 {
             LIST_PAGE
         } else {
             limit.min(LIST_PAGE)
         };
-        let mut locks: Vec<LockInfo> = self
-            .read_linearizable(|table| {
+        let Indexed {
+            value: mut locks,
+            index,
+        } = self
+            .read_indexed(|table| {
                 let page = table.locks_and_rw_after(after).take(limit + 1);
-                page.collect()
+                page.collect::<Vec<LockInfo>>()
             })
             .await?;
         let more = locks.len() > limit;
         locks.truncate(limit);
-        Ok((locks, more))
+        Ok(Indexed {
+            value: (locks, more),
+            index,
+        })
     }
 
     /// The kept audit trail of `lock`, oldest first.
