@@ -610,6 +610,10 @@ async fn the_rust_client_takes_permits_in_order_and_a_dropped_guard_frees_its_sl
     let state = client.semaphore_status("pool").await.unwrap().unwrap();
     let holders: Vec<u64> = state.holders.iter().map(|h| h.session_id).collect();
     assert_eq!(holders, [second.id(), third.id()], "{state:?}");
+    // One permit at a time is `semaphore`: the slot left.
+    let fourth = client.open_session(ttl).await.unwrap();
+    let last = fourth.semaphore("pool", 3).await.unwrap();
+    assert_eq!(slots(&last), [1]);
 }
 
 #[test]
@@ -803,16 +807,28 @@ async fn one_leader_at_a_time_and_the_next_candidate_takes_over_with_a_higher_te
         .unwrap();
     assert!(next > term, "term {next} after {term}");
 
-    // The Rust client: campaign, proclaim, resign.
-    let guard = other.campaign("scheduler", "rust").await.unwrap();
+    // The Rust client's election handle: campaign, proclaim, leader,
+    // observe, resign.
+    let election = client.election("scheduler");
+    let guard = election.campaign(&other, "rust").await.unwrap();
     assert!(guard.token() > next);
+    let mut changes = election.observe().await.unwrap();
     guard.proclaim("rust, proclaimed").await.unwrap();
-    let led = client.leader("scheduler").await.unwrap().leader.unwrap();
+    let led = election.leader().await.unwrap().leader.unwrap();
     assert_eq!(
         (led.term, led.value.as_str()),
         (guard.token(), "rust, proclaimed")
     );
-    guard.release().await.unwrap();
+    let term = guard.token();
+    guard.resign().await.unwrap();
+    // The observer's last word: nobody leads, after the proclaimed term.
+    loop {
+        let seen = changes.next().await.unwrap();
+        match seen.leader {
+            Some(leader) => assert_eq!(leader.term, term),
+            None => break,
+        }
+    }
     wait_for_leader(&endpoint, "scheduler", "no leader");
 }
 

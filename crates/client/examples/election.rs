@@ -13,7 +13,8 @@ use std::time::Duration;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = Client::connect(["http://127.0.0.1:7070"]).await?;
-    let mut changes = client.observe_leader("scheduler").await?;
+    let election = client.election("scheduler");
+    let mut changes = election.observe().await?;
     let observer = tokio::spawn(async move {
         for _ in 0..7 {
             match changes.next().await?.leader {
@@ -27,16 +28,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok::<_, deadbolt_client::Error>(())
     });
     let replicas = (0..3).map(|replica| {
-        let client = client.clone();
+        let (client, election) = (client.clone(), election.clone());
         tokio::spawn(async move {
             let session = client.open_session(Duration::from_secs(10)).await?;
             let address = format!("10.0.0.{replica}:8080");
             // Blocks, queued behind the candidates before it.
-            let leading = session.campaign("scheduler", "starting").await?;
+            let leading = election.campaign(&session, "starting").await?;
             leading.proclaim(&address).await?;
             // Work here fenced with `leading.token()`, the term.
             tokio::time::sleep(Duration::from_millis(300)).await;
-            leading.release().await?;
+            leading.resign().await?;
             session.close().await?;
             Ok::<_, deadbolt_client::Error>(())
         })

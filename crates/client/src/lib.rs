@@ -112,6 +112,7 @@ mod backoff;
 mod calls;
 mod client;
 mod clock;
+mod election;
 mod error;
 mod handle;
 mod http_get;
@@ -128,6 +129,7 @@ pub use deadbolt_proto::v1::{
     SetLimitsRequest, TableLimits, WatchEvent, WhoAmIResponse,
 };
 pub use deadbolt_proto::ErrorKind;
+pub use election::Election;
 pub use error::Error;
 pub use handle::SessionHandle;
 pub use lock::{LockGuard, RwMode};

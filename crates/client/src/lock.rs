@@ -82,6 +82,13 @@ impl LockGuard {
         self.session.proclaim(&self.lock, self.token, value).await
     }
 
+    /// Ends an election's leadership: the next candidate in line leads,
+    /// in a larger term. The same call as [`release`](Self::release), by
+    /// the name elections use.
+    pub async fn resign(self) -> Result<(), Error> {
+        self.release().await
+    }
+
     /// Releases the lock. An error of kind `StaleToken`, `NotHolder`,
     /// `UnknownSession` or `SessionExpiring` means the lock had already been
     /// lost, so whatever was done under it may have overlapped with another

@@ -502,6 +502,16 @@ impl Session {
             .await
     }
 
+    /// Takes one permit of the semaphore `semaphore` of `permits` permits
+    /// (created so if nobody holds or waits on it; 0: whatever capacity it
+    /// has), waiting in its FIFO queue for as long as it takes: at most
+    /// `permits` holders at once. The guard's token and
+    /// [`permits`](LockGuard::permits)`()[0].slot` fence the permit; see
+    /// [`acquire_permits`](Self::acquire_permits) for several at once.
+    pub async fn semaphore(&self, semaphore: &str, permits: u32) -> Result<LockGuard, Error> {
+        self.acquire_permits(semaphore, permits, 1).await
+    }
+
     /// Takes `count` permits of the semaphore `semaphore` (created with
     /// `capacity` permits if nobody holds or waits on it; capacity 0 takes
     /// the capacity of a semaphore that exists, such as a defined one: see
