@@ -13,7 +13,7 @@ mod servers;
 mod worker;
 
 use clap::{Parser, Subcommand};
-use deadbolt_checker::{checker, history, tally, watched};
+use deadbolt_checker::{checker, history, linearizable, tally, watched};
 
 #[derive(Parser)]
 #[command(

@@ -5,6 +5,7 @@
 
 use crate::checker::{check, Finals};
 use crate::history::{now, Accepted, Line, Op, Phase, Record};
+use crate::linearizable::check_linearizable;
 use crate::watched::check_watched;
 use crate::worker::http;
 use deadbolt_client::{AclGrant, Client, WatchEvent, WatchOptions};
@@ -194,6 +195,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         healed_at,
         LIVENESS_BOUND.as_nanos() as u64,
     );
+    violations.extend(check_linearizable(&history, &finals));
     let (watched, ended) = watch.finish(&finals.audit).await;
     println!("watch: {} events received across the faults", watched.len());
     violations.extend(check_watched(&finals.audit, &watched, ended.as_deref()));

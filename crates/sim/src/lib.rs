@@ -32,6 +32,7 @@ compile_error!(
 use cluster::SimCluster;
 use deadbolt_checker::checker::{check, Finals, Violation};
 use deadbolt_checker::history::{Accepted, Record};
+use deadbolt_checker::linearizable::check_linearizable;
 use deadbolt_proto::v1::{LockHistoryRequest, StoreGetRequest};
 use deadbolt_server::embedded::{seed_node_rng, SecretSource};
 use network::Fabric;
@@ -297,6 +298,7 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         healed_at,
         LIVENESS_BOUND.as_nanos() as u64,
     ));
+    violations.extend(check_linearizable(&records, &finals));
     SeedReport {
         seed,
         nodes,
