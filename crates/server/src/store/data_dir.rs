@@ -691,6 +691,10 @@ fn prepare_snapshots(db: &Database, instance: u128, disk: &dyn Disk) -> Result<(
 }
 
 #[cfg(test)]
+#[path = "data_dir/killed_migrations.rs"]
+mod killed_migrations;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
