@@ -392,7 +392,8 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
         if connections == 1 { "" } else { "s" }
     );
     let watchers = Watchers::start(endpoints, args.watchers).await?;
-    measure(args, contended, rounds.collect(), &over).await?;
+    let cpu = ServerCpu(clients[0].clone());
+    measure(args, contended, rounds.collect(), &over, Some(&cpu)).await?;
     watchers.report();
     for session in sessions {
         session.close().await?;
@@ -400,13 +401,32 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     filled.release().await
 }
 
+/// A Deadbolt server's CPU time, read from the `process_cpu_seconds_total`
+/// of the node a client talks to: divided by the operations a bench made,
+/// what each cost the server, a figure that holds on a noisy machine where
+/// throughput alone does not (issue 33).
+pub(crate) struct ServerCpu(pub(crate) Client);
+
+impl ServerCpu {
+    /// Seconds of CPU the node has used; `None` if its metrics say nothing
+    /// of it (an older server) or cannot be read.
+    async fn seconds(&self) -> Option<f64> {
+        let text = self.0.node_metrics().await.ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix("process_cpu_seconds_total "))
+            .and_then(|value| value.trim().parse().ok())
+    }
+}
+
 /// Runs one `round` per client in a loop (on its own lock, or all on one
-/// when `contended`), measures after the warm-up, and prints the figures.
+/// when `contended`), measures after the warm-up, and prints the figures
+/// (with `cpu`, also what each operation cost the server).
 pub(crate) async fn measure<F, Fut, E>(
     args: &BenchArgs,
     contended: bool,
     rounds: Vec<F>,
     over: &str,
+    cpu: Option<&ServerCpu>,
 ) -> Result<(), E>
 where
     F: FnMut(String) -> Fut + Send + 'static,
@@ -449,6 +469,10 @@ where
         }));
     }
     tokio::time::sleep(args.warmup).await;
+    let cpu_before = match cpu {
+        Some(cpu) => cpu.seconds().await,
+        None => None,
+    };
     measuring.store(true, Ordering::Relaxed);
     let started = Instant::now();
     let mut last_print = (started, 0);
@@ -465,6 +489,10 @@ where
     }
     done.store(true, Ordering::Relaxed);
     let elapsed = started.elapsed();
+    let cpu_after = match cpu {
+        Some(cpu) => cpu.seconds().await,
+        None => None,
+    };
     let mut all = histogram();
     let mut per_client = Vec::new();
     let mut tokens_ok = None;
@@ -503,6 +531,16 @@ where
     let sum_sq: f64 = per_client.iter().map(|&x| (x as f64).powi(2)).sum();
     let fairness = (total as f64).powi(2) / (per_client.len() as f64 * sum_sq).max(1.0);
     println!("  per-client grants: min {min}  max {max}  fairness (Jain) {fairness:.3}");
+    if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
+        let used = after - before;
+        let per = if contended { "grant" } else { "pair" };
+        println!(
+            "  server CPU: {:.0} µs per {per}, {:.0}% of a core (process_cpu_seconds_total of \
+             the node answering)",
+            used * 1e6 / total.max(1) as f64,
+            used * 100.0 / elapsed.as_secs_f64()
+        );
+    }
     println!(
         "  tokens strictly increasing per client: {}",
         match tokens_ok {

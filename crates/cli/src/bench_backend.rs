@@ -69,5 +69,5 @@ async fn loops(url: &str, args: &BenchArgs, contended: bool) -> Result<(), Error
         args.clients,
         locker.backend().label().name
     );
-    measure(args, contended, rounds, &over).await
+    measure(args, contended, rounds, &over, None).await
 }

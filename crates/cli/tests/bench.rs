@@ -1,5 +1,6 @@
 //! `deadbolt bench` against a real server: the loop workloads run, share
-//! connections when asked, and leave nothing held behind.
+//! connections when asked, say what each operation cost the server, and
+//! leave nothing held behind.
 
 mod common;
 
@@ -47,6 +48,26 @@ fn loop_workloads_report_rates_and_check_their_tokens() {
     assert!(
         uncontended.contains("tokens strictly increasing per client: yes"),
         "{uncontended}"
+    );
+    // What each pair cost the server, from its process_cpu_seconds_total:
+    // some, and no more than every core of this machine for the run.
+    let cpu_line = uncontended
+        .lines()
+        .find(|line| line.trim_start().starts_with("server CPU: "))
+        .unwrap_or_else(|| panic!("no server CPU line: {uncontended}"));
+    let per_pair: f64 = cpu_line
+        .trim_start()
+        .trim_start_matches("server CPU: ")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pairs = rate(&uncontended);
+    let cores = std::thread::available_parallelism().unwrap().get() as f64;
+    assert!(
+        per_pair > 0.0 && per_pair * pairs <= cores * 1e6 * 1.05,
+        "{per_pair} µs per pair at {pairs} pairs/s: {cpu_line}"
     );
 
     let contended = bench(&endpoint, "contended", "1");

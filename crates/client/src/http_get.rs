@@ -1,5 +1,5 @@
-//! Calls of the HTTP API that have no gRPC twin (`GET /v1/snapshot`), sent
-//! over the same channel as the gRPC calls.
+//! Calls of the HTTP API that have no gRPC twin (`GET /v1/snapshot`,
+//! `GET /metrics`), sent over the same channel as the gRPC calls.
 //!
 //! Why not a separate HTTP client: the server serves gRPC and HTTP on one
 //! port and tonic's channel is an HTTP/2 client already, with the
@@ -23,6 +23,20 @@ impl Client {
             get(channel, "/v1/snapshot", max_bytes)
         })
         .await
+    }
+
+    /// The Prometheus text of `GET /metrics` of the node this client talks
+    /// to now (after a call, the leader), for tools such as `deadbolt
+    /// bench` that read a figure of the server's from it.
+    pub async fn node_metrics(&self) -> Result<String, Error> {
+        /// Far above a node's scrape (a few hundred lines).
+        const MAX_METRICS_BYTES: u64 = 4 << 20;
+        let text = self
+            .call_over(Current::channel, (), |channel, ()| {
+                get(channel, "/metrics", MAX_METRICS_BYTES)
+            })
+            .await?;
+        Ok(String::from_utf8_lossy(&text).into_owned())
     }
 }
 

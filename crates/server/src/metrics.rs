@@ -50,6 +50,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Metric, Registry, Unit};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -207,6 +208,14 @@ pub struct Metrics {
     apply_lag: Gauge,
     queued_commands: Gauge,
     replication_lag: Family<PeerLabel, Gauge>,
+    /// The process's user and system CPU time (Prometheus's standard
+    /// `process_cpu_seconds_total`): what `deadbolt bench` divides by the
+    /// operations it made, CPU per operation being a figure that holds on
+    /// a noisy machine where throughput does not (docs/performance.md).
+    process_cpu: Counter<f64, AtomicU64>,
+    /// The CPU time already counted, in microseconds: a scrape adds what
+    /// has been used since.
+    process_cpu_counted_us: AtomicU64,
 }
 
 /// Registers `metric` and returns the handle to update it with.
@@ -527,6 +536,14 @@ impl Metrics {
                 None,
                 Family::default(),
             ),
+            process_cpu: register(
+                r,
+                "process_cpu",
+                "User and system CPU time this process has used",
+                seconds(),
+                Counter::default(),
+            ),
+            process_cpu_counted_us: AtomicU64::new(0),
             registry,
         }
     }
@@ -639,10 +656,24 @@ impl Metrics {
                 .set(gauge_value(u64::from(table.cluster_version().0)));
         }
         self.read_raft(raft);
+        self.count_process_cpu();
         let mut text = String::new();
         prometheus_text::encode(&mut text, &self.registry)
             .expect("writing to a String never fails");
         text
+    }
+
+    /// Adds the CPU time used since the last scrape to `process_cpu`
+    /// (the counter only goes up, and so does the process's CPU time).
+    fn count_process_cpu(&self) {
+        let time = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        let used = time.tv_sec as u64 * 1_000_000 + time.tv_nsec as u64 / 1_000;
+        let counted = self
+            .process_cpu_counted_us
+            .fetch_max(used, Ordering::Relaxed);
+        if used > counted {
+            self.process_cpu.inc_by((used - counted) as f64 / 1e6);
+        }
     }
 
     fn read_raft(&self, raft: &Raft) {
