@@ -13,8 +13,9 @@
 #      etcd3 (local 3-node clusters), redis (no persistence) and postgres: starts a fresh
 #      server, runs the workloads the 2026-11-29 results used (uncontended, then contended;
 #      warmup 1 s, ttl 10 s, hold 0, retry 5 ms) at each N of --clients, stops it;
-#   4. prints a markdown table: pairs/s and grants/s per backend and N, and the ratios issue 15
-#      sets goals in: Deadbolt / redis-aof-always, Deadbolt / etcd1, deadbolt3 / etcd3.
+#   4. prints a markdown table: pairs/s and grants/s per backend and N with the server's CPU per
+#      pair and per grant (its processes' CPU over the throughput), and the ratios issues 15 and
+#      33 set goals in: Deadbolt / redis-aof-always, Deadbolt / etcd1, deadbolt3 / etcd3.
 # Peers are started with lockbench's servers.sh (state in the scratch dir, stopped by PID).
 # Missing peer packages (and protobuf-compiler, which lockbench's etcd-client needs to build)
 # are installed with apt-get when running as root.
@@ -29,7 +30,7 @@
 #                           building this checkout: to measure an experiment's build
 set -euo pipefail
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 
 DUR=10
 N=16
@@ -388,30 +389,42 @@ def tput(label, w, n):
     r = runs.get((label, w, n))
     return r["throughput_per_s"] if r else None
 
+def cpu_us(label, w, n):
+    """The server's CPU per operation (pair or grant), in microseconds: its
+    processes' CPU share over the run (server_cpu_pct, of one core) divided
+    by the throughput. The figure issue 33 judges changes by: it holds on a
+    noisy machine where throughput alone does not."""
+    r = runs.get((label, w, n))
+    if not r or r.get("server_cpu_pct") is None or not r["throughput_per_s"]:
+        return None
+    return r["server_cpu_pct"] * 1e4 / r["throughput_per_s"]
+
 fmt = lambda v: f"{v:.0f}" if v is not None else "n/a"
 clients = sorted({n for (_, _, n) in runs})
 dur = next((r["duration_s"] for r in runs.values()), "?")
 print(f"{dur} s measured per run (+1 s warmup), one run each, same session; JSONL: {path}\n")
-print("| backend | N | uncontended pairs/s | contended grants/s | checks |")
-print("|---|---:|---:|---:|---|")
+print("| backend | N | uncontended pairs/s | server µs/pair | contended grants/s | server µs/grant | checks |")
+print("|---|---:|---:|---:|---:|---:|---|")
 for label in order:
     for n in clients:
         rs = [r for (l, _, rn), r in runs.items() if l == label and rn == n]
         note = checks(rs) if rs else "no result"
         if rs and len(rs) < 2:
             note += " (a run is missing)"
-        print(f"| {label} | {n} | {fmt(tput(label, 'uncontended', n))} | {fmt(tput(label, 'contended', n))} | {note} |")
+        print(f"| {label} | {n} | {fmt(tput(label, 'uncontended', n))} | {fmt(cpu_us(label, 'uncontended', n))} "
+              f"| {fmt(tput(label, 'contended', n))} | {fmt(cpu_us(label, 'contended', n))} | {note} |")
 
-def ratio(a, b, w, n):
-    x, y = tput(a, w, n), tput(b, w, n)
+def ratio(of, a, b, w, n):
+    x, y = of(a, w, n), of(b, w, n)
     return f"{x / y:.2f}x" if x is not None and y else "n/a"
 
 print()
-print("| ratio | N | uncontended | contended |")
-print("|---|---:|---:|---:|")
+print("| ratio | N | uncontended | contended | server CPU per pair | per grant |")
+print("|---|---:|---:|---:|---:|---:|")
 for a, b in [("deadbolt", "redis-aof-always"), ("deadbolt", "etcd1"), ("deadbolt3", "etcd3")]:
     if a in order and b in order:
         for n in clients:
-            print(f"| **{a} / {b}** | {n} | {ratio(a, b, 'uncontended', n)} | {ratio(a, b, 'contended', n)} |")
+            print(f"| **{a} / {b}** | {n} | {ratio(tput, a, b, 'uncontended', n)} | {ratio(tput, a, b, 'contended', n)} "
+                  f"| {ratio(cpu_us, a, b, 'uncontended', n)} | {ratio(cpu_us, a, b, 'contended', n)} |")
 PY
 say "results: $OUT  log: $LOG"

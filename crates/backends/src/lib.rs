@@ -92,7 +92,7 @@ impl fmt::Display for Token {
     }
 }
 
-/// An election's leader, as [`Session::leader`] reads it.
+/// An election's leader, as [`Locker::leader`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leader {
     /// What the leader proclaimed (or campaigned with).
