@@ -274,8 +274,9 @@ impl LockModel {
             .map_err(drop)
     }
 
-    /// The server handles a request (or a release).
-    fn serve(&self, state: &mut State, message: Message) {
+    /// A message arrives: at the server (a request, a release), the
+    /// resource (a write) or a client (an answer).
+    fn deliver(&self, state: &mut State, message: Message) {
         let term = state.server.term;
         let lease = state.now + self.ttl - self.rules.drift;
         match message {
@@ -553,7 +554,7 @@ impl Model for LockModel {
             Action::GiveUp(i) => state.clients[i].waiting = false,
             Action::Deliver(i) => {
                 let message = state.network.remove(i);
-                self.serve(&mut state, message);
+                self.deliver(&mut state, message);
             }
             Action::Drop(i) => {
                 state.network.remove(i);
