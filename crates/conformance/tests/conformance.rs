@@ -1,0 +1,104 @@
+//! Runs every scenario against every client whose driver is available:
+//! the Rust client always; Python when `DEADBOLT_PYTHON` names an
+//! interpreter with the `deadbolt` package installed (scripts/python-client.sh
+//! makes one); TypeScript when `DEADBOLT_NODE_CLIENT` names its built driver.
+//! With `DEADBOLT_REQUIRE_CLIENTS=1` (CI), a missing driver fails instead of
+//! skipping.
+
+use deadbolt_conformance::{scenarios, ClientUnderTest};
+use std::path::{Path, PathBuf};
+
+/// The `deadbolt` binary the servers run: `DEADBOLT_BIN`, or the one
+/// cargo built beside this package's driver.
+fn server_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("DEADBOLT_BIN") {
+        return bin.into();
+    }
+    let driver = Path::new(env!("CARGO_BIN_EXE_deadbolt-conformance-driver"));
+    let bin = driver.with_file_name("deadbolt");
+    assert!(
+        bin.exists(),
+        "no server binary at {}: build it first (cargo build -p deadbolt-cli), or set DEADBOLT_BIN",
+        bin.display()
+    );
+    bin
+}
+
+fn required() -> bool {
+    std::env::var("DEADBOLT_REQUIRE_CLIENTS").is_ok_and(|value| value == "1")
+}
+
+fn rust() -> Option<ClientUnderTest> {
+    Some(ClientUnderTest {
+        name: "rust".into(),
+        program: env!("CARGO_BIN_EXE_deadbolt-conformance-driver").into(),
+        args: Vec::new(),
+    })
+}
+
+fn python() -> Option<ClientUnderTest> {
+    let Some(python) = std::env::var_os("DEADBOLT_PYTHON") else {
+        assert!(
+            !required(),
+            "DEADBOLT_PYTHON is not set (scripts/python-client.sh sets it)"
+        );
+        eprintln!("skipped: DEADBOLT_PYTHON is not set (scripts/python-client.sh sets it)");
+        return None;
+    };
+    let driver =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/python/conformance/driver.py");
+    Some(ClientUnderTest {
+        name: "python".into(),
+        program: python.into(),
+        args: vec![driver.to_string_lossy().into_owned()],
+    })
+}
+
+macro_rules! scenario {
+    ($client:ident, $scenario:ident) => {
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $client() {
+                let Some(client) = super::$client() else {
+                    return;
+                };
+                let bin = super::server_bin();
+                let outcome = super::scenarios::$scenario(&client, &bin).await;
+                if let Err(error) = outcome {
+                    panic!("{} client: {error:#}", client.name);
+                }
+            }
+        }
+    };
+}
+
+macro_rules! every_scenario {
+    ($client:ident) => {
+        mod $client {
+            use super::*;
+            scenario!($client, tokens_grow);
+            scenario!($client, fifo_waiters);
+            scenario!($client, wait_timeout);
+            scenario!($client, renewal);
+            scenario!($client, leader_kill);
+            scenario!($client, bad_input);
+            scenario!($client, tls_and_identities);
+
+            /// Also prints the margin, for the record.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn lost_before_regrant() {
+                let Some(client) = $client() else { return };
+                match scenarios::lost_before_regrant(&client, &server_bin()).await {
+                    Ok(margin) => eprintln!(
+                        "{} client: lost fired {margin:?} before the frozen server's lease could end",
+                        client.name
+                    ),
+                    Err(error) => panic!("{} client: {error:#}", client.name),
+                }
+            }
+        }
+    };
+}
+
+every_scenario!(rust);
+every_scenario!(python);
