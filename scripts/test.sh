@@ -7,7 +7,9 @@
 # check with, scripts/backends.sh redis-server and etcd for the
 # crates/backends tests, and scripts/chromium.sh the headless Chromium and
 # chromedriver the dashboard tests drive (each installing Debian's package
-# first when run as root without it).
+# first when run as root without it); scripts/python-client.sh builds the
+# Python client's wheel into a virtualenv (from PyPI: setuptools, pytest,
+# mypy, ruff) for its own tests and the client conformance suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,11 +65,22 @@ stage "Chromium and chromedriver for the dashboard tests (scripts/chromium.sh)"
 chromium_env=$(scripts/chromium.sh)
 eval "$chromium_env"
 
+stage "the Python client: its wheel in a fresh virtualenv, ruff, mypy --strict (scripts/python-client.sh)"
+# Assigned first, as above, so that a failed setup stops the run.
+python_env=$(scripts/python-client.sh setup)
+eval "$python_env"
+# With the Python driver set up, the conformance suite (crates/conformance)
+# runs every scenario against it too; a client it cannot start fails.
+export DEADBOLT_REQUIRE_CLIENTS=1
+
 stage "cargo test"
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$test_log"
 # One closing line for the whole run (cargo prints one per test binary).
 awk '/^test result:/ { passed += $4; failed += $6 }
      END { printf "tests: %d passed, %d failed\n", passed, failed }' "$test_log"
+
+stage "the Python client's tests, against the installed wheel (scripts/python-client.sh test)"
+scripts/python-client.sh test
 
 stage "fault injection: a short nemesis run (scripts/nemesis.sh; longer runs: docs/safety.md)"
 scripts/nemesis.sh --debug --duration 20s --seed 1

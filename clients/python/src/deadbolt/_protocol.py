@@ -1,0 +1,323 @@
+"""The protocol rules every Deadbolt client keeps, free of any I/O.
+
+Why a module of its own: the synchronous client (urllib3 and threads) and
+any other transport must keep exactly the same rules, and rules mixed into
+transport code drift apart. What lives here:
+
+- durations as users write them (``"30s"``, ``"1m30s"``, ``timedelta``);
+- the lease clock (CLOCK_BOOTTIME, which keeps counting through a suspend,
+  unlike ``time.monotonic``) and the conservative lease deadline;
+- acquire ``attempt`` ids, strictly increasing, so the server can tell a
+  retry from the older request it replaces;
+- exponential backoff with full jitter, and which errors are worth a retry;
+- endpoints, and following a ``not_leader`` answer to the leader it names;
+- request bodies and the parsing of answers and errors.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Union
+
+from ._errors import DeadboltError, InvalidArgument, NotLeader, Overloaded, error_for
+
+Duration = Union[float, int, str, timedelta]
+"""A duration: seconds as a number, a ``timedelta``, or text such as
+``"30s"``, ``"500ms"``, ``"1m30s"``, ``"2h"``."""
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def seconds(duration: Duration, what: str = "duration") -> float:
+    """A duration in seconds; a clear ``InvalidArgument`` for anything else."""
+    if isinstance(duration, bool):
+        raise InvalidArgument(f"{what} must be a duration, not {duration!r}")
+    if isinstance(duration, timedelta):
+        value = duration.total_seconds()
+    elif isinstance(duration, (int, float)):
+        value = float(duration)
+    elif isinstance(duration, str):
+        text = duration.strip().replace(" ", "")
+        parts = _PART.findall(text)
+        if not text or "".join(n + u for n, u in parts) != text:
+            raise InvalidArgument(
+                f"{what} {duration!r} is not a duration: write it like 30s, 500ms, 1m30s or 2h"
+            )
+        value = sum(float(number) * _UNIT[unit] for number, unit in parts)
+    else:
+        raise InvalidArgument(f"{what} must be a duration, not {type(duration).__name__}")
+    if value < 0 or value != value:
+        raise InvalidArgument(f"{what} {duration!r} is negative")
+    return value
+
+
+def millis(duration_seconds: float) -> int:
+    return round(duration_seconds * 1000)
+
+
+_BOOTTIME = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def now() -> float:
+    """The clock lease deadlines are kept on: it keeps counting while the
+    machine is suspended (as the server's clock does for our suspend), so a
+    resumed client never believes in a lease the server already expired."""
+    if _BOOTTIME is not None:
+        return time.clock_gettime(_BOOTTIME)
+    return time.monotonic()
+
+
+def renewed_deadline(current: float, sent: float, granted: float) -> float:
+    """The lease deadline after a keepalive sent at ``sent`` was granted
+    ``granted`` seconds. The server counts from when it received the
+    keepalive, which is no earlier than ``sent``; and it never shortens a
+    lease, so neither does this."""
+    return max(current, sent + granted)
+
+
+_attempt_lock = threading.Lock()
+_last_attempt = 0
+
+
+def next_attempt() -> int:
+    """A fresh acquire attempt id: microseconds of wall-clock time, strictly
+    increasing within the process. Every send gets a new one, retries
+    included: the server gives back a grant whose caller went away unless a
+    later attempt of the same session took over."""
+    global _last_attempt
+    with _attempt_lock:
+        _last_attempt = max(_last_attempt + 1, int(time.time() * 1_000_000))
+        return _last_attempt
+
+
+BACKOFF_BASE = 0.05
+"""First retry ceiling: short, because a leader change usually settles fast."""
+BACKOFF_CAP = 1.0
+"""Longest delay between retries, so recovery is noticed within a second."""
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter: every client of a failed-over
+    server retries at about the same moment, and a delay drawn uniformly from
+    zero to the exponential ceiling spreads them out."""
+
+    base: float = BACKOFF_BASE
+    cap: float = BACKOFF_CAP
+    attempt: int = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.cap, self.base * (2 ** min(self.attempt, 32)))
+        self.attempt += 1
+        return random.uniform(0.0, ceiling)
+
+
+def is_transient(error: DeadboltError) -> bool:
+    """Worth repeating as is after a backoff: the server could not be
+    reached, was not the one to answer, or was too busy (nothing was done,
+    or an idempotent request did the same thing)."""
+    return error.kind in ("unavailable", "not_leader", "overloaded")
+
+
+def ends_session(error: DeadboltError) -> bool:
+    """The server has no live session by that id: every lock it held is gone."""
+    return error.kind in ("unknown_session", "session_expiring")
+
+
+@dataclass
+class Endpoints:
+    """The servers a client knows, and the one it talks to now. A follower
+    names the leader in its ``not_leader`` answer; the client goes there
+    (and remembers it) instead of guessing."""
+
+    urls: list[str]
+    current: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @staticmethod
+    def parse(endpoints: str | list[str] | tuple[str, ...], tls: bool) -> Endpoints:
+        items = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        urls = []
+        for item in items:
+            for part in item.split(","):
+                part = part.strip().rstrip("/")
+                if part:
+                    urls.append(normalize(part, tls))
+        if not urls:
+            raise InvalidArgument("no Deadbolt server endpoint given")
+        return Endpoints(urls)
+
+    def url(self) -> str:
+        with self._lock:
+            return self.urls[self.current]
+
+    def failed(self, url: str, error: DeadboltError) -> None:
+        """Moves on after ``error`` from ``url``: to the leader it named, or
+        to the next endpoint."""
+        with self._lock:
+            if self.urls[self.current] != url:
+                return  # another thread moved on already
+            if isinstance(error, NotLeader) and error.leader:
+                scheme = url.split("://", 1)[0]
+                leader = f"{scheme}://{error.leader}"
+                if leader not in self.urls:
+                    self.urls.append(leader)
+                self.current = self.urls.index(leader)
+            elif error.kind in ("unavailable", "not_leader"):
+                self.current = (self.current + 1) % len(self.urls)
+
+
+def normalize(endpoint: str, tls: bool) -> str:
+    """``host:port`` means ``http://host:port`` (``https`` with TLS), and a
+    bare host port 7070, as for the Rust client and the CLI."""
+    if "://" not in endpoint:
+        scheme = "https" if tls else "http"
+        endpoint = f"{scheme}://{endpoint}"
+    scheme, rest = endpoint.split("://", 1)
+    if scheme not in ("http", "https"):
+        raise InvalidArgument(f"endpoint {endpoint!r}: use http:// or https://")
+    host = rest.split("/", 1)[0]
+    if ":" not in host.rsplit("]", 1)[-1]:
+        host = f"{host}:7070"
+    return f"{scheme}://{host}"
+
+
+def parse_answer(status: int, body: bytes, retry_after: str | None) -> dict[str, Any]:
+    """An answer's JSON object, or the exception its error names."""
+    try:
+        decoded = json.loads(body) if body else {}
+    except ValueError:
+        decoded = None
+    if not isinstance(decoded, dict):
+        text = body[:200].decode("utf-8", "replace")
+        raise error_for(
+            "unavailable" if status in (502, 503, 504) else "internal",
+            f"unexpected reply (HTTP {status}), not from a Deadbolt server? {text!r}",
+        )
+    error = decoded.get("error")
+    if isinstance(error, dict):
+        kind = str(error.get("kind", "internal"))
+        message = str(error.get("message", kind))
+        leader = error.get("leader")
+        after: float | None = None
+        if retry_after is not None:
+            try:
+                after = float(retry_after)
+            except ValueError:
+                after = None
+        raise error_for(
+            kind,
+            message,
+            leader=leader if isinstance(leader, str) else None,
+            retry_after=after,
+        )
+    if status >= 400:
+        raise error_for("internal", f"HTTP {status} without an error description")
+    return decoded
+
+
+def overloaded_delay(error: DeadboltError, backoff: Backoff) -> float:
+    """The pause before retrying ``error``: the jittered backoff, or, for an
+    overloaded server, a draw up to its ``Retry-After`` when that is longer:
+    jittered too, so refused callers come back spread out, not at once."""
+    delay = backoff.next_delay()
+    if isinstance(error, Overloaded) and error.retry_after:
+        delay = max(delay, random.uniform(0.0, error.retry_after))
+    return delay
+
+
+@dataclass(frozen=True)
+class SessionHandle:
+    """A session's id and secret: together, what it takes to act on the
+    session. The id is public (status shows it); the secret is not, and
+    ``repr`` leaves it out. ``str`` gives the CLI's ``ID.SECRET`` form."""
+
+    id: int
+    secret: str = field(repr=False)
+
+    def __str__(self) -> str:
+        return f"{self.id}.{self.secret}"
+
+    @staticmethod
+    def parse(text: str) -> SessionHandle:
+        number, _, secret = text.partition(".")
+        if not number.isdigit() or not secret:
+            raise InvalidArgument(f"{text!r} is not a session handle (ID.SECRET)")
+        return SessionHandle(int(number), secret)
+
+    def fields(self) -> dict[str, Any]:
+        return {"session_id": self.id, "session_secret": self.secret}
+
+
+@dataclass(frozen=True)
+class LockStatus:
+    """Who holds a lock, with which token, and who waits, in queue order."""
+
+    name: str
+    holder: int
+    token: int
+    waiters: tuple[int, ...]
+    index: int
+    """The log index of the state read: a watch after it follows on from it."""
+
+    @staticmethod
+    def parse(answer: dict[str, Any]) -> LockStatus | None:
+        state = answer.get("state")
+        if not state:
+            return None
+        return LockStatus.of_state(state, int(answer.get("index", 0)))
+
+    @staticmethod
+    def of_state(state: dict[str, Any], index: int) -> LockStatus:
+        return LockStatus(
+            name=str(state.get("lock", "")),
+            holder=int(state.get("holder_session_id", 0)),
+            token=int(state.get("token", 0)),
+            waiters=tuple(int(w) for w in state.get("waiter_session_ids", [])),
+            index=index,
+        )
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A key of the fenced store: its value (``None`` if it has none) and its
+    fence, the highest token it has accepted."""
+
+    value: str | None
+    fence: int
+
+    @staticmethod
+    def parse(answer: dict[str, Any]) -> Stored:
+        found = bool(answer.get("found", False))
+        return Stored(str(answer.get("value", "")) if found else None, int(answer.get("fence", 0)))
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One change of a lock: ``what`` is granted, released, closed, expired,
+    abandoned or delayed; ``at_ms`` the leader's wall clock, for people."""
+
+    seq: int
+    at_ms: int
+    session_id: int
+    token: int
+    what: str
+    identity: str
+
+    @staticmethod
+    def parse(entry: dict[str, Any]) -> AuditEntry:
+        return AuditEntry(
+            seq=int(entry.get("seq", 0)),
+            at_ms=int(entry.get("at_ms", 0)),
+            session_id=int(entry.get("session_id", 0)),
+            token=int(entry.get("token", 0)),
+            what=str(entry.get("what", "")),
+            identity=str(entry.get("identity", "")),
+        )

@@ -1,0 +1,679 @@
+"""The synchronous client: ``Client``, ``Session`` (a lease kept alive by a
+watchdog thread) and ``Guard`` (a held lock and its fencing token).
+
+Why threads and urllib3: a lease must be renewed while the caller's code
+runs, whatever it does, so the watchdog cannot wait for the caller; and
+urllib3 is thread-safe, pools connections, and costs a third of the CPU
+per call that httpx does. The rules themselves live in ``_protocol``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from typing import Any, Callable, TypeVar
+
+import urllib3
+
+from ._errors import (
+    DeadboltError,
+    InvalidArgument,
+    LeaseLost,
+    LockBusy,
+    NotHolder,
+    Unavailable,
+    UnknownSession,
+    WaitTimeout,
+)
+from ._protocol import (
+    AuditEntry,
+    Backoff,
+    Duration,
+    Endpoints,
+    LockStatus,
+    SessionHandle,
+    Stored,
+    ends_session,
+    is_transient,
+    millis,
+    next_attempt,
+    now,
+    overloaded_delay,
+    parse_answer,
+    renewed_deadline,
+    seconds,
+)
+
+T = TypeVar("T")
+
+CALL_TIMEOUT = 10.0
+"""How long a call that does not wait on a lock may take before it counts as
+unanswered (and, where safe, is retried elsewhere)."""
+
+CONNECT_TIMEOUT = 2.0
+
+CLEAN_UP_DELAY = 1.0
+"""How long after an acquire is abandoned its clean-up looks for a grant."""
+
+
+class Client:
+    """A connection to a Deadbolt cluster. Thread-safe; share one per process.
+
+    ``endpoints`` is one URL or several (``"http://10.0.0.1:7070"``, or a bare
+    ``host:port``); one node is enough (a follower's answers point at the
+    leader), all of them let the client in while one is down. With ``ca``
+    (a PEM file), ``https`` is verified against it; ``cert`` and ``key`` are a
+    client certificate for mutual TLS; ``token`` is a bearer token from
+    ``deadbolt acl token create``.
+
+    >>> client = Client("http://127.0.0.1:7070")
+    >>> with client.lock("invoice-981", ttl="30s", timeout="5s") as guard:
+    ...     write_invoice(fencing_token=guard.token)
+    """
+
+    def __init__(
+        self,
+        endpoints: str | list[str] | tuple[str, ...] = "http://127.0.0.1:7070",
+        *,
+        ca: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        token: str | None = None,
+        max_connections: int = 32,
+    ) -> None:
+        tls = ca is not None or cert is not None
+        self._endpoints = Endpoints.parse(endpoints, tls)
+        headers = {"content-type": "application/json"}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        self._pool = urllib3.PoolManager(
+            num_pools=8,
+            maxsize=max_connections,
+            headers=headers,
+            ca_certs=ca,
+            cert_file=cert,
+            key_file=key,
+            retries=False,
+        )
+
+    # ---- plumbing -------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        wait: float | None = CALL_TIMEOUT,
+    ) -> dict[str, Any]:
+        """One request to the current endpoint. On failure, the endpoint is
+        moved on (to the leader a follower names) before raising."""
+        url = self._endpoints.url()
+        try:
+            response = self._pool.request(
+                method,
+                url + path,
+                body=None if body is None else json.dumps(body).encode(),
+                timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=wait),
+            )
+            answer = parse_answer(
+                response.status, response.data, response.headers.get("retry-after")
+            )
+        except urllib3.exceptions.HTTPError as error:
+            failure = Unavailable(f"could not reach the Deadbolt server at {url}: {error}")
+            self._endpoints.failed(url, failure)
+            raise failure from None
+        except DeadboltError as error:
+            self._endpoints.failed(url, error)
+            raise
+        return answer
+
+    def _retrying(
+        self,
+        request: Callable[[], T],
+        *,
+        give_up: float | None = None,
+        lost: Callable[[], DeadboltError | None] | None = None,
+    ) -> T:
+        """Repeats an idempotent request while the server is unreachable,
+        not the leader, or overloaded, with jittered backoff: until
+        ``give_up`` (a ``now()`` instant), or while ``lost`` says the lease
+        holds. A request that cannot be retried safely is not sent here."""
+        backoff = Backoff()
+        while True:
+            if lost is not None and (ended := lost()) is not None:
+                raise ended
+            try:
+                return request()
+            except DeadboltError as error:
+                if not is_transient(error):
+                    raise
+                delay = overloaded_delay(error, backoff)
+                if give_up is not None and now() + delay >= give_up:
+                    raise
+            time.sleep(delay)
+
+    def _once_around(self, request: Callable[[], T]) -> T:
+        """A request that is not safe to repeat blindly (opening a session):
+        tried on each endpoint in turn (and at a leader a follower names),
+        never twice where it may have been applied."""
+        tries = len(self._endpoints.urls) + 2
+        while True:
+            tries -= 1
+            try:
+                return request()
+            except DeadboltError as error:
+                if error.kind not in ("unavailable", "not_leader") or tries <= 0:
+                    raise
+                time.sleep(Backoff(attempt=2).next_delay())
+
+    # ---- sessions and locks ----------------------------------------------
+
+    def session(self, ttl: Duration = "30s", *, margin: Duration | None = None) -> Session:
+        """Opens a session: a lease, renewed every third of ``ttl`` by a
+        watchdog thread. Its ``lost`` event is set ``margin`` before the
+        lease could end unrenewed (default: a tenth of the TTL, at most 2s),
+        so work can stop in time. Close it (or use ``with``) when done."""
+        ttl_seconds = seconds(ttl, "ttl")
+        margin_seconds = min(ttl_seconds / 10, 2.0) if margin is None else seconds(margin, "margin")
+        sent = now()
+        answer = self._once_around(
+            lambda: self._send("POST", "/v1/session/open", {"ttl_ms": millis(ttl_seconds)})
+        )
+        handle = SessionHandle(int(answer["session_id"]), str(answer["session_secret"]))
+        granted = int(answer.get("ttl_ms", millis(ttl_seconds))) / 1000
+        return Session(self, handle, granted, sent, margin_seconds)
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: Duration = "30s",
+        timeout: Duration | None = None,
+        margin: Duration | None = None,
+    ) -> Guard:
+        """Takes ``name`` in a session of its own, waiting in FIFO order for
+        at most ``timeout`` (forever without one; ``WaitTimeout`` after it).
+        Releasing the guard (leaving its ``with`` block) closes the session.
+        If the lock is not acquired, this raises: a ``with`` body never runs
+        without the lock."""
+        session = self.session(ttl, margin=margin)
+        try:
+            guard = session.lock(name, timeout=timeout)
+        except BaseException:
+            session.close()
+            raise
+        guard._owns_session = True
+        return guard
+
+    def try_lock(
+        self, name: str, *, ttl: Duration = "30s", margin: Duration | None = None
+    ) -> Guard | None:
+        """Takes ``name`` if it is free, in a session of its own; ``None`` if
+        another session holds it."""
+        session = self.session(ttl, margin=margin)
+        try:
+            guard = session.try_lock(name)
+        except BaseException:
+            session.close()
+            raise
+        if guard is None:
+            session.close()
+            return None
+        guard._owns_session = True
+        return guard
+
+    def locked(
+        self, name: str, *, ttl: Duration = "30s", timeout: Duration | None = None
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """A decorator: the function runs under the lock, taken for each
+        call. If the lease is lost while it runs, ``LeaseLost`` is raised
+        when it returns (check ``current_guard().lost`` to stop early)."""
+
+        def decorate(function: Callable[..., T]) -> Callable[..., T]:
+            def run(*args: Any, **kwargs: Any) -> T:
+                with self.lock(name, ttl=ttl, timeout=timeout):
+                    return function(*args, **kwargs)
+
+            run.__name__ = getattr(function, "__name__", "locked")
+            run.__doc__ = function.__doc__
+            return run
+
+        return decorate
+
+    def status(self, name: str) -> LockStatus | None:
+        """Who holds ``name`` (and who waits); ``None`` when nobody holds it.
+        A linearizable read through the leader."""
+        return LockStatus.parse(self._read("/v1/lock/status?" + _query(lock=name)))
+
+    def check(self, name: str, token: int) -> bool:
+        """Whether ``token`` is the current grant of ``name``: for a resource
+        that cannot keep its own highest-token record."""
+        answer = self._read("/v1/lock/check?" + _query(lock=name, token=token))
+        return bool(answer.get("current", False))
+
+    def locks(self) -> list[LockStatus]:
+        """Every held lock, in name order (read page by page)."""
+        held: list[LockStatus] = []
+        after = ""
+        while True:
+            query = _query(limit=200, after=after) if after else _query(limit=200)
+            answer = self._read("/v1/locks?" + query)
+            index = int(answer.get("index", 0))
+            page = [LockStatus.of_state(state, index) for state in answer.get("locks", [])]
+            held.extend(page)
+            if not answer.get("more") or not page:
+                return held
+            after = page[-1].name
+
+    def history(self, name: str) -> list[AuditEntry]:
+        """The recent grants and releases of ``name``, oldest first."""
+        answer = self._read("/v1/lock/history?" + _query(lock=name))
+        return [AuditEntry.parse(entry) for entry in answer.get("entries", [])]
+
+    def put(self, key: str, value: str, token: int, *, lock: str | None = None) -> int:
+        """Writes ``value`` to the fenced store's ``key``, unless ``token`` is
+        below the key's fence (``StaleToken``); with ``lock``, ``token`` must
+        also be that lock's current grant. Returns the key's new fence.
+        Repeating a write with the same token does the same thing, so it is
+        retried through leader changes."""
+        body: dict[str, Any] = {"key": key, "value": value, "token": token}
+        if lock is not None:
+            body["lock"] = lock
+        return int(self._write("/v1/store/put", body).get("fence", 0))
+
+    def get(self, key: str, *, token: int | None = None, lock: str | None = None) -> Stored:
+        """Reads ``key``. With ``token``, a fenced read: it raises the key's
+        fence to ``token`` first, so no older holder can write after it."""
+        if token is None and lock is None:
+            return Stored.parse(self._read("/v1/store/get?" + _query(key=key)))
+        body: dict[str, Any] = {"key": key}
+        if token is not None:
+            body["token"] = token
+        if lock is not None:
+            body["lock"] = lock
+        return Stored.parse(self._write("/v1/store/get", body))
+
+    def delete(self, key: str, token: int) -> bool:
+        """Deletes ``key`` (fenced as ``put``); whether it had a value."""
+        answer = self._write("/v1/store/delete", {"key": key, "token": token})
+        return bool(answer.get("existed", False))
+
+    def _read(self, path: str) -> dict[str, Any]:
+        return self._retrying(lambda: self._send("GET", path), give_up=now() + CALL_TIMEOUT)
+
+    def _write(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._retrying(lambda: self._send("POST", path, body), give_up=now() + CALL_TIMEOUT)
+
+    def keep_alive(self, handle: SessionHandle) -> float:
+        """A raw keepalive of someone's session, by its handle; the TTL
+        granted, in seconds. ``Session`` does this by itself."""
+        answer = self._send("POST", "/v1/session/keepalive", handle.fields())
+        return int(answer.get("ttl_ms", 0)) / 1000
+
+    def close(self) -> None:
+        """Closes the connection pool."""
+        self._pool.clear()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _query(**fields: str | int) -> str:
+    from urllib.parse import urlencode
+
+    return urlencode(fields)
+
+
+class Session:
+    """A lease on the server. Every lock taken in it lasts only as long as
+    the lease, which a watchdog thread renews every third of the TTL.
+
+    The server counts a lease from when it *receives* a keepalive; the client
+    can only know when it *sent* one. Counting from the send time gives a
+    deadline that is never later than the server's, so while the client
+    believes it holds the lease, it does (clock drift aside).
+    """
+
+    def __init__(
+        self, client: Client, handle: SessionHandle, ttl: float, opened: float, margin: float
+    ) -> None:
+        self._client = client
+        self.handle = handle
+        self.ttl = ttl
+        self.margin = margin
+        self._changed = threading.Condition()
+        self._deadline = opened + ttl
+        self._ended: DeadboltError | None = None
+        self._in_use: set[str] = set()
+        self.lost = threading.Event()
+        """Set once the lease is within ``margin`` of running out unrenewed,
+        was ended by the server, or the session was closed: from then on,
+        another client may be granted this session's locks."""
+        for target, name in ((self._watchdog, "keepalive"), (self._alarm, "lease-alarm")):
+            threading.Thread(
+                target=target, name=f"deadbolt-session-{handle.id}-{name}", daemon=True
+            ).start()
+
+    @property
+    def id(self) -> int:
+        """The server's id for this session (public: status shows it)."""
+        return self.handle.id
+
+    @property
+    def deadline(self) -> float:
+        """The latest instant (on ``deadbolt._protocol.now()``'s clock) the
+        lease is certain to last until."""
+        with self._changed:
+            return self._deadline
+
+    def lost_reason(self, margin: float = 0.0) -> DeadboltError | None:
+        """Why the lease can no longer be trusted ``margin`` seconds ahead,
+        or ``None`` while it can."""
+        with self._changed:
+            if self._ended is not None:
+                return self._ended
+            if now() >= self._deadline - margin:
+                return LeaseLost(
+                    f"session {self.id} lost its lease: it could not be renewed in time"
+                )
+        return None
+
+    def wait_lost(
+        self, margin: Duration = 0.0, timeout: Duration | None = None
+    ) -> DeadboltError | None:
+        """Blocks until the lease is lost, or within ``margin`` of running out
+        with no renewal moving it; returns why (``None`` if ``timeout`` ran
+        out first)."""
+        margin_s = seconds(margin, "margin")
+        give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        with self._changed:
+            while True:
+                reason = self.lost_reason(margin_s)
+                if reason is not None:
+                    return reason
+                wake = self._deadline - margin_s
+                if give_up is not None:
+                    if now() >= give_up:
+                        return None
+                    wake = min(wake, give_up)
+                # Now and then even before the alarm: a suspend delays
+                # timers, not the lease.
+                self._changed.wait(timeout=min(max(wake - now(), 0.0), 1.0))
+
+    def _end(self, reason: DeadboltError) -> None:
+        with self._changed:
+            if self._ended is None:
+                self._ended = reason
+            self._changed.notify_all()
+        self.lost.set()
+
+    def _watchdog(self) -> None:
+        interval = self.ttl / 3
+        last_sent = self._deadline - self.ttl
+        while True:
+            with self._changed:
+                while self._ended is None and now() < last_sent + interval:
+                    self._changed.wait(timeout=last_sent + interval - now())
+                if self._ended is not None:
+                    return
+                deadline = self._deadline
+            sent = now()
+            try:
+                granted = self._renew(deadline, interval)
+            except DeadboltError as error:
+                if ends_session(error):
+                    self._end(error)
+                else:
+                    self._end(
+                        LeaseLost(
+                            f"session {self.id} lost its lease: it could not be renewed "
+                            f"in time ({error})"
+                        )
+                    )
+                    self._close_quietly(interval)
+                return
+            with self._changed:
+                last_sent = sent
+                self._deadline = renewed_deadline(self._deadline, sent, granted)
+                self._changed.notify_all()
+
+    def _renew(self, deadline: float, interval: float) -> float:
+        """Keepalives, retried with backoff while the lease lasts; each
+        attempt that hangs is abandoned after ``interval``. Returns the TTL
+        granted to the last attempt, whose send time the caller took."""
+        backoff = Backoff()
+        while True:
+            try:
+                answer = self._client._send(
+                    "POST",
+                    "/v1/session/keepalive",
+                    self.handle.fields(),
+                    wait=max(min(interval, deadline - now()), 0.001),
+                )
+                return int(answer.get("ttl_ms", 0)) / 1000
+            except DeadboltError as error:
+                if ends_session(error):
+                    raise
+                delay = overloaded_delay(error, backoff)
+                if now() + delay >= deadline:
+                    raise
+                time.sleep(delay)
+
+    def _alarm(self) -> None:
+        """Sets ``lost`` when the lease comes within the margin of its end."""
+        self.wait_lost(self.margin)
+        self.lost.set()
+
+    def _lease_error(self) -> DeadboltError | None:
+        return self.lost_reason(0.0)
+
+    # ---- locks --------------------------------------------------------------
+
+    def lock(self, name: str, *, timeout: Duration | None = None) -> Guard:
+        """Takes ``name``, waiting in its FIFO queue for at most ``timeout``
+        (``WaitTimeout`` after it; forever without one). Retries while the
+        server is unreachable or changing leader, for as long as the lease
+        lasts: acquire is idempotent, and each retry asks the server to wait
+        only for what is left of the timeout."""
+        return self._acquire(name, wait=True, timeout=timeout)
+
+    def try_lock(self, name: str) -> Guard | None:
+        """Takes ``name`` if it is free; ``None`` if another session holds it."""
+        try:
+            return self._acquire(name, wait=False, timeout=None)
+        except LockBusy:
+            return None
+
+    def queue_position(self, name: str) -> int | None:
+        """This session's place in ``name``'s queue (0 is next), or ``None``
+        if it is not waiting: for showing progress while ``lock`` waits in
+        another thread."""
+        status = self._client.status(name)
+        if status is None or self.id not in status.waiters:
+            return None
+        return status.waiters.index(self.id)
+
+    def _acquire(self, name: str, *, wait: bool, timeout: Duration | None) -> Guard:
+        if not isinstance(name, str):
+            raise InvalidArgument(f"a lock name is text, not {type(name).__name__}")
+        give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        with self._changed:
+            if name in self._in_use:
+                raise InvalidArgument(
+                    f"lock {name!r} is already held or being acquired through session "
+                    f"{self.id}; use one session per holder"
+                )
+            self._in_use.add(name)
+
+        def send() -> dict[str, Any]:
+            body: dict[str, Any] = {**self.handle.fields(), "lock": name, "wait": wait}
+            read_timeout: float | None = CALL_TIMEOUT
+            if wait:
+                body["attempt"] = next_attempt()
+                read_timeout = None
+                if give_up is not None:
+                    left = max(give_up - now(), 0.0)
+                    body["timeout_ms"] = millis(left)
+                    read_timeout = left + CALL_TIMEOUT
+            return self._client._send("POST", "/v1/lock/acquire", body, wait=read_timeout)
+
+        try:
+            answer = self._client._retrying(send, give_up=give_up, lost=self._lease_error)
+        except DeadboltError as error:
+            self._forget(name)
+            if is_transient(error) and give_up is not None:
+                raise WaitTimeout(
+                    f"timed out waiting for lock {name!r} (last error: {error})"
+                ) from None
+            raise
+        except BaseException:
+            # Interrupted mid-wait (KeyboardInterrupt, a signal handler): the
+            # server may grant the lock in a reply nobody reads. It gives back
+            # what it had not answered when the connection closed; a moment
+            # later, release what it answered as we left.
+            self._clean_up_abandoned(name)
+            raise
+        # An answer that arrives as the lease ends cannot be relied on.
+        lost = self._lease_error()
+        if lost is not None:
+            self._forget(name)
+            raise lost
+        return Guard(self, name, int(answer["token"]))
+
+    def _forget(self, name: str) -> None:
+        with self._changed:
+            self._in_use.discard(name)
+
+    def _clean_up_abandoned(self, name: str) -> None:
+        def clean_up() -> None:
+            time.sleep(CLEAN_UP_DELAY)
+            try:
+                status = self._client.status(name)
+                if status is not None and status.holder == self.id and not self.lost.is_set():
+                    self._release(name, status.token)
+            except DeadboltError:
+                pass  # the server gives it back after its grace period
+            finally:
+                self._forget(name)
+
+        threading.Thread(target=clean_up, daemon=True).start()
+
+    def _release(self, name: str, token: int) -> None:
+        maybe_applied = False
+
+        def send() -> dict[str, Any]:
+            nonlocal maybe_applied
+            try:
+                return self._client._send(
+                    "POST",
+                    "/v1/lock/release",
+                    {**self.handle.fields(), "lock": name, "token": token},
+                )
+            except NotHolder:
+                # A live session holds its locks until it releases them, so
+                # "not holder" after a lost reply means that release went through.
+                if maybe_applied:
+                    return {}
+                raise
+            except Unavailable:
+                maybe_applied = True
+                raise
+
+        try:
+            self._client._retrying(send, lost=self._lease_error)
+        finally:
+            self._forget(name)
+
+    def close(self) -> None:
+        """Stops renewing and ends the session on the server, which releases
+        every lock it holds. Past the lease's end the server does it anyway."""
+        with self._changed:
+            if self._ended is not None:
+                return  # closed already, or over (an expired lease's watchdog closed it)
+            self._ended = UnknownSession(f"session {self.id} is closed")
+            self._changed.notify_all()
+        self.lost.set()
+        self._close_quietly(max(self._deadline - now(), 1.0))
+
+    def _close_quietly(self, within: float) -> None:
+        give_up = now() + within
+        # Best effort: if it fails, the lease ends by itself.
+        with contextlib.suppress(DeadboltError):
+            self._client._retrying(
+                lambda: self._client._send("POST", "/v1/session/close", self.handle.fields()),
+                give_up=give_up,
+            )
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Session(id={self.id}, ttl={self.ttl}s)"
+
+
+class Guard:
+    """A held lock and its fencing token. Pass ``token`` to whatever the lock
+    protects, and have it refuse tokens lower than the highest it has seen.
+
+    The owner is this object, not a thread: hand it to another thread or
+    keep it across calls as you like. Leaving its ``with`` block releases
+    it, exceptions included; if the lease was lost while the block ran, that
+    raises ``LeaseLost`` (unless the block already raised)."""
+
+    def __init__(self, session: Session, name: str, token: int) -> None:
+        self.session = session
+        self.name = name
+        self.token = token
+        self._owns_session = False
+        self._released = False
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set once the lease can no longer be trusted (see ``Session.lost``)."""
+        return self.session.lost
+
+    def release(self) -> None:
+        """Releases the lock (and closes the session ``Client.lock`` opened for
+        it). Raises ``LeaseLost`` if the lease was already gone, since the
+        lock may then have been someone else's for a while."""
+        if self._released:
+            return
+        self._released = True
+        try:
+            self.session._release(self.name, self.token)
+        finally:
+            if self._owns_session:
+                self.session.close()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        # Read before releasing: closing the session sets it too.
+        lost_during = self.lost.is_set()
+        release_error: DeadboltError | None = None
+        try:
+            self.release()
+        except DeadboltError as error:
+            release_error = error
+        if exc_type is not None:
+            return  # the block's own exception says more
+        if lost_during:
+            raise LeaseLost(
+                f"the lease of lock {self.name!r} (token {self.token}) could no longer be "
+                f"trusted while the block ran: stop work when guard.lost is set"
+            ) from release_error
+        if release_error is not None:
+            raise release_error
+
+    def __repr__(self) -> str:
+        return f"Guard(name={self.name!r}, token={self.token}, session={self.session.id})"

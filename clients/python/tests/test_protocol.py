@@ -1,0 +1,109 @@
+"""The protocol rules, without a server."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+import deadbolt
+from deadbolt import _protocol as protocol
+from deadbolt._errors import _BY_KIND, error_for
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30s", 30.0),
+        ("500ms", 0.5),
+        ("1m30s", 90.0),
+        ("2h", 7200.0),
+        ("1.5s", 1.5),
+        ("1d", 86400.0),
+    ],
+)
+def test_durations_read_as_people_write_them(text: str, expected: float) -> None:
+    assert protocol.seconds(text) == expected
+
+
+def test_durations_also_take_numbers_and_timedeltas() -> None:
+    assert protocol.seconds(2) == 2.0
+    assert protocol.seconds(timedelta(milliseconds=250)) == 0.25
+
+
+@pytest.mark.parametrize("bad", ["", "30", "thirty seconds", "5x", "-1s", True, None])
+def test_a_bad_duration_is_refused_saying_how_to_write_one(bad: object) -> None:
+    with pytest.raises(deadbolt.InvalidArgument):
+        protocol.seconds(bad)  # type: ignore[arg-type]
+
+
+def test_renewal_counts_from_the_send_time_and_never_shortens_the_lease() -> None:
+    assert protocol.renewed_deadline(current=9.0, sent=3.0, granted=9.0) == 12.0
+    assert protocol.renewed_deadline(current=9.0, sent=1.0, granted=3.0) == 9.0
+
+
+def test_attempt_ids_strictly_increase() -> None:
+    ids = [protocol.next_attempt() for _ in range(1000)]
+    assert all(later > earlier for earlier, later in zip(ids, ids[1:]))
+
+
+def test_backoff_has_full_jitter_under_a_growing_ceiling_and_a_cap() -> None:
+    backoff = protocol.Backoff(base=0.05, cap=1.0)
+    delays = [backoff.next_delay() for _ in range(40)]
+    assert all(0.0 <= delay <= 1.0 for delay in delays)
+    assert delays[0] <= 0.05
+    assert max(delays[10:]) > 0.05  # grew past the first ceiling
+
+
+def test_every_server_error_kind_has_its_exception_with_the_message() -> None:
+    kinds = [
+        "unknown_session", "busy", "not_holder", "stale_token", "invalid_argument",
+        "limit_reached", "wait_timeout", "wait_cancelled", "session_expiring", "not_leader",
+        "unavailable", "overloaded", "internal", "permission_denied", "unauthenticated",
+        "needs_upgrade", "compacted",
+    ]  # fmt: skip
+    assert sorted(_BY_KIND) == sorted(kinds)
+    for kind in kinds:
+        error = error_for(kind, f"the server's words about {kind}")
+        assert error.kind == kind
+        assert str(error) == f"the server's words about {kind}"
+        assert type(error) is not deadbolt.DeadboltError
+    assert isinstance(error_for("busy", "x"), deadbolt.LockBusy)
+    assert isinstance(error_for("wait_timeout", "x"), TimeoutError)
+    assert isinstance(error_for("session_expiring", "x"), deadbolt.LeaseLost)
+
+
+def test_an_error_answer_raises_its_kind_with_the_leader_and_retry_after() -> None:
+    body = b'{"error":{"kind":"not_leader","message":"ask node 2","leader":"10.0.0.2:7070"}}'
+    with pytest.raises(deadbolt.NotLeader) as not_leader:
+        protocol.parse_answer(503, body, None)
+    assert not_leader.value.leader == "10.0.0.2:7070"
+    body = b'{"error":{"kind":"overloaded","message":"queue full"}}'
+    with pytest.raises(deadbolt.Overloaded) as overloaded:
+        protocol.parse_answer(503, body, "1")
+    assert overloaded.value.retry_after == 1.0
+
+
+def test_a_reply_that_is_not_deadbolts_says_so() -> None:
+    with pytest.raises(deadbolt.Unavailable, match="not from a Deadbolt server"):
+        protocol.parse_answer(502, b"<html>Bad Gateway</html>", None)
+
+
+def test_not_leader_moves_to_the_leader_it_names_and_unreachable_to_the_next() -> None:
+    endpoints = protocol.Endpoints.parse("10.0.0.1:7070, 10.0.0.2", tls=False)
+    assert endpoints.urls == ["http://10.0.0.1:7070", "http://10.0.0.2:7070"]
+    first = endpoints.url()
+    endpoints.failed(first, deadbolt.NotLeader("no", leader="10.0.0.3:7070"))
+    assert endpoints.url() == "http://10.0.0.3:7070"
+    endpoints.failed("http://10.0.0.3:7070", deadbolt.Unavailable("down"))
+    assert endpoints.url() == "http://10.0.0.1:7070"
+    # A failure reported late, for an endpoint already left, changes nothing.
+    endpoints.failed("http://10.0.0.3:7070", deadbolt.Unavailable("down"))
+    assert endpoints.url() == "http://10.0.0.1:7070"
+
+
+def test_a_handle_never_shows_its_secret_in_repr() -> None:
+    handle = protocol.SessionHandle(12, "9f8e7d")
+    assert "9f8e7d" not in repr(handle)
+    assert str(handle) == "12.9f8e7d"
+    assert protocol.SessionHandle.parse("12.9f8e7d") == handle
