@@ -32,7 +32,7 @@ setup() {
     "$venv/bin/pip" wheel --quiet --no-deps --wheel-dir "$root/dist" "$source_dir" >&2
     local wheel
     wheel=$(ls "$root"/dist/deadbolt-*.whl)
-    "$venv/bin/pip" install --quiet "$wheel" "pytest>=7" "mypy>=1.8" "ruff>=0.5" >&2
+    "$venv/bin/pip" install --quiet "$wheel[asyncio]" "pytest>=7" "mypy>=1.8" "ruff>=0.5" >&2
     # The tests must exercise the wheel, not the source tree.
     "$venv/bin/python" -c 'import deadbolt, sys; sys.exit("site-packages" not in deadbolt.__file__)' ||
         die "deadbolt imports from outside the virtualenv's site-packages"

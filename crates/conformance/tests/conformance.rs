@@ -1,7 +1,7 @@
 //! Runs every scenario against every client whose driver is available:
-//! the Rust client always; Python when `DEADBOLT_PYTHON` names an
-//! interpreter with the `deadbolt` package installed (scripts/python-client.sh
-//! makes one); TypeScript when `DEADBOLT_NODE_CLIENT` names its built driver.
+//! the Rust client always; Python's synchronous and asyncio clients when
+//! `DEADBOLT_PYTHON` names an interpreter with the `deadbolt` package
+//! installed (scripts/python-client.sh makes one).
 //! With `DEADBOLT_REQUIRE_CLIENTS=1` (CI), a missing driver fails instead of
 //! skipping.
 
@@ -36,7 +36,9 @@ fn rust() -> Option<ClientUnderTest> {
     })
 }
 
-fn python() -> Option<ClientUnderTest> {
+/// The Python driver, for the synchronous client or (`--async`) the
+/// asyncio one.
+fn python_driver(name: &str, flags: &[&str]) -> Option<ClientUnderTest> {
     let Some(python) = std::env::var_os("DEADBOLT_PYTHON") else {
         assert!(
             !required(),
@@ -47,11 +49,21 @@ fn python() -> Option<ClientUnderTest> {
     };
     let driver =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/python/conformance/driver.py");
+    let mut args = vec![driver.to_string_lossy().into_owned()];
+    args.extend(flags.iter().map(|flag| flag.to_string()));
     Some(ClientUnderTest {
-        name: "python".into(),
+        name: name.into(),
         program: python.into(),
-        args: vec![driver.to_string_lossy().into_owned()],
+        args,
     })
+}
+
+fn python() -> Option<ClientUnderTest> {
+    python_driver("python", &[])
+}
+
+fn python_async() -> Option<ClientUnderTest> {
+    python_driver("python-async", &["--async"])
 }
 
 macro_rules! scenario {
@@ -102,3 +114,4 @@ macro_rules! every_scenario {
 
 every_scenario!(rust);
 every_scenario!(python);
+every_scenario!(python_async);

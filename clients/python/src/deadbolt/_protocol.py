@@ -25,7 +25,16 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Union
 
-from ._errors import DeadboltError, InvalidArgument, NotLeader, Overloaded, error_for
+from ._errors import (
+    DeadboltError,
+    InvalidArgument,
+    LeaseLost,
+    NotHolder,
+    NotLeader,
+    Overloaded,
+    Unavailable,
+    error_for,
+)
 
 Duration = Union[float, int, str, timedelta]
 """A duration: seconds as a number, a ``timedelta``, or text such as
@@ -82,6 +91,76 @@ def renewed_deadline(current: float, sent: float, granted: float) -> float:
     return max(current, sent + granted)
 
 
+@dataclass
+class Lease:
+    """What a client knows about its session's lease: the latest instant it
+    is certain to last until (on ``now()``'s clock), and why it ended, once
+    it has. Not synchronized: its owner guards it."""
+
+    session_id: int
+    deadline: float
+    ended: DeadboltError | None = None
+
+    def lost_reason(self, margin: float = 0.0) -> DeadboltError | None:
+        """Why the lease cannot be trusted ``margin`` seconds ahead, or ``None``."""
+        if self.ended is not None:
+            return self.ended
+        if now() >= self.deadline - margin:
+            return self.expired()
+        return None
+
+    def expired(self, cause: DeadboltError | None = None) -> LeaseLost:
+        because = f" ({cause})" if cause is not None else ""
+        return LeaseLost(
+            f"session {self.session_id} lost its lease: it could not be renewed in time{because}"
+        )
+
+    def renewed(self, sent: float, granted: float) -> None:
+        self.deadline = renewed_deadline(self.deadline, sent, granted)
+
+    def end(self, reason: DeadboltError) -> bool:
+        """Ends the lease for ``reason`` unless it has ended already; whether
+        this call ended it."""
+        if self.ended is not None:
+            return False
+        self.ended = reason
+        return True
+
+
+def acquire_request(
+    fields: dict[str, Any], wait: bool, give_up: float | None, call_timeout: float
+) -> tuple[dict[str, Any], float | None]:
+    """The body of one acquire send (``fields`` names the session and the
+    lock) and how long to wait for its answer. A waiting acquire gets a fresh
+    ``attempt`` id per send and asks the server to wait only for what is left
+    of the caller's timeout."""
+    body: dict[str, Any] = {**fields, "wait": wait}
+    if not wait:
+        return body, call_timeout
+    body["attempt"] = next_attempt()
+    if give_up is None:
+        return body, None
+    left = max(give_up - now(), 0.0)
+    body["timeout_ms"] = millis(left)
+    return body, left + call_timeout
+
+
+@dataclass
+class ReleaseAttempts:
+    """A release retried through outages: a live session holds its locks
+    until it releases them, so ``not_holder`` after a send whose reply was
+    lost means that send went through."""
+
+    maybe_applied: bool = False
+
+    def went_through(self, error: DeadboltError) -> bool:
+        if isinstance(error, NotHolder) and self.maybe_applied:
+            return True
+        if isinstance(error, Unavailable):
+            self.maybe_applied = True
+        return False
+
+
 _attempt_lock = threading.Lock()
 _last_attempt = 0
 
@@ -95,6 +174,29 @@ def next_attempt() -> int:
     with _attempt_lock:
         _last_attempt = max(_last_attempt + 1, int(time.time() * 1_000_000))
         return _last_attempt
+
+
+CALL_TIMEOUT = 10.0
+"""How long a call that does not wait on a lock may take before it counts as
+unanswered (and, where safe, is retried elsewhere)."""
+
+CONNECT_TIMEOUT = 2.0
+
+CLEAN_UP_DELAY = 1.0
+"""How long after an acquire is abandoned its clean-up looks for a grant."""
+
+
+def default_margin(ttl: float, margin: Duration | None) -> float:
+    """How long before the lease's end ``lost`` is set: as given, or a tenth
+    of the TTL, at most 2 s."""
+    return min(ttl / 10, 2.0) if margin is None else seconds(margin, "margin")
+
+
+def request_headers(token: str | None) -> dict[str, str]:
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return headers
 
 
 BACKOFF_BASE = 0.05
@@ -221,6 +323,12 @@ def parse_answer(status: int, body: bytes, retry_after: str | None) -> dict[str,
     if status >= 400:
         raise error_for("internal", f"HTTP {status} without an error description")
     return decoded
+
+
+def unreachable(url: str, error: BaseException) -> Unavailable:
+    """The error for a request that got no answer from ``url``."""
+    reason = str(error) or type(error).__name__
+    return Unavailable(f"could not reach the Deadbolt server at {url}: {reason}")
 
 
 def overloaded_delay(error: DeadboltError, backoff: Backoff) -> float:

@@ -17,45 +17,40 @@ from typing import Any, Callable, TypeVar
 
 import urllib3
 
+from . import _calls as calls
 from ._errors import (
     DeadboltError,
     InvalidArgument,
     LeaseLost,
     LockBusy,
-    NotHolder,
-    Unavailable,
     UnknownSession,
     WaitTimeout,
 )
 from ._protocol import (
+    CALL_TIMEOUT,
+    CLEAN_UP_DELAY,
+    CONNECT_TIMEOUT,
     AuditEntry,
     Backoff,
     Duration,
     Endpoints,
+    Lease,
     LockStatus,
+    ReleaseAttempts,
     SessionHandle,
     Stored,
+    acquire_request,
     ends_session,
     is_transient,
-    millis,
-    next_attempt,
     now,
     overloaded_delay,
     parse_answer,
-    renewed_deadline,
+    request_headers,
     seconds,
+    unreachable,
 )
 
 T = TypeVar("T")
-
-CALL_TIMEOUT = 10.0
-"""How long a call that does not wait on a lock may take before it counts as
-unanswered (and, where safe, is retried elsewhere)."""
-
-CONNECT_TIMEOUT = 2.0
-
-CLEAN_UP_DELAY = 1.0
-"""How long after an acquire is abandoned its clean-up looks for a grant."""
 
 
 class Client:
@@ -85,13 +80,10 @@ class Client:
     ) -> None:
         tls = ca is not None or cert is not None
         self._endpoints = Endpoints.parse(endpoints, tls)
-        headers = {"content-type": "application/json"}
-        if token:
-            headers["authorization"] = f"Bearer {token}"
         self._pool = urllib3.PoolManager(
             num_pools=8,
             maxsize=max_connections,
-            headers=headers,
+            headers=request_headers(token),
             ca_certs=ca,
             cert_file=cert,
             key_file=key,
@@ -122,7 +114,7 @@ class Client:
                 response.status, response.data, response.headers.get("retry-after")
             )
         except urllib3.exceptions.HTTPError as error:
-            failure = Unavailable(f"could not reach the Deadbolt server at {url}: {error}")
+            failure = unreachable(url, error)
             self._endpoints.failed(url, failure)
             raise failure from None
         except DeadboltError as error:
@@ -179,11 +171,7 @@ class Client:
         ttl_seconds = seconds(ttl, "ttl")
         margin_seconds = min(ttl_seconds / 10, 2.0) if margin is None else seconds(margin, "margin")
         sent = now()
-        answer = self._once_around(
-            lambda: self._send("POST", "/v1/session/open", {"ttl_ms": millis(ttl_seconds)})
-        )
-        handle = SessionHandle(int(answer["session_id"]), str(answer["session_secret"]))
-        granted = int(answer.get("ttl_ms", millis(ttl_seconds))) / 1000
+        handle, granted = self._once_around(lambda: self._call(calls.open_session(ttl_seconds)))
         return Session(self, handle, granted, sent, margin_seconds)
 
     def lock(
@@ -230,7 +218,7 @@ class Client:
     ) -> Callable[[Callable[..., T]], Callable[..., T]]:
         """A decorator: the function runs under the lock, taken for each
         call. If the lease is lost while it runs, ``LeaseLost`` is raised
-        when it returns (check ``current_guard().lost`` to stop early)."""
+        when it returns."""
 
         def decorate(function: Callable[..., T]) -> Callable[..., T]:
             def run(*args: Any, **kwargs: Any) -> T:
@@ -246,32 +234,25 @@ class Client:
     def status(self, name: str) -> LockStatus | None:
         """Who holds ``name`` (and who waits); ``None`` when nobody holds it.
         A linearizable read through the leader."""
-        return LockStatus.parse(self._read("/v1/lock/status?" + _query(lock=name)))
+        return self._call(calls.status(name))
 
     def check(self, name: str, token: int) -> bool:
         """Whether ``token`` is the current grant of ``name``: for a resource
         that cannot keep its own highest-token record."""
-        answer = self._read("/v1/lock/check?" + _query(lock=name, token=token))
-        return bool(answer.get("current", False))
+        return self._call(calls.check(name, token))
 
     def locks(self) -> list[LockStatus]:
         """Every held lock, in name order (read page by page)."""
         held: list[LockStatus] = []
-        after = ""
-        while True:
-            query = _query(limit=200, after=after) if after else _query(limit=200)
-            answer = self._read("/v1/locks?" + query)
-            index = int(answer.get("index", 0))
-            page = [LockStatus.of_state(state, index) for state in answer.get("locks", [])]
+        more = True
+        while more:
+            page, more = self._call(calls.locks_page(held[-1].name if held else ""))
             held.extend(page)
-            if not answer.get("more") or not page:
-                return held
-            after = page[-1].name
+        return held
 
     def history(self, name: str) -> list[AuditEntry]:
         """The recent grants and releases of ``name``, oldest first."""
-        answer = self._read("/v1/lock/history?" + _query(lock=name))
-        return [AuditEntry.parse(entry) for entry in answer.get("entries", [])]
+        return self._call(calls.history(name))
 
     def put(self, key: str, value: str, token: int, *, lock: str | None = None) -> int:
         """Writes ``value`` to the fenced store's ``key``, unless ``token`` is
@@ -279,39 +260,30 @@ class Client:
         also be that lock's current grant. Returns the key's new fence.
         Repeating a write with the same token does the same thing, so it is
         retried through leader changes."""
-        body: dict[str, Any] = {"key": key, "value": value, "token": token}
-        if lock is not None:
-            body["lock"] = lock
-        return int(self._write("/v1/store/put", body).get("fence", 0))
+        return self._call(calls.put(key, value, token, lock))
 
     def get(self, key: str, *, token: int | None = None, lock: str | None = None) -> Stored:
         """Reads ``key``. With ``token``, a fenced read: it raises the key's
         fence to ``token`` first, so no older holder can write after it."""
-        if token is None and lock is None:
-            return Stored.parse(self._read("/v1/store/get?" + _query(key=key)))
-        body: dict[str, Any] = {"key": key}
-        if token is not None:
-            body["token"] = token
-        if lock is not None:
-            body["lock"] = lock
-        return Stored.parse(self._write("/v1/store/get", body))
+        return self._call(calls.get(key, token, lock))
 
     def delete(self, key: str, token: int) -> bool:
         """Deletes ``key`` (fenced as ``put``); whether it had a value."""
-        answer = self._write("/v1/store/delete", {"key": key, "token": token})
-        return bool(answer.get("existed", False))
-
-    def _read(self, path: str) -> dict[str, Any]:
-        return self._retrying(lambda: self._send("GET", path), give_up=now() + CALL_TIMEOUT)
-
-    def _write(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._retrying(lambda: self._send("POST", path, body), give_up=now() + CALL_TIMEOUT)
+        return self._call(calls.delete(key, token))
 
     def keep_alive(self, handle: SessionHandle) -> float:
         """A raw keepalive of someone's session, by its handle; the TTL
         granted, in seconds. ``Session`` does this by itself."""
-        answer = self._send("POST", "/v1/session/keepalive", handle.fields())
-        return int(answer.get("ttl_ms", 0)) / 1000
+        return self._call(calls.keep_alive(handle), retry=False)
+
+    def _call(self, call: calls.Call[T], *, retry: bool = True) -> T:
+        """Sends ``call``, retrying for up to ``CALL_TIMEOUT`` where safe."""
+        if not (retry and call.retry):
+            return call.parse(self._send(call.method, call.path, call.body))
+        answer = self._retrying(
+            lambda: self._send(call.method, call.path, call.body), give_up=now() + CALL_TIMEOUT
+        )
+        return call.parse(answer)
 
     def close(self) -> None:
         """Closes the connection pool."""
@@ -322,12 +294,6 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _query(**fields: str | int) -> str:
-    from urllib.parse import urlencode
-
-    return urlencode(fields)
 
 
 class Session:
@@ -348,8 +314,7 @@ class Session:
         self.ttl = ttl
         self.margin = margin
         self._changed = threading.Condition()
-        self._deadline = opened + ttl
-        self._ended: DeadboltError | None = None
+        self._lease = Lease(handle.id, opened + ttl)
         self._in_use: set[str] = set()
         self.lost = threading.Event()
         """Set once the lease is within ``margin`` of running out unrenewed,
@@ -370,19 +335,13 @@ class Session:
         """The latest instant (on ``deadbolt._protocol.now()``'s clock) the
         lease is certain to last until."""
         with self._changed:
-            return self._deadline
+            return self._lease.deadline
 
     def lost_reason(self, margin: float = 0.0) -> DeadboltError | None:
         """Why the lease can no longer be trusted ``margin`` seconds ahead,
         or ``None`` while it can."""
         with self._changed:
-            if self._ended is not None:
-                return self._ended
-            if now() >= self._deadline - margin:
-                return LeaseLost(
-                    f"session {self.id} lost its lease: it could not be renewed in time"
-                )
-        return None
+            return self._lease.lost_reason(margin)
 
     def wait_lost(
         self, margin: Duration = 0.0, timeout: Duration | None = None
@@ -397,7 +356,7 @@ class Session:
                 reason = self.lost_reason(margin_s)
                 if reason is not None:
                     return reason
-                wake = self._deadline - margin_s
+                wake = self._lease.deadline - margin_s
                 if give_up is not None:
                     if now() >= give_up:
                         return None
@@ -408,21 +367,20 @@ class Session:
 
     def _end(self, reason: DeadboltError) -> None:
         with self._changed:
-            if self._ended is None:
-                self._ended = reason
+            self._lease.end(reason)
             self._changed.notify_all()
         self.lost.set()
 
     def _watchdog(self) -> None:
         interval = self.ttl / 3
-        last_sent = self._deadline - self.ttl
+        last_sent = self._lease.deadline - self.ttl
         while True:
             with self._changed:
-                while self._ended is None and now() < last_sent + interval:
+                while self._lease.ended is None and now() < last_sent + interval:
                     self._changed.wait(timeout=last_sent + interval - now())
-                if self._ended is not None:
+                if self._lease.ended is not None:
                     return
-                deadline = self._deadline
+                deadline = self._lease.deadline
             sent = now()
             try:
                 granted = self._renew(deadline, interval)
@@ -430,17 +388,12 @@ class Session:
                 if ends_session(error):
                     self._end(error)
                 else:
-                    self._end(
-                        LeaseLost(
-                            f"session {self.id} lost its lease: it could not be renewed "
-                            f"in time ({error})"
-                        )
-                    )
+                    self._end(self._lease.expired(error))
                     self._close_quietly(interval)
                 return
             with self._changed:
                 last_sent = sent
-                self._deadline = renewed_deadline(self._deadline, sent, granted)
+                self._lease.renewed(sent, granted)
                 self._changed.notify_all()
 
     def _renew(self, deadline: float, interval: float) -> float:
@@ -449,14 +402,15 @@ class Session:
         granted to the last attempt, whose send time the caller took."""
         backoff = Backoff()
         while True:
+            keep_alive = calls.keep_alive(self.handle)
             try:
                 answer = self._client._send(
-                    "POST",
-                    "/v1/session/keepalive",
-                    self.handle.fields(),
+                    keep_alive.method,
+                    keep_alive.path,
+                    keep_alive.body,
                     wait=max(min(interval, deadline - now()), 0.001),
                 )
-                return int(answer.get("ttl_ms", 0)) / 1000
+                return keep_alive.parse(answer)
             except DeadboltError as error:
                 if ends_session(error):
                     raise
@@ -511,20 +465,15 @@ class Session:
                 )
             self._in_use.add(name)
 
-        def send() -> dict[str, Any]:
-            body: dict[str, Any] = {**self.handle.fields(), "lock": name, "wait": wait}
-            read_timeout: float | None = CALL_TIMEOUT
-            if wait:
-                body["attempt"] = next_attempt()
-                read_timeout = None
-                if give_up is not None:
-                    left = max(give_up - now(), 0.0)
-                    body["timeout_ms"] = millis(left)
-                    read_timeout = left + CALL_TIMEOUT
-            return self._client._send("POST", "/v1/lock/acquire", body, wait=read_timeout)
+        fields = {**self.handle.fields(), "lock": name}
+
+        def send() -> int:
+            body, read_timeout = acquire_request(fields, wait, give_up, CALL_TIMEOUT)
+            call = calls.acquire(body)
+            return call.parse(self._client._send(call.method, call.path, body, wait=read_timeout))
 
         try:
-            answer = self._client._retrying(send, give_up=give_up, lost=self._lease_error)
+            token = self._client._retrying(send, give_up=give_up, lost=self._lease_error)
         except DeadboltError as error:
             self._forget(name)
             if is_transient(error) and give_up is not None:
@@ -544,7 +493,7 @@ class Session:
         if lost is not None:
             self._forget(name)
             raise lost
-        return Guard(self, name, int(answer["token"]))
+        return Guard(self, name, token)
 
     def _forget(self, name: str) -> None:
         with self._changed:
@@ -565,24 +514,15 @@ class Session:
         threading.Thread(target=clean_up, daemon=True).start()
 
     def _release(self, name: str, token: int) -> None:
-        maybe_applied = False
+        attempts = ReleaseAttempts()
+        release = calls.release(self.handle, name, token)
 
         def send() -> dict[str, Any]:
-            nonlocal maybe_applied
             try:
-                return self._client._send(
-                    "POST",
-                    "/v1/lock/release",
-                    {**self.handle.fields(), "lock": name, "token": token},
-                )
-            except NotHolder:
-                # A live session holds its locks until it releases them, so
-                # "not holder" after a lost reply means that release went through.
-                if maybe_applied:
+                return self._client._send(release.method, release.path, release.body)
+            except DeadboltError as error:
+                if attempts.went_through(error):
                     return {}
-                raise
-            except Unavailable:
-                maybe_applied = True
                 raise
 
         try:
@@ -594,19 +534,21 @@ class Session:
         """Stops renewing and ends the session on the server, which releases
         every lock it holds. Past the lease's end the server does it anyway."""
         with self._changed:
-            if self._ended is not None:
-                return  # closed already, or over (an expired lease's watchdog closed it)
-            self._ended = UnknownSession(f"session {self.id} is closed")
+            # Closed already, or over (an expired lease's watchdog closed it).
+            if not self._lease.end(UnknownSession(f"session {self.id} is closed")):
+                return
             self._changed.notify_all()
+            deadline = self._lease.deadline
         self.lost.set()
-        self._close_quietly(max(self._deadline - now(), 1.0))
+        self._close_quietly(max(deadline - now(), 1.0))
 
     def _close_quietly(self, within: float) -> None:
         give_up = now() + within
         # Best effort: if it fails, the lease ends by itself.
         with contextlib.suppress(DeadboltError):
+            close = calls.close_session(self.handle)
             self._client._retrying(
-                lambda: self._client._send("POST", "/v1/session/close", self.handle.fields()),
+                lambda: self._client._send(close.method, close.path, close.body),
                 give_up=give_up,
             )
 

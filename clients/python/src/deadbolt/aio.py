@@ -1,0 +1,601 @@
+"""The asyncio client: ``AsyncClient``, ``AsyncSession`` and ``AsyncGuard``,
+the same API as the synchronous one with ``await``.
+
+Why aiohttp (the ``asyncio`` extra: ``pip install "deadbolt[asyncio]"``):
+cancelling a task that waits on a lock must close its connection, which is
+how the server learns the caller left and gives its queue place back;
+a thread pool over urllib3 cannot cancel a request in flight. The rules
+are ``_protocol``'s and the requests ``_calls``', shared with ``client.py``.
+
+    async with deadbolt.AsyncClient("http://127.0.0.1:7070") as client:
+        async with client.lock("invoice-981", ttl="30s", timeout="5s") as guard:
+            async with guard.cancel_on_loss():     # cancels the block if the lease is lost
+                await write_invoice(fencing_token=guard.token)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Generator
+from typing import Any, Callable, TypeVar
+
+import aiohttp
+
+from . import _calls as calls
+from ._errors import (
+    DeadboltError,
+    InvalidArgument,
+    LeaseLost,
+    LockBusy,
+    UnknownSession,
+    WaitTimeout,
+)
+from ._protocol import (
+    CALL_TIMEOUT,
+    CLEAN_UP_DELAY,
+    CONNECT_TIMEOUT,
+    AuditEntry,
+    Backoff,
+    Duration,
+    Endpoints,
+    Lease,
+    LockStatus,
+    ReleaseAttempts,
+    SessionHandle,
+    Stored,
+    acquire_request,
+    default_margin,
+    ends_session,
+    is_transient,
+    now,
+    overloaded_delay,
+    parse_answer,
+    request_headers,
+    seconds,
+    unreachable,
+)
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """A connection to a Deadbolt cluster for asyncio code; arguments as for
+    ``deadbolt.Client``. Use one per event loop, and close it (or ``async
+    with`` it) when done."""
+
+    def __init__(
+        self,
+        endpoints: str | list[str] | tuple[str, ...] = "http://127.0.0.1:7070",
+        *,
+        ca: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        token: str | None = None,
+        max_connections: int = 32,
+    ) -> None:
+        self._endpoints = Endpoints.parse(endpoints, ca is not None or cert is not None)
+        self._ssl: ssl.SSLContext | None = None
+        if ca is not None or cert is not None:
+            self._ssl = ssl.create_default_context(cafile=ca)
+            if cert is not None:
+                self._ssl.load_cert_chain(cert, key)
+        self._headers = request_headers(token)
+        self._max_connections = max_connections
+        self._http: aiohttp.ClientSession | None = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        # Made on first use: aiohttp binds it to the running loop.
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections,
+                    ssl=True if self._ssl is None else self._ssl,
+                ),
+            )
+        return self._http
+
+    async def _send(
+        self,
+        call: calls.Call[T],
+        *,
+        body: dict[str, Any] | None = None,
+        wait: float | None = CALL_TIMEOUT,
+    ) -> T:
+        """One request to the current endpoint; on failure the endpoint moves
+        on (to the leader a follower names) before raising."""
+        url = self._endpoints.url()
+        data = body if body is not None else call.body
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=wait)
+        try:
+            async with self._session().request(
+                call.method,
+                url + call.path,
+                data=None if data is None else json.dumps(data).encode(),
+                timeout=timeout,
+            ) as response:
+                raw = await response.read()
+                answer = parse_answer(response.status, raw, response.headers.get("retry-after"))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            failure = unreachable(url, error)
+            self._endpoints.failed(url, failure)
+            raise failure from None
+        except DeadboltError as error:
+            self._endpoints.failed(url, error)
+            raise
+        return call.parse(answer)
+
+    async def _retrying(
+        self,
+        request: Callable[[], Awaitable[T]],
+        *,
+        give_up: float | None = None,
+        lost: Callable[[], DeadboltError | None] | None = None,
+    ) -> T:
+        """As ``Client._retrying``: idempotent requests only."""
+        backoff = Backoff()
+        while True:
+            if lost is not None and (ended := lost()) is not None:
+                raise ended
+            try:
+                return await request()
+            except DeadboltError as error:
+                if not is_transient(error):
+                    raise
+                delay = overloaded_delay(error, backoff)
+                if give_up is not None and now() + delay >= give_up:
+                    raise
+            await asyncio.sleep(delay)
+
+    async def _call(self, call: calls.Call[T], *, retry: bool = True) -> T:
+        if not (retry and call.retry):
+            return await self._send(call)
+        return await self._retrying(lambda: self._send(call), give_up=now() + CALL_TIMEOUT)
+
+    async def session(
+        self, ttl: Duration = "30s", *, margin: Duration | None = None
+    ) -> AsyncSession:
+        """Opens a session whose lease a background task renews; see
+        ``Client.session``."""
+        ttl_seconds = seconds(ttl, "ttl")
+        margin_seconds = default_margin(ttl_seconds, margin)
+        sent = now()
+        tries = len(self._endpoints.urls) + 2
+        while True:
+            tries -= 1
+            try:
+                handle, granted = await self._send(calls.open_session(ttl_seconds))
+                break
+            except DeadboltError as error:
+                if error.kind not in ("unavailable", "not_leader") or tries <= 0:
+                    raise
+                await asyncio.sleep(Backoff(attempt=2).next_delay())
+        return AsyncSession(self, handle, granted, sent, margin_seconds)
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: Duration = "30s",
+        timeout: Duration | None = None,
+        margin: Duration | None = None,
+    ) -> Acquiring:
+        """Takes ``name`` in a session of its own (see ``Client.lock``).
+        ``await`` it for the guard, or ``async with`` it: the block runs only
+        once the lock is held, and leaving it releases the lock."""
+        return Acquiring(self._lock(name, ttl, timeout, margin))
+
+    async def _lock(
+        self, name: str, ttl: Duration, timeout: Duration | None, margin: Duration | None
+    ) -> AsyncGuard:
+        session = await self.session(ttl, margin=margin)
+        try:
+            guard = await session.lock(name, timeout=timeout)
+        except BaseException:
+            await asyncio.shield(session.close())
+            raise
+        guard._owns_session = True
+        return guard
+
+    async def try_lock(
+        self, name: str, *, ttl: Duration = "30s", margin: Duration | None = None
+    ) -> AsyncGuard | None:
+        session = await self.session(ttl, margin=margin)
+        try:
+            guard = await session.try_lock(name)
+        except BaseException:
+            await asyncio.shield(session.close())
+            raise
+        if guard is None:
+            await session.close()
+            return None
+        guard._owns_session = True
+        return guard
+
+    def locked(
+        self, name: str, *, ttl: Duration = "30s", timeout: Duration | None = None
+    ) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
+        """A decorator for coroutine functions: each call runs under the
+        lock, and is cancelled (``LeaseLost``) if the lease is lost."""
+
+        def decorate(function: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+            async def run(*args: Any, **kwargs: Any) -> T:
+                # Nested, not parenthesized: that form needs Python 3.10.
+                async with self.lock(name, ttl=ttl, timeout=timeout) as guard:  # noqa: SIM117
+                    async with guard.cancel_on_loss():
+                        return await function(*args, **kwargs)
+
+            run.__name__ = getattr(function, "__name__", "locked")
+            run.__doc__ = function.__doc__
+            return run
+
+        return decorate
+
+    async def status(self, name: str) -> LockStatus | None:
+        return await self._call(calls.status(name))
+
+    async def check(self, name: str, token: int) -> bool:
+        return await self._call(calls.check(name, token))
+
+    async def locks(self) -> list[LockStatus]:
+        held: list[LockStatus] = []
+        more = True
+        while more:
+            page, more = await self._call(calls.locks_page(held[-1].name if held else ""))
+            held.extend(page)
+        return held
+
+    async def history(self, name: str) -> list[AuditEntry]:
+        return await self._call(calls.history(name))
+
+    async def put(self, key: str, value: str, token: int, *, lock: str | None = None) -> int:
+        return await self._call(calls.put(key, value, token, lock))
+
+    async def get(self, key: str, *, token: int | None = None, lock: str | None = None) -> Stored:
+        return await self._call(calls.get(key, token, lock))
+
+    async def delete(self, key: str, token: int) -> bool:
+        return await self._call(calls.delete(key, token))
+
+    async def keep_alive(self, handle: SessionHandle) -> float:
+        return await self._call(calls.keep_alive(handle), retry=False)
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def UnavailableAt(url: str, error: BaseException) -> DeadboltError:
+    from ._errors import Unavailable
+
+    reason = str(error) or type(error).__name__
+    return Unavailable(f"could not reach the Deadbolt server at {url}: {reason}")
+
+
+class Acquiring:
+    """A lock being taken: awaitable (for the guard) and an async context
+    manager (the block runs holding it; leaving releases it)."""
+
+    def __init__(self, acquiring: Awaitable[AsyncGuard]) -> None:
+        self._acquiring = acquiring
+        self._guard: AsyncGuard | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncGuard]:
+        return self._acquiring.__await__()
+
+    async def __aenter__(self) -> AsyncGuard:
+        self._guard = await self._acquiring
+        return self._guard
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        assert self._guard is not None
+        await self._guard.__aexit__(exc_type, *rest)
+
+
+class AsyncSession:
+    """A lease renewed by a background task every third of its TTL; see
+    ``deadbolt.Session``. ``lost`` is an ``asyncio.Event``."""
+
+    def __init__(
+        self, client: AsyncClient, handle: SessionHandle, ttl: float, opened: float, margin: float
+    ) -> None:
+        self._client = client
+        self.handle = handle
+        self.ttl = ttl
+        self.margin = margin
+        self._lease = Lease(handle.id, opened + ttl)
+        self._moved = asyncio.Event()
+        self._in_use: set[str] = set()
+        self.lost = asyncio.Event()
+        """Set once the lease is within ``margin`` of ending unrenewed, was
+        ended by the server, or the session was closed."""
+        self._tasks = [
+            asyncio.ensure_future(self._watchdog()),
+            asyncio.ensure_future(self._alarm()),
+        ]
+
+    @property
+    def id(self) -> int:
+        return self.handle.id
+
+    @property
+    def deadline(self) -> float:
+        return self._lease.deadline
+
+    def lost_reason(self, margin: float = 0.0) -> DeadboltError | None:
+        return self._lease.lost_reason(margin)
+
+    def _changed(self) -> None:
+        self._moved.set()
+        self._moved = asyncio.Event()
+
+    async def wait_lost(
+        self, margin: Duration = 0.0, timeout: Duration | None = None
+    ) -> DeadboltError | None:
+        """Waits until the lease is lost, or within ``margin`` of running out
+        with no renewal moving it; returns why (``None`` after ``timeout``)."""
+        margin_s = seconds(margin, "margin")
+        give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        while True:
+            reason = self._lease.lost_reason(margin_s)
+            if reason is not None:
+                return reason
+            wake = self._lease.deadline - margin_s
+            if give_up is not None:
+                if now() >= give_up:
+                    return None
+                wake = min(wake, give_up)
+            # Now and then even before the alarm: a suspend delays timers.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._moved.wait(), timeout=min(max(wake - now(), 0), 1.0))
+
+    def _end(self, reason: DeadboltError) -> None:
+        self._lease.end(reason)
+        self._changed()
+        self.lost.set()
+
+    async def _alarm(self) -> None:
+        await self.wait_lost(self.margin)
+        self.lost.set()
+
+    async def _watchdog(self) -> None:
+        interval = self.ttl / 3
+        last_sent = self._lease.deadline - self.ttl
+        while self._lease.ended is None:
+            await asyncio.sleep(max(last_sent + interval - now(), 0))
+            if self._lease.ended is not None:
+                return
+            deadline = self._lease.deadline
+            sent = now()
+            try:
+                granted = await self._renew(deadline, interval)
+            except DeadboltError as error:
+                if ends_session(error):
+                    self._end(error)
+                else:
+                    self._end(self._lease.expired(error))
+                    await self._close_quietly(interval)
+                return
+            last_sent = sent
+            self._lease.renewed(sent, granted)
+            self._changed()
+
+    async def _renew(self, deadline: float, interval: float) -> float:
+        backoff = Backoff()
+        while True:
+            try:
+                wait = max(min(interval, deadline - now()), 0.001)
+                return await self._client._send(calls.keep_alive(self.handle), wait=wait)
+            except DeadboltError as error:
+                if ends_session(error):
+                    raise
+                delay = overloaded_delay(error, backoff)
+                if now() + delay >= deadline:
+                    raise
+                await asyncio.sleep(delay)
+
+    async def lock(self, name: str, *, timeout: Duration | None = None) -> AsyncGuard:
+        """Takes ``name``, waiting in FIFO order (see ``Session.lock``).
+        Cancel-safe: a cancelled wait closes its connection, so the server
+        gives its place back, and a grant answered as it was cancelled is
+        released a moment later."""
+        return await self._acquire(name, wait=True, timeout=timeout)
+
+    async def try_lock(self, name: str) -> AsyncGuard | None:
+        try:
+            return await self._acquire(name, wait=False, timeout=None)
+        except LockBusy:
+            return None
+
+    async def queue_position(self, name: str) -> int | None:
+        status = await self._client.status(name)
+        if status is None or self.id not in status.waiters:
+            return None
+        return status.waiters.index(self.id)
+
+    async def _acquire(self, name: str, *, wait: bool, timeout: Duration | None) -> AsyncGuard:
+        if not isinstance(name, str):
+            raise InvalidArgument(f"a lock name is text, not {type(name).__name__}")
+        give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        if name in self._in_use:
+            raise InvalidArgument(
+                f"lock {name!r} is already held or being acquired through session "
+                f"{self.id}; use one session per holder"
+            )
+        self._in_use.add(name)
+        fields = {**self.handle.fields(), "lock": name}
+
+        async def send() -> int:
+            body, read_timeout = acquire_request(fields, wait, give_up, CALL_TIMEOUT)
+            return await self._client._send(calls.acquire(body), wait=read_timeout)
+
+        try:
+            token = await self._client._retrying(send, give_up=give_up, lost=self.lost_reason)
+        except DeadboltError as error:
+            self._in_use.discard(name)
+            if is_transient(error) and give_up is not None:
+                raise WaitTimeout(
+                    f"timed out waiting for lock {name!r} (last error: {error})"
+                ) from None
+            raise
+        except BaseException:
+            self._clean_up_abandoned(name)
+            raise
+        lost = self.lost_reason()
+        if lost is not None:
+            self._in_use.discard(name)
+            raise lost
+        return AsyncGuard(self, name, token)
+
+    def _clean_up_abandoned(self, name: str) -> None:
+        async def clean_up() -> None:
+            try:
+                await asyncio.sleep(CLEAN_UP_DELAY)
+                status = await self._client.status(name)
+                if status is not None and status.holder == self.id and not self.lost.is_set():
+                    await self._release(name, status.token)
+            except DeadboltError:
+                pass  # the server gives it back after its grace period
+            finally:
+                self._in_use.discard(name)
+
+        self._tasks.append(asyncio.ensure_future(clean_up()))
+
+    async def _release(self, name: str, token: int) -> None:
+        attempts = ReleaseAttempts()
+        release = calls.release(self.handle, name, token)
+
+        async def send() -> dict[str, Any]:
+            try:
+                return await self._client._send(release)
+            except DeadboltError as error:
+                if attempts.went_through(error):
+                    return {}
+                raise
+
+        try:
+            await self._client._retrying(send, lost=self.lost_reason)
+        finally:
+            self._in_use.discard(name)
+
+    async def close(self) -> None:
+        """Stops renewing and ends the session on the server (releasing its
+        locks). Shielded: a cancelled close still closes."""
+        if not self._lease.end(UnknownSession(f"session {self.id} is closed")):
+            return
+        self._changed()
+        self.lost.set()
+        for task in self._tasks[:2]:
+            task.cancel()
+        await asyncio.shield(self._close_quietly(max(self._lease.deadline - now(), 1.0)))
+
+    async def _close_quietly(self, within: float) -> None:
+        with contextlib.suppress(DeadboltError):
+            await self._client._retrying(
+                lambda: self._client._send(calls.close_session(self.handle)),
+                give_up=now() + within,
+            )
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncSession(id={self.id}, ttl={self.ttl}s)"
+
+
+class AsyncGuard:
+    """A held lock and its fencing token; see ``deadbolt.Guard``."""
+
+    def __init__(self, session: AsyncSession, name: str, token: int) -> None:
+        self.session = session
+        self.name = name
+        self.token = token
+        self._owns_session = False
+        self._released = False
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self.session.lost
+
+    async def release(self) -> None:
+        """Releases the lock (and closes a session ``AsyncClient.lock``
+        opened). Shielded: if the caller is cancelled, the release goes on,
+        or the lease runs out; the lock is never stranded."""
+        if self._released:
+            return
+        self._released = True
+        await asyncio.shield(self._release())
+
+    async def _release(self) -> None:
+        try:
+            await self.session._release(self.name, self.token)
+        finally:
+            if self._owns_session:
+                await self.session.close()
+
+    @contextlib.asynccontextmanager
+    async def cancel_on_loss(self) -> AsyncIterator[None]:
+        """A scope cancelled when the lease can no longer be trusted: the
+        block's task gets ``CancelledError`` at its next ``await``, which
+        leaves the scope as ``LeaseLost``."""
+        task = asyncio.current_task()
+        assert task is not None, "cancel_on_loss needs a running task"
+        fired = False
+
+        async def watch() -> None:
+            nonlocal fired
+            await self.lost.wait()
+            fired = True
+            task.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not fired:
+                raise
+            uncancel = getattr(task, "uncancel", None)
+            if uncancel is not None:
+                uncancel()
+            raise LeaseLost(
+                f"the lease of lock {self.name!r} (token {self.token}) could no longer be "
+                f"trusted: the block was cancelled"
+            ) from None
+        finally:
+            watcher.cancel()
+
+    async def __aenter__(self) -> AsyncGuard:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        lost_during = self.lost.is_set()
+        release_error: DeadboltError | None = None
+        try:
+            await self.release()
+        except DeadboltError as error:
+            release_error = error
+        if exc_type is not None:
+            return
+        if lost_during:
+            raise LeaseLost(
+                f"the lease of lock {self.name!r} (token {self.token}) could no longer be "
+                f"trusted while the block ran: stop work when guard.lost is set"
+            ) from release_error
+        if release_error is not None:
+            raise release_error
+
+    def __repr__(self) -> str:
+        return f"AsyncGuard(name={self.name!r}, token={self.token}, session={self.session.id})"
