@@ -38,6 +38,7 @@ from ._errors import (
 )
 from ._protocol import AuditEntry, Duration, LockStatus, SessionHandle, Stored
 from .client import Client, Guard, Session
+from .run import run
 
 if TYPE_CHECKING:
     from .aio import AsyncClient, AsyncGuard, AsyncSession
@@ -90,4 +91,5 @@ __all__ = [
     "UnknownSession",
     "WaitCancelled",
     "WaitTimeout",
+    "run",
 ]

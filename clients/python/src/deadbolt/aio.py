@@ -476,8 +476,10 @@ class AsyncSession:
         release = calls.release(self.handle, name, token)
 
         async def send() -> dict[str, Any]:
+            # An answer after the lease's end means nothing: wait no longer.
+            wait = max(min(CALL_TIMEOUT, self.deadline - now()), 0.001)
             try:
-                return await self._client._send(release)
+                return await self._client._send(release, wait=wait)
             except DeadboltError as error:
                 if attempts.went_through(error):
                     return {}

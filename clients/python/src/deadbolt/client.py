@@ -518,8 +518,10 @@ class Session:
         release = calls.release(self.handle, name, token)
 
         def send() -> dict[str, Any]:
+            # An answer after the lease's end means nothing: wait no longer.
+            wait = max(min(CALL_TIMEOUT, self.deadline - now()), 0.001)
             try:
-                return self._client._send(release.method, release.path, release.body)
+                return self._client._send(release.method, release.path, release.body, wait=wait)
             except DeadboltError as error:
                 if attempts.went_through(error):
                     return {}
