@@ -36,7 +36,16 @@ from ._errors import (
     WaitCancelled,
     WaitTimeout,
 )
-from ._protocol import AuditEntry, Duration, LockStatus, SessionHandle, Stored
+from ._protocol import (
+    AuditEntry,
+    Duration,
+    Leader,
+    LockStatus,
+    Permit,
+    SemaphoreStatus,
+    SessionHandle,
+    Stored,
+)
 from .client import Client, Guard, Session
 from .run import run
 
@@ -72,6 +81,7 @@ __all__ = [
     "Guard",
     "Internal",
     "InvalidArgument",
+    "Leader",
     "LeaseLost",
     "LimitReached",
     "LockBusy",
@@ -81,6 +91,8 @@ __all__ = [
     "NotLeader",
     "Overloaded",
     "PermissionDenied",
+    "Permit",
+    "SemaphoreStatus",
     "Session",
     "SessionExpiring",
     "SessionHandle",

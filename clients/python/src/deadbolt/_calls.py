@@ -9,7 +9,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 from urllib.parse import urlencode
 
-from ._protocol import AuditEntry, LockStatus, SessionHandle, Stored, millis
+from ._protocol import (
+    AuditEntry,
+    Leader,
+    LockStatus,
+    Permit,
+    SemaphoreStatus,
+    SessionHandle,
+    Stored,
+    millis,
+    parse_permits,
+)
 
 T = TypeVar("T")
 
@@ -112,9 +122,107 @@ def close_session(handle: SessionHandle) -> Call[dict[str, Any]]:
     return Call("POST", "/v1/session/close", handle.fields(), dict)
 
 
-def release(handle: SessionHandle, name: str, token: int) -> Call[dict[str, Any]]:
-    return Call("POST", "/v1/lock/release", {**handle.fields(), "lock": name, "token": token}, dict)
+def semaphore_status(name: str) -> Call[SemaphoreStatus | None]:
+    return _get("/v1/semaphore/status", SemaphoreStatus.parse, semaphore=name)
 
 
-def acquire(body: dict[str, Any]) -> Call[int]:
-    return Call("POST", "/v1/lock/acquire", body, lambda answer: int(answer["token"]))
+def leader(election: str) -> Call[Leader | None]:
+    return _get("/v1/election/leader", Leader.parse, election=election)
+
+
+def proclaim(handle: SessionHandle, election: str, term: int, value: str) -> Call[dict[str, Any]]:
+    body = {**handle.fields(), "election": election, "term": term, "value": value}
+    return Call("POST", "/v1/election/proclaim", body, dict)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What an acquire answered: the token (a lock's, the first permit's, or
+    an election's term) and a semaphore's permits."""
+
+    token: int
+    permits: tuple[Permit, ...] = ()
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an acquire takes, and how it is released and looked for: a lock
+    (in a read/write mode or none), permits of a semaphore, or leadership of
+    an election. The server keeps every name to one kind."""
+
+    kind: str
+    """"lock", "semaphore" or "election": the API's path for it."""
+    name: str
+    fields: dict[str, Any]
+    """The acquire's own fields, beside the session's and the wait's."""
+
+    @staticmethod
+    def lock(name: str, mode: str = "") -> Target:
+        return Target("lock", name, {"lock": name, "mode": mode} if mode else {"lock": name})
+
+    @staticmethod
+    def semaphore(name: str, capacity: int, count: int) -> Target:
+        return Target("semaphore", name, {"semaphore": name, "capacity": capacity, "count": count})
+
+    @staticmethod
+    def election(name: str, value: str) -> Target:
+        return Target("election", name, {"election": name, "value": value})
+
+    def acquire(self, body: dict[str, Any]) -> Call[Grant]:
+        if self.kind == "semaphore":
+            return Call("POST", "/v1/semaphore/acquire", body, _permits_grant)
+        if self.kind == "election":
+            return Call("POST", "/v1/election/campaign", body, lambda a: Grant(int(a["term"])))
+        return Call("POST", "/v1/lock/acquire", body, lambda a: Grant(int(a["token"])))
+
+    def release(self, handle: SessionHandle, token: int) -> Call[dict[str, Any]]:
+        path = {"lock": "/v1/lock/release", "semaphore": "/v1/semaphore/release"}.get(
+            self.kind, "/v1/election/resign"
+        )
+        return Call("POST", path, {**handle.fields(), "lock": self.name, "token": token}, dict)
+
+    def held_by(self, session_id: int) -> Call[int | None]:
+        """The token ``session_id`` holds this with, if it does: how the
+        clean-up of an abandoned acquire finds a grant nobody heard of."""
+        if self.kind == "semaphore":
+            return _get(
+                "/v1/semaphore/status",
+                lambda a: _semaphore_token(SemaphoreStatus.parse(a), session_id),
+                semaphore=self.name,
+            )
+        if self.kind == "election":
+            return _get(
+                "/v1/election/leader",
+                lambda a: _leader_term(Leader.parse(a), session_id),
+                election=self.name,
+            )
+        return _get(
+            "/v1/lock/status",
+            lambda a: _lock_token(LockStatus.parse(a), session_id),
+            lock=self.name,
+        )
+
+
+def _permits_grant(answer: dict[str, Any]) -> Grant:
+    permits = parse_permits(answer)
+    return Grant(int(answer.get("token", permits[0].token if permits else 0)), permits)
+
+
+def _lock_token(status: LockStatus | None, session_id: int) -> int | None:
+    if status is None or status.lock_delay:
+        return None
+    for holder, _, token in status.holders:
+        if holder == session_id:
+            return token
+    return status.token if status.holder == session_id and not status.holders else None
+
+
+def _semaphore_token(status: SemaphoreStatus | None, session_id: int) -> int | None:
+    for holder, permits in status.holders if status else ():
+        if holder == session_id and permits:
+            return permits[0].token
+    return None
+
+
+def _leader_term(leader: Leader | None, session_id: int) -> int | None:
+    return leader.term if leader is not None and leader.session_id == session_id else None

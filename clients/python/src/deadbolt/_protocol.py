@@ -374,6 +374,13 @@ class LockStatus:
     waiters: tuple[int, ...]
     index: int
     """The log index of the state read: a watch after it follows on from it."""
+    mode: str = ""
+    """A read/write lock's: "shared" or "exclusive" (empty for a lock)."""
+    holders: tuple[tuple[int, str, int], ...] = ()
+    """A read/write lock's holders: (session id, mode, token) each."""
+    lock_delay: bool = False
+    """In lock-delay: the holder's session expired and nobody holds it until
+    the delay ends (holder and token are the lost grant's)."""
 
     @staticmethod
     def parse(answer: dict[str, Any]) -> LockStatus | None:
@@ -390,6 +397,12 @@ class LockStatus:
             token=int(state.get("token", 0)),
             waiters=tuple(int(w) for w in state.get("waiter_session_ids", [])),
             index=index,
+            mode=str(state.get("mode", "")),
+            lock_delay=bool(state.get("lock_delay", False)),
+            holders=tuple(
+                (int(h.get("session_id", 0)), str(h.get("mode", "")), int(h.get("token", 0)))
+                for h in state.get("holders", [])
+            ),
         )
 
 
@@ -428,4 +441,74 @@ class AuditEntry:
             token=int(entry.get("token", 0)),
             what=str(entry.get("what", "")),
             identity=str(entry.get("identity", "")),
+        )
+
+
+@dataclass(frozen=True)
+class Permit:
+    """One permit of a semaphore: its own fencing token, and its slot (0 to
+    capacity-1, never two live permits on one slot)."""
+
+    token: int
+    slot: int
+
+
+def parse_permits(answer: dict[str, Any]) -> tuple[Permit, ...]:
+    return tuple(
+        Permit(int(p.get("token", 0)), int(p.get("slot", 0))) for p in answer.get("permits", [])
+    )
+
+
+@dataclass(frozen=True)
+class SemaphoreStatus:
+    """A semaphore's capacity, its holders' permits, and its waiters in
+    queue order with the permits each asks for."""
+
+    name: str
+    capacity: int
+    holders: tuple[tuple[int, tuple[Permit, ...]], ...]
+    waiters: tuple[tuple[int, int], ...]
+    index: int
+
+    @staticmethod
+    def parse(answer: dict[str, Any]) -> SemaphoreStatus | None:
+        state = answer.get("state")
+        if not state:
+            return None
+        return SemaphoreStatus(
+            name=str(state.get("semaphore", "")),
+            capacity=int(state.get("capacity", 0)),
+            holders=tuple(
+                (int(h.get("session_id", 0)), parse_permits(h)) for h in state.get("holders", [])
+            ),
+            waiters=tuple(
+                (int(w.get("session_id", 0)), int(w.get("count", 0)))
+                for w in state.get("waiters", [])
+            ),
+            index=int(answer.get("index", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class Leader:
+    """An election's leader: its session, its term (a fencing token) and the
+    value it proclaims; ``candidates`` queue behind it."""
+
+    session_id: int
+    term: int
+    value: str
+    candidates: tuple[int, ...]
+    index: int
+
+    @staticmethod
+    def parse(answer: dict[str, Any]) -> Leader | None:
+        leader = answer.get("leader")
+        if not leader:
+            return None
+        return Leader(
+            session_id=int(leader.get("session_id", 0)),
+            term=int(leader.get("term", 0)),
+            value=str(leader.get("value", "")),
+            candidates=tuple(int(c) for c in answer.get("candidate_session_ids", [])),
+            index=int(answer.get("index", 0)),
         )

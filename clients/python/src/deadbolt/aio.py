@@ -25,6 +25,7 @@ from typing import Any, Callable, TypeVar
 import aiohttp
 
 from . import _calls as calls
+from ._calls import Target
 from ._errors import (
     DeadboltError,
     InvalidArgument,
@@ -41,9 +42,11 @@ from ._protocol import (
     Backoff,
     Duration,
     Endpoints,
+    Leader,
     Lease,
     LockStatus,
     ReleaseAttempts,
+    SemaphoreStatus,
     SessionHandle,
     Stored,
     acquire_request,
@@ -237,6 +240,12 @@ class AsyncClient:
     async def status(self, name: str) -> LockStatus | None:
         return await self._call(calls.status(name))
 
+    async def semaphore_status(self, name: str) -> SemaphoreStatus | None:
+        return await self._call(calls.semaphore_status(name))
+
+    async def leader(self, election: str) -> Leader | None:
+        return await self._call(calls.leader(election))
+
     async def check(self, name: str, token: int) -> bool:
         return await self._call(calls.check(name, token))
 
@@ -409,13 +418,37 @@ class AsyncSession:
         Cancel-safe: a cancelled wait closes its connection, so the server
         gives its place back, and a grant answered as it was cancelled is
         released a moment later."""
-        return await self._acquire(name, wait=True, timeout=timeout)
+        return await self._acquire(Target.lock(name), wait=True, timeout=timeout)
 
     async def try_lock(self, name: str) -> AsyncGuard | None:
-        try:
-            return await self._acquire(name, wait=False, timeout=None)
-        except LockBusy:
-            return None
+        return await self._try(Target.lock(name))
+
+    async def read_lock(self, name: str, *, timeout: Duration | None = None) -> AsyncGuard:
+        return await self._acquire(Target.lock(name, "shared"), wait=True, timeout=timeout)
+
+    async def write_lock(self, name: str, *, timeout: Duration | None = None) -> AsyncGuard:
+        return await self._acquire(Target.lock(name, "exclusive"), wait=True, timeout=timeout)
+
+    async def try_read_lock(self, name: str) -> AsyncGuard | None:
+        return await self._try(Target.lock(name, "shared"))
+
+    async def try_write_lock(self, name: str) -> AsyncGuard | None:
+        return await self._try(Target.lock(name, "exclusive"))
+
+    async def semaphore(
+        self, name: str, capacity: int, *, count: int = 1, timeout: Duration | None = None
+    ) -> AsyncGuard:
+        target = Target.semaphore(name, capacity, count)
+        return await self._acquire(target, wait=True, timeout=timeout)
+
+    async def try_semaphore(self, name: str, capacity: int, *, count: int = 1) -> AsyncGuard | None:
+        return await self._try(Target.semaphore(name, capacity, count))
+
+    async def campaign(
+        self, election: str, value: str, *, timeout: Duration | None = None
+    ) -> AsyncGuard:
+        target = Target.election(election, value)
+        return await self._acquire(target, wait=True, timeout=timeout)
 
     async def queue_position(self, name: str) -> int | None:
         status = await self._client.status(name)
@@ -423,7 +456,14 @@ class AsyncSession:
             return None
         return status.waiters.index(self.id)
 
-    async def _acquire(self, name: str, *, wait: bool, timeout: Duration | None) -> AsyncGuard:
+    async def _try(self, target: Target) -> AsyncGuard | None:
+        try:
+            return await self._acquire(target, wait=False, timeout=None)
+        except LockBusy:
+            return None
+
+    async def _acquire(self, target: Target, *, wait: bool, timeout: Duration | None) -> AsyncGuard:
+        name = target.name
         if not isinstance(name, str):
             raise InvalidArgument(f"a lock name is text, not {type(name).__name__}")
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
@@ -433,47 +473,47 @@ class AsyncSession:
                 f"{self.id}; use one session per holder"
             )
         self._in_use.add(name)
-        fields = {**self.handle.fields(), "lock": name}
+        fields = {**self.handle.fields(), **target.fields}
 
-        async def send() -> int:
+        async def send() -> calls.Grant:
             body, read_timeout = acquire_request(fields, wait, give_up, CALL_TIMEOUT)
-            return await self._client._send(calls.acquire(body), wait=read_timeout)
+            return await self._client._send(target.acquire(body), wait=read_timeout)
 
         try:
-            token = await self._client._retrying(send, give_up=give_up, lost=self.lost_reason)
+            grant = await self._client._retrying(send, give_up=give_up, lost=self.lost_reason)
         except DeadboltError as error:
             self._in_use.discard(name)
             if is_transient(error) and give_up is not None:
                 raise WaitTimeout(
-                    f"timed out waiting for lock {name!r} (last error: {error})"
+                    f"timed out waiting for {target.kind} {name!r} (last error: {error})"
                 ) from None
             raise
         except BaseException:
-            self._clean_up_abandoned(name)
+            self._clean_up_abandoned(target)
             raise
         lost = self.lost_reason()
         if lost is not None:
             self._in_use.discard(name)
             raise lost
-        return AsyncGuard(self, name, token)
+        return AsyncGuard(self, target, grant)
 
-    def _clean_up_abandoned(self, name: str) -> None:
+    def _clean_up_abandoned(self, target: Target) -> None:
         async def clean_up() -> None:
             try:
                 await asyncio.sleep(CLEAN_UP_DELAY)
-                status = await self._client.status(name)
-                if status is not None and status.holder == self.id and not self.lost.is_set():
-                    await self._release(name, status.token)
+                token = await self._client._call(target.held_by(self.id))
+                if token is not None and not self.lost.is_set():
+                    await self._release(target, token)
             except DeadboltError:
                 pass  # the server gives it back after its grace period
             finally:
-                self._in_use.discard(name)
+                self._in_use.discard(target.name)
 
         self._tasks.append(asyncio.ensure_future(clean_up()))
 
-    async def _release(self, name: str, token: int) -> None:
+    async def _release(self, target: Target, token: int) -> None:
         attempts = ReleaseAttempts()
-        release = calls.release(self.handle, name, token)
+        release = target.release(self.handle, token)
 
         async def send() -> dict[str, Any]:
             # An answer after the lease's end means nothing: wait no longer.
@@ -488,7 +528,7 @@ class AsyncSession:
         try:
             await self._client._retrying(send, lost=self.lost_reason)
         finally:
-            self._in_use.discard(name)
+            self._in_use.discard(target.name)
 
     async def close(self) -> None:
         """Stops renewing and ends the session on the server (releasing its
@@ -519,12 +559,15 @@ class AsyncSession:
 
 
 class AsyncGuard:
-    """A held lock and its fencing token; see ``deadbolt.Guard``."""
+    """A held lock (or permits, or leadership) and its fencing token; see
+    ``deadbolt.Guard``."""
 
-    def __init__(self, session: AsyncSession, name: str, token: int) -> None:
+    def __init__(self, session: AsyncSession, target: Target, grant: calls.Grant) -> None:
         self.session = session
-        self.name = name
-        self.token = token
+        self._target = target
+        self.name = target.name
+        self.token = grant.token
+        self.permits = grant.permits
         self._owns_session = False
         self._released = False
 
@@ -532,18 +575,25 @@ class AsyncGuard:
     def lost(self) -> asyncio.Event:
         return self.session.lost
 
+    async def proclaim(self, value: str) -> None:
+        proclaim = calls.proclaim(self.session.handle, self.name, self.token, value)
+        await self.session._client._call(proclaim)
+
     async def release(self) -> None:
-        """Releases the lock (and closes a session ``AsyncClient.lock``
-        opened). Shielded: if the caller is cancelled, the release goes on,
-        or the lease runs out; the lock is never stranded."""
+        """Releases the lock (resigns an election), and closes a session
+        ``AsyncClient.lock`` opened. Shielded: if the caller is cancelled,
+        the release goes on, or the lease runs out; the lock is never
+        stranded."""
         if self._released:
             return
         self._released = True
         await asyncio.shield(self._release())
 
+    resign = release
+
     async def _release(self) -> None:
         try:
-            await self.session._release(self.name, self.token)
+            await self.session._release(self._target, self.token)
         finally:
             if self._owns_session:
                 await self.session.close()

@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 import urllib3
 
 from . import _calls as calls
+from ._calls import Target
 from ._errors import (
     DeadboltError,
     InvalidArgument,
@@ -34,9 +35,11 @@ from ._protocol import (
     Backoff,
     Duration,
     Endpoints,
+    Leader,
     Lease,
     LockStatus,
     ReleaseAttempts,
+    SemaphoreStatus,
     SessionHandle,
     Stored,
     acquire_request,
@@ -94,20 +97,21 @@ class Client:
 
     def _send(
         self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
+        call: calls.Call[T],
         *,
+        body: dict[str, Any] | None = None,
         wait: float | None = CALL_TIMEOUT,
-    ) -> dict[str, Any]:
-        """One request to the current endpoint. On failure, the endpoint is
-        moved on (to the leader a follower names) before raising."""
+    ) -> T:
+        """One request to the current endpoint (``body`` replaces the call's);
+        on failure the endpoint moves on (to the leader a follower names)
+        before raising."""
         url = self._endpoints.url()
+        data = body if body is not None else call.body
         try:
             response = self._pool.request(
-                method,
-                url + path,
-                body=None if body is None else json.dumps(body).encode(),
+                call.method,
+                url + call.path,
+                body=None if data is None else json.dumps(data).encode(),
                 timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=wait),
             )
             answer = parse_answer(
@@ -120,7 +124,7 @@ class Client:
         except DeadboltError as error:
             self._endpoints.failed(url, error)
             raise
-        return answer
+        return call.parse(answer)
 
     def _retrying(
         self,
@@ -236,6 +240,16 @@ class Client:
         A linearizable read through the leader."""
         return self._call(calls.status(name))
 
+    def semaphore_status(self, name: str) -> SemaphoreStatus | None:
+        """A semaphore's capacity, holders' permits and waiters; ``None`` if
+        it neither exists nor is defined."""
+        return self._call(calls.semaphore_status(name))
+
+    def leader(self, election: str) -> Leader | None:
+        """An election's leader (session, term, value) and its candidates;
+        ``None`` while it has none."""
+        return self._call(calls.leader(election))
+
     def check(self, name: str, token: int) -> bool:
         """Whether ``token`` is the current grant of ``name``: for a resource
         that cannot keep its own highest-token record."""
@@ -279,11 +293,8 @@ class Client:
     def _call(self, call: calls.Call[T], *, retry: bool = True) -> T:
         """Sends ``call``, retrying for up to ``CALL_TIMEOUT`` where safe."""
         if not (retry and call.retry):
-            return call.parse(self._send(call.method, call.path, call.body))
-        answer = self._retrying(
-            lambda: self._send(call.method, call.path, call.body), give_up=now() + CALL_TIMEOUT
-        )
-        return call.parse(answer)
+            return self._send(call)
+        return self._retrying(lambda: self._send(call), give_up=now() + CALL_TIMEOUT)
 
     def close(self) -> None:
         """Closes the connection pool."""
@@ -402,15 +413,9 @@ class Session:
         granted to the last attempt, whose send time the caller took."""
         backoff = Backoff()
         while True:
-            keep_alive = calls.keep_alive(self.handle)
             try:
-                answer = self._client._send(
-                    keep_alive.method,
-                    keep_alive.path,
-                    keep_alive.body,
-                    wait=max(min(interval, deadline - now()), 0.001),
-                )
-                return keep_alive.parse(answer)
+                wait = max(min(interval, deadline - now()), 0.001)
+                return self._client._send(calls.keep_alive(self.handle), wait=wait)
             except DeadboltError as error:
                 if ends_session(error):
                     raise
@@ -427,7 +432,7 @@ class Session:
     def _lease_error(self) -> DeadboltError | None:
         return self.lost_reason(0.0)
 
-    # ---- locks --------------------------------------------------------------
+    # ---- locks, read/write locks, semaphores, elections ----------------------
 
     def lock(self, name: str, *, timeout: Duration | None = None) -> Guard:
         """Takes ``name``, waiting in its FIFO queue for at most ``timeout``
@@ -435,25 +440,64 @@ class Session:
         server is unreachable or changing leader, for as long as the lease
         lasts: acquire is idempotent, and each retry asks the server to wait
         only for what is left of the timeout."""
-        return self._acquire(name, wait=True, timeout=timeout)
+        return self._acquire(Target.lock(name), wait=True, timeout=timeout)
 
     def try_lock(self, name: str) -> Guard | None:
         """Takes ``name`` if it is free; ``None`` if another session holds it."""
-        try:
-            return self._acquire(name, wait=False, timeout=None)
-        except LockBusy:
-            return None
+        return self._try(Target.lock(name))
+
+    def read_lock(self, name: str, *, timeout: Duration | None = None) -> Guard:
+        """Takes the read/write lock ``name`` shared, beside other readers,
+        in FIFO order behind any writer that came first (docs/rw-locks.md)."""
+        return self._acquire(Target.lock(name, "shared"), wait=True, timeout=timeout)
+
+    def write_lock(self, name: str, *, timeout: Duration | None = None) -> Guard:
+        """Takes the read/write lock ``name`` exclusive: alone, once every
+        holder and everyone queued ahead is done."""
+        return self._acquire(Target.lock(name, "exclusive"), wait=True, timeout=timeout)
+
+    def try_read_lock(self, name: str) -> Guard | None:
+        return self._try(Target.lock(name, "shared"))
+
+    def try_write_lock(self, name: str) -> Guard | None:
+        return self._try(Target.lock(name, "exclusive"))
+
+    def semaphore(
+        self, name: str, capacity: int, *, count: int = 1, timeout: Duration | None = None
+    ) -> Guard:
+        """Takes ``count`` permits of the semaphore ``name`` of ``capacity``
+        permits (0: whatever capacity a defined one has), in FIFO order. Each
+        permit in ``guard.permits`` has its own token and slot
+        (docs/semaphores.md); ``guard.token`` is the first's."""
+        return self._acquire(Target.semaphore(name, capacity, count), wait=True, timeout=timeout)
+
+    def try_semaphore(self, name: str, capacity: int, *, count: int = 1) -> Guard | None:
+        return self._try(Target.semaphore(name, capacity, count))
+
+    def campaign(self, election: str, value: str, *, timeout: Duration | None = None) -> Guard:
+        """Runs for leader of ``election``, proclaiming ``value``, behind the
+        leader and earlier candidates in FIFO order (docs/elections.md).
+        ``guard.token`` is the term, a fencing token; ``guard.proclaim``
+        changes the value; releasing the guard resigns."""
+        return self._acquire(Target.election(election, value), wait=True, timeout=timeout)
 
     def queue_position(self, name: str) -> int | None:
-        """This session's place in ``name``'s queue (0 is next), or ``None``
-        if it is not waiting: for showing progress while ``lock`` waits in
-        another thread."""
+        """This session's place in lock ``name``'s queue (0 is next), or
+        ``None`` if it is not waiting: for showing progress while ``lock``
+        waits in another thread."""
         status = self._client.status(name)
         if status is None or self.id not in status.waiters:
             return None
         return status.waiters.index(self.id)
 
-    def _acquire(self, name: str, *, wait: bool, timeout: Duration | None) -> Guard:
+    def _try(self, target: Target) -> Guard | None:
+        try:
+            return self._acquire(target, wait=False, timeout=None)
+        except LockBusy:
+            return None
+
+    def _acquire(self, target: Target, *, wait: bool, timeout: Duration | None) -> Guard:
+        name = target.name
         if not isinstance(name, str):
             raise InvalidArgument(f"a lock name is text, not {type(name).__name__}")
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
@@ -464,21 +508,19 @@ class Session:
                     f"{self.id}; use one session per holder"
                 )
             self._in_use.add(name)
+        fields = {**self.handle.fields(), **target.fields}
 
-        fields = {**self.handle.fields(), "lock": name}
-
-        def send() -> int:
+        def send() -> calls.Grant:
             body, read_timeout = acquire_request(fields, wait, give_up, CALL_TIMEOUT)
-            call = calls.acquire(body)
-            return call.parse(self._client._send(call.method, call.path, body, wait=read_timeout))
+            return self._client._send(target.acquire(body), wait=read_timeout)
 
         try:
-            token = self._client._retrying(send, give_up=give_up, lost=self._lease_error)
+            grant = self._client._retrying(send, give_up=give_up, lost=self._lease_error)
         except DeadboltError as error:
             self._forget(name)
             if is_transient(error) and give_up is not None:
                 raise WaitTimeout(
-                    f"timed out waiting for lock {name!r} (last error: {error})"
+                    f"timed out waiting for {target.kind} {name!r} (last error: {error})"
                 ) from None
             raise
         except BaseException:
@@ -486,42 +528,42 @@ class Session:
             # server may grant the lock in a reply nobody reads. It gives back
             # what it had not answered when the connection closed; a moment
             # later, release what it answered as we left.
-            self._clean_up_abandoned(name)
+            self._clean_up_abandoned(target)
             raise
         # An answer that arrives as the lease ends cannot be relied on.
         lost = self._lease_error()
         if lost is not None:
             self._forget(name)
             raise lost
-        return Guard(self, name, token)
+        return Guard(self, target, grant)
 
     def _forget(self, name: str) -> None:
         with self._changed:
             self._in_use.discard(name)
 
-    def _clean_up_abandoned(self, name: str) -> None:
+    def _clean_up_abandoned(self, target: Target) -> None:
         def clean_up() -> None:
             time.sleep(CLEAN_UP_DELAY)
             try:
-                status = self._client.status(name)
-                if status is not None and status.holder == self.id and not self.lost.is_set():
-                    self._release(name, status.token)
+                token = self._client._call(target.held_by(self.id))
+                if token is not None and not self.lost.is_set():
+                    self._release(target, token)
             except DeadboltError:
                 pass  # the server gives it back after its grace period
             finally:
-                self._forget(name)
+                self._forget(target.name)
 
         threading.Thread(target=clean_up, daemon=True).start()
 
-    def _release(self, name: str, token: int) -> None:
+    def _release(self, target: Target, token: int) -> None:
         attempts = ReleaseAttempts()
-        release = calls.release(self.handle, name, token)
+        release = target.release(self.handle, token)
 
         def send() -> dict[str, Any]:
             # An answer after the lease's end means nothing: wait no longer.
             wait = max(min(CALL_TIMEOUT, self.deadline - now()), 0.001)
             try:
-                return self._client._send(release.method, release.path, release.body, wait=wait)
+                return self._client._send(release, wait=wait)
             except DeadboltError as error:
                 if attempts.went_through(error):
                     return {}
@@ -530,7 +572,7 @@ class Session:
         try:
             self._client._retrying(send, lost=self._lease_error)
         finally:
-            self._forget(name)
+            self._forget(target.name)
 
     def close(self) -> None:
         """Stops renewing and ends the session on the server, which releases
@@ -548,10 +590,8 @@ class Session:
         give_up = now() + within
         # Best effort: if it fails, the lease ends by itself.
         with contextlib.suppress(DeadboltError):
-            close = calls.close_session(self.handle)
             self._client._retrying(
-                lambda: self._client._send(close.method, close.path, close.body),
-                give_up=give_up,
+                lambda: self._client._send(calls.close_session(self.handle)), give_up=give_up
             )
 
     def __enter__(self) -> Session:
@@ -565,18 +605,23 @@ class Session:
 
 
 class Guard:
-    """A held lock and its fencing token. Pass ``token`` to whatever the lock
-    protects, and have it refuse tokens lower than the highest it has seen.
+    """A held lock (or semaphore permits, or an election's leadership) and
+    its fencing token. Pass ``token`` to whatever the lock protects, and have
+    it refuse tokens lower than the highest it has seen.
 
     The owner is this object, not a thread: hand it to another thread or
     keep it across calls as you like. Leaving its ``with`` block releases
     it, exceptions included; if the lease was lost while the block ran, that
     raises ``LeaseLost`` (unless the block already raised)."""
 
-    def __init__(self, session: Session, name: str, token: int) -> None:
+    def __init__(self, session: Session, target: Target, grant: calls.Grant) -> None:
         self.session = session
-        self.name = name
-        self.token = token
+        self._target = target
+        self.name = target.name
+        self.token = grant.token
+        """The fencing token: a lock's, the first permit's, or the term."""
+        self.permits = grant.permits
+        """A semaphore's permits, each with its token and slot."""
         self._owns_session = False
         self._released = False
 
@@ -585,18 +630,27 @@ class Guard:
         """Set once the lease can no longer be trusted (see ``Session.lost``)."""
         return self.session.lost
 
+    def proclaim(self, value: str) -> None:
+        """An election leader's new value; ``NotHolder`` or ``StaleToken``
+        once this term is over."""
+        self.session._client._call(
+            calls.proclaim(self.session.handle, self.name, self.token, value)
+        )
+
     def release(self) -> None:
-        """Releases the lock (and closes the session ``Client.lock`` opened for
-        it). Raises ``LeaseLost`` if the lease was already gone, since the
-        lock may then have been someone else's for a while."""
+        """Releases the lock (resigns an election), and closes the session
+        ``Client.lock`` opened for it. Raises ``LeaseLost`` if the lease was
+        already gone, since the lock may then have been someone else's."""
         if self._released:
             return
         self._released = True
         try:
-            self.session._release(self.name, self.token)
+            self.session._release(self._target, self.token)
         finally:
             if self._owns_session:
                 self.session.close()
+
+    resign = release
 
     def __enter__(self) -> Guard:
         return self
