@@ -1,6 +1,6 @@
 """The protocol rules every Deadbolt client keeps, free of any I/O.
 
-Why a module of its own: the synchronous client (urllib3 and threads) and
+Why a module of its own: the synchronous client (threads) and
 any other transport must keep exactly the same rules, and rules mixed into
 transport code drift apart. What lives here:
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -190,6 +191,17 @@ def default_margin(ttl: float, margin: Duration | None) -> float:
     """How long before the lease's end ``lost`` is set: as given, or a tenth
     of the TTL, at most 2 s."""
     return min(ttl / 10, 2.0) if margin is None else seconds(margin, "margin")
+
+
+def tls_context(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The TLS settings of ``https`` endpoints: verified against ``ca`` (the
+    system's roots without one), with a client certificate for mutual TLS."""
+    if ca is None and cert is None:
+        return None
+    context = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        context.load_cert_chain(cert, key)
+    return context
 
 
 def request_headers(token: str | None) -> dict[str, str]:

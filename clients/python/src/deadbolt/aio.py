@@ -4,7 +4,7 @@ the same API as the synchronous one with ``await``.
 Why aiohttp (the ``asyncio`` extra: ``pip install "deadbolt[asyncio]"``):
 cancelling a task that waits on a lock must close its connection, which is
 how the server learns the caller left and gives its queue place back;
-a thread pool over urllib3 cannot cancel a request in flight. The rules
+a thread pool over a blocking client cannot cancel a request in flight. The rules
 are ``_protocol``'s and the requests ``_calls``', shared with ``client.py``.
 
     async with deadbolt.AsyncClient("http://127.0.0.1:7070") as client:
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Generator
 from typing import Any, Callable, TypeVar
 
@@ -58,6 +57,7 @@ from ._protocol import (
     parse_answer,
     request_headers,
     seconds,
+    tls_context,
     unreachable,
 )
 
@@ -80,11 +80,7 @@ class AsyncClient:
         max_connections: int = 32,
     ) -> None:
         self._endpoints = Endpoints.parse(endpoints, ca is not None or cert is not None)
-        self._ssl: ssl.SSLContext | None = None
-        if ca is not None or cert is not None:
-            self._ssl = ssl.create_default_context(cafile=ca)
-            if cert is not None:
-                self._ssl.load_cert_chain(cert, key)
+        self._ssl = tls_context(ca, cert, key)
         self._headers = request_headers(token)
         self._max_connections = max_connections
         self._http: aiohttp.ClientSession | None = None

@@ -1,10 +1,11 @@
 """The synchronous client: ``Client``, ``Session`` (a lease kept alive by a
 watchdog thread) and ``Guard`` (a held lock and its fencing token).
 
-Why threads and urllib3: a lease must be renewed while the caller's code
-runs, whatever it does, so the watchdog cannot wait for the caller; and
-urllib3 is thread-safe, pools connections, and costs a third of the CPU
-per call that httpx does. The rules themselves live in ``_protocol``.
+Why threads: a lease must be renewed while the caller's code runs,
+whatever it does, so the watchdog cannot wait for the caller. HTTP goes
+through ``_transport`` (the standard library's ``http.client`` and a pool of
+idle connections); the rules themselves live in ``_protocol``, the requests
+in ``_calls``.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import json
 import threading
 import time
 from typing import Any, Callable, TypeVar
-
-import urllib3
 
 from . import _calls as calls
 from ._calls import Target
@@ -50,8 +49,10 @@ from ._protocol import (
     parse_answer,
     request_headers,
     seconds,
+    tls_context,
     unreachable,
 )
+from ._transport import Transport, TransportError
 
 T = TypeVar("T")
 
@@ -81,16 +82,9 @@ class Client:
         token: str | None = None,
         max_connections: int = 32,
     ) -> None:
-        tls = ca is not None or cert is not None
-        self._endpoints = Endpoints.parse(endpoints, tls)
-        self._pool = urllib3.PoolManager(
-            num_pools=8,
-            maxsize=max_connections,
-            headers=request_headers(token),
-            ca_certs=ca,
-            cert_file=cert,
-            key_file=key,
-            retries=False,
+        self._endpoints = Endpoints.parse(endpoints, ca is not None or cert is not None)
+        self._transport = Transport(
+            request_headers(token), tls_context(ca, cert, key), max_connections, CONNECT_TIMEOUT
         )
 
     # ---- plumbing -------------------------------------------------------
@@ -108,16 +102,15 @@ class Client:
         url = self._endpoints.url()
         data = body if body is not None else call.body
         try:
-            response = self._pool.request(
+            response = self._transport.request(
+                url,
                 call.method,
-                url + call.path,
-                body=None if data is None else json.dumps(data).encode(),
-                timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=wait),
+                call.path,
+                None if data is None else json.dumps(data).encode(),
+                wait,
             )
-            answer = parse_answer(
-                response.status, response.data, response.headers.get("retry-after")
-            )
-        except urllib3.exceptions.HTTPError as error:
+            answer = parse_answer(response.status, response.body, response.retry_after)
+        except TransportError as error:
             failure = unreachable(url, error)
             self._endpoints.failed(url, failure)
             raise failure from None
@@ -297,8 +290,8 @@ class Client:
         return self._retrying(lambda: self._send(call), give_up=now() + CALL_TIMEOUT)
 
     def close(self) -> None:
-        """Closes the connection pool."""
-        self._pool.clear()
+        """Closes the idle connections."""
+        self._transport.close()
 
     def __enter__(self) -> Client:
         return self

@@ -26,11 +26,11 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import urllib3
 
 STARTUP_LIMIT = 30.0
 
@@ -85,15 +85,17 @@ class DeadboltServer:
 
     def _wait_ready(self) -> None:
         started = time.monotonic()
-        http = urllib3.PoolManager(retries=False)
         while time.monotonic() - started < STARTUP_LIMIT:
             if self._process.poll() is not None:
                 raise RuntimeError(
                     f"deadbolt server exited ({self._process.returncode}): "
                     f"{self.log.read_text(errors='replace')[-2000:]}"
                 )
-            with contextlib.suppress(urllib3.exceptions.HTTPError):
-                if http.request("GET", self.endpoint + "/ready", timeout=1.0).status == 200:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.endpoint + "/ready", timeout=1.0) as ready,
+            ):
+                if ready.status == 200:
                     return
             time.sleep(0.05)
         raise RuntimeError(f"deadbolt server not ready within {STARTUP_LIMIT}s")

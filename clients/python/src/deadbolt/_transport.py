@@ -1,0 +1,113 @@
+"""HTTP/1.1 with keep-alive over the standard library's ``http.client``: the
+synchronous client's transport.
+
+Why not urllib3 (or httpx): measured on one node, a request through
+urllib3's ``PoolManager`` cost 198 µs of client CPU, through its
+``HTTPConnectionPool`` 170 µs, and through ``http.client`` 98 µs; with 16
+threads sharing one GIL, that is the client's throughput. What urllib3
+adds on top (URL parsing per request, retries, redirects, proxies, header
+case-folding) is nothing this client uses. What is kept here is only a pool
+of idle connections per endpoint.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ssl
+import threading
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+
+class TransportError(Exception):
+    """The request got no answer: no connection, a reset, a timeout."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes
+    retry_after: str | None
+
+
+class Transport:
+    """Idle keep-alive connections per endpoint, reused last-in first-out
+    (the warmest first), at most ``max_idle`` kept per endpoint. Thread-safe:
+    a connection is used by one request at a time."""
+
+    def __init__(
+        self,
+        headers: dict[str, str],
+        ssl_context: ssl.SSLContext | None,
+        max_idle: int,
+        connect_timeout: float,
+    ) -> None:
+        self._headers = headers
+        self._ssl = ssl_context
+        self._max_idle = max_idle
+        self._connect_timeout = connect_timeout
+        self._idle: dict[str, list[http.client.HTTPConnection]] = {}
+        self._lock = threading.Lock()
+
+    def _connection(self, base: str) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection to ``base`` (and ``True``), or a new one."""
+        with self._lock:
+            idle = self._idle.get(base)
+            if idle:
+                return idle.pop(), True
+        parts = urlsplit(base)
+        host, port = parts.hostname or "127.0.0.1", parts.port
+        if parts.scheme == "https":
+            context = self._ssl or ssl.create_default_context()
+            return (
+                http.client.HTTPSConnection(
+                    host, port, timeout=self._connect_timeout, context=context
+                ),
+                False,
+            )
+        return http.client.HTTPConnection(host, port, timeout=self._connect_timeout), False
+
+    def _keep(self, base: str, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(base, [])
+            if len(idle) < self._max_idle:
+                idle.append(connection)
+                return
+        connection.close()
+
+    def request(
+        self, base: str, method: str, path: str, body: bytes | None, timeout: float | None
+    ) -> Answer:
+        """One request to ``base`` (``scheme://host:port``); waits at most
+        ``timeout`` for each read of the answer (``None``: as long as it
+        takes). A kept connection the server closed while it was idle is
+        replaced once: the server had not read anything from it."""
+        while True:
+            connection, reused = self._connection(base)
+            try:
+                if connection.sock is None:
+                    connection.connect()
+                connection.sock.settimeout(timeout)
+                connection.request(method, path, body=body, headers=self._headers)
+                response = connection.getresponse()
+                data = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as error:
+                connection.close()
+                if reused:
+                    continue
+                raise TransportError(str(error) or type(error).__name__) from error
+            except (OSError, http.client.HTTPException) as error:
+                connection.close()
+                raise TransportError(str(error) or type(error).__name__) from error
+            if response.will_close:
+                connection.close()
+            else:
+                self._keep(base, connection)
+            return Answer(response.status, data, response.getheader("retry-after"))
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for connection in connections:
+                connection.close()
