@@ -8,8 +8,10 @@
 # crates/backends tests, and scripts/chromium.sh the headless Chromium and
 # chromedriver the dashboard tests drive (each installing Debian's package
 # first when run as root without it); scripts/python-client.sh builds the
-# Python client's wheel into a virtualenv (from PyPI: setuptools, pytest,
-# mypy, ruff) for its own tests and the client conformance suite.
+# Python client's wheel into a virtualenv (from PyPI: setuptools, aiohttp,
+# pytest, mypy, ruff) and scripts/typescript-client.sh the TypeScript client
+# (from npm: typescript, @types/node) for their own tests and the client
+# conformance suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,8 +71,12 @@ stage "the Python client: its wheel in a fresh virtualenv, ruff, mypy --strict (
 # Assigned first, as above, so that a failed setup stops the run.
 python_env=$(scripts/python-client.sh setup)
 eval "$python_env"
-# With the Python driver set up, the conformance suite (crates/conformance)
-# runs every scenario against it too; a client it cannot start fails.
+
+stage "the TypeScript client: npm ci, strict build, consumer projects (scripts/typescript-client.sh)"
+typescript_env=$(scripts/typescript-client.sh setup)
+eval "$typescript_env"
+# With both drivers set up, the conformance suite (crates/conformance) runs
+# every scenario against them too; a client it cannot start fails.
 export DEADBOLT_REQUIRE_CLIENTS=1
 
 stage "cargo test"
@@ -81,6 +87,8 @@ awk '/^test result:/ { passed += $4; failed += $6 }
 
 stage "the Python client's tests, against the installed wheel (scripts/python-client.sh test)"
 scripts/python-client.sh test
+stage "the TypeScript client's tests (scripts/typescript-client.sh test)"
+scripts/typescript-client.sh test
 
 stage "fault injection: a short nemesis run (scripts/nemesis.sh; longer runs: docs/safety.md)"
 scripts/nemesis.sh --debug --duration 20s --seed 1

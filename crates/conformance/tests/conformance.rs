@@ -1,7 +1,8 @@
 //! Runs every scenario against every client whose driver is available:
 //! the Rust client always; Python's synchronous and asyncio clients when
 //! `DEADBOLT_PYTHON` names an interpreter with the `deadbolt` package
-//! installed (scripts/python-client.sh makes one).
+//! installed (scripts/python-client.sh makes one); TypeScript's when
+//! `DEADBOLT_NODE_DRIVER` names its built driver (scripts/typescript-client.sh).
 //! With `DEADBOLT_REQUIRE_CLIENTS=1` (CI), a missing driver fails instead of
 //! skipping.
 
@@ -55,6 +56,25 @@ fn python_driver(name: &str, flags: &[&str]) -> Option<ClientUnderTest> {
         name: name.into(),
         program: python.into(),
         args,
+    })
+}
+
+/// The TypeScript client's driver, built by `scripts/typescript-client.sh`.
+fn typescript() -> Option<ClientUnderTest> {
+    let Some(driver) = std::env::var_os("DEADBOLT_NODE_DRIVER") else {
+        assert!(
+            !required(),
+            "DEADBOLT_NODE_DRIVER is not set (scripts/typescript-client.sh sets it)"
+        );
+        eprintln!(
+            "skipped: DEADBOLT_NODE_DRIVER is not set (scripts/typescript-client.sh sets it)"
+        );
+        return None;
+    };
+    Some(ClientUnderTest {
+        name: "typescript".into(),
+        program: "node".into(),
+        args: vec![driver.to_string_lossy().into_owned()],
     })
 }
 
@@ -115,3 +135,4 @@ macro_rules! every_scenario {
 every_scenario!(rust);
 every_scenario!(python);
 every_scenario!(python_async);
+every_scenario!(typescript);

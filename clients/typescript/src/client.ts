@@ -1,0 +1,620 @@
+/**
+ * `Client`, `Session` (a lease renewed in the background) and `Guard` (a
+ * held lock and its fencing token). The rules are `protocol.ts`'s and the
+ * requests `calls.ts`'; this file decides when to send and retry.
+ */
+
+import { type Body, type Call, type Grant, type Leader, type LockStatus, type Permit, type SemaphoreStatus, SessionHandle, type Stored, type AuditEntry, Target, calls } from "./calls.js";
+import { DeadboltError, InvalidArgumentError, LeaseLostError, LockBusyError, UnknownSessionError, WaitTimeoutError } from "./errors.js";
+import { Backoff, type Duration, Endpoints, Lease, encodeBody, endsSession, isTransient, millis, nextAttempt, now, parseAnswer, unreachable } from "./protocol.js";
+import { type TlsFiles, Transport, TransportError } from "./transport.js";
+
+/** How long a call that does not wait on a lock may take before it counts as unanswered. */
+const CALL_TIMEOUT = 10_000;
+const CONNECT_TIMEOUT = 2_000;
+/** How long after an acquire is abandoned its clean-up looks for a grant. */
+const CLEAN_UP_DELAY = 1_000;
+
+export interface ClientOptions extends TlsFiles {
+  /** One URL or several (`"http://10.0.0.1:7070"`, or a bare `host:port`). Default `http://127.0.0.1:7070`. */
+  endpoints?: string | readonly string[];
+  /** A bearer token from `deadbolt acl token create`. */
+  token?: string | undefined;
+  /** Connections kept per endpoint (default 32). */
+  maxConnections?: number;
+}
+
+export interface SessionOptions {
+  /** The lease (default `"30s"`). */
+  ttl?: Duration;
+  /** How long before the lease could end unrenewed `signal` aborts (default a tenth of the TTL, at most 2 s). */
+  margin?: Duration;
+}
+
+export interface WaitOptions {
+  /** Wait at most this long (`WaitTimeoutError` after it); default: until granted. */
+  timeout?: Duration;
+  /** Cancels the wait: the connection closes, and the server gives the queue place back. */
+  signal?: AbortSignal;
+}
+
+export type LockOptions = SessionOptions & WaitOptions;
+
+function sleep(ms: number, unref = false): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, Math.max(ms, 0));
+    if (unref) timer.unref();
+  });
+}
+
+/** A connection to a Deadbolt cluster. Share one per process. */
+export class Client {
+  private readonly endpoints: Endpoints;
+  private readonly transport: Transport;
+
+  constructor(options: ClientOptions = {}) {
+    const tls = options.ca !== undefined || options.cert !== undefined;
+    this.endpoints = new Endpoints(options.endpoints ?? "http://127.0.0.1:7070", tls);
+    const headers: Record<string, string> = { "content-type": "application/json" };
+    if (options.token) headers["authorization"] = `Bearer ${options.token}`;
+    this.transport = new Transport(headers, options, options.maxConnections ?? 32, CONNECT_TIMEOUT);
+  }
+
+  /** One request to the current endpoint; on failure the endpoint moves on before throwing. */
+  async send<T>(call: Call<T>, options: { body?: Body; wait?: number | undefined; signal?: AbortSignal } = {}): Promise<T> {
+    const url = this.endpoints.url();
+    const body = options.body ?? call.body;
+    const wait = "wait" in options ? options.wait : CALL_TIMEOUT;
+    let answer;
+    try {
+      const raw = await this.transport.request(url, call.method, call.path, body && encodeBody(body), wait, options.signal);
+      answer = parseAnswer(raw.status, raw.text, raw.retryAfter);
+    } catch (error) {
+      if (error instanceof DeadboltError) {
+        this.endpoints.failed(url, error);
+        throw error;
+      }
+      if (error instanceof TransportError) {
+        const failure = unreachable(url, error);
+        this.endpoints.failed(url, failure);
+        throw failure;
+      }
+      throw error; // aborted by the caller's signal
+    }
+    return call.parse(answer);
+  }
+
+  /**
+   * Repeats an idempotent request while the server is unreachable, not the
+   * leader, or overloaded, with jittered backoff: until `giveUp` (a `now()`
+   * instant), and while `lost` says the lease holds.
+   */
+  async retrying<T>(request: () => Promise<T>, options: { giveUp?: number | undefined; lost?: () => DeadboltError | undefined } = {}): Promise<T> {
+    const backoff = new Backoff();
+    for (;;) {
+      const ended = options.lost?.();
+      if (ended) throw ended;
+      try {
+        return await request();
+      } catch (error) {
+        if (!isTransient(error)) throw error;
+        const delay = backoff.delayAfter(error);
+        if (options.giveUp !== undefined && now() + delay >= options.giveUp) throw error;
+        await sleep(delay);
+      }
+    }
+  }
+
+  private call<T>(call: Call<T>, retry = true): Promise<T> {
+    if (!(retry && call.retry)) return this.send(call);
+    return this.retrying(() => this.send(call), { giveUp: now() + CALL_TIMEOUT });
+  }
+
+  /** Opens a session: a lease renewed every third of its TTL in the background. */
+  async session(options: SessionOptions = {}): Promise<Session> {
+    const ttl = millis(options.ttl ?? "30s", "ttl");
+    const margin = options.margin === undefined ? Math.min(ttl / 10, 2000) : millis(options.margin, "margin");
+    const sent = now();
+    // Not blindly repeated: tried once per endpoint (and at a leader a follower names).
+    let tries = this.endpoints.urls.length + 2;
+    for (;;) {
+      try {
+        const opened = await this.send(calls.openSession(ttl));
+        return new Session(this, opened.handle, opened.ttlMs, sent, margin);
+      } catch (error) {
+        tries -= 1;
+        if (!(error instanceof DeadboltError) || !["unavailable", "not_leader"].includes(error.kind) || tries <= 0) throw error;
+        await sleep(new Backoff(50, 1000).nextDelay() * 4);
+      }
+    }
+  }
+
+  /**
+   * Takes `name` in a session of its own, waiting in FIFO order. Releasing
+   * the guard (or disposing it: `await using`) closes the session. If the
+   * lock is not acquired, this throws: code after it never runs without it.
+   */
+  async lock(name: string, options: LockOptions = {}): Promise<Guard> {
+    const session = await this.session(options);
+    try {
+      const guard = await session.lock(name, options);
+      guard.ownsSession = true;
+      return guard;
+    } catch (error) {
+      await session.close();
+      throw error;
+    }
+  }
+
+  /** Takes `name` if it is free, in a session of its own; `null` if someone holds it. */
+  async tryLock(name: string, options: SessionOptions = {}): Promise<Guard | null> {
+    const session = await this.session(options);
+    try {
+      const guard = await session.tryLock(name);
+      if (guard) guard.ownsSession = true;
+      else await session.close();
+      return guard;
+    } catch (error) {
+      await session.close();
+      throw error;
+    }
+  }
+
+  /**
+   * Runs `work` holding `name`, and releases it after, whatever happens:
+   * `try`/`finally` for code without `await using`. `work` gets the guard,
+   * whose `signal` aborts when the lease can no longer be trusted.
+   */
+  async withLock<T>(name: string, options: LockOptions, work: (guard: Guard) => Promise<T>): Promise<T> {
+    const guard = await this.lock(name, options);
+    try {
+      return await work(guard);
+    } finally {
+      await guard.release();
+    }
+  }
+
+  /** Who holds `name` (and who waits); `undefined` when nobody holds it. */
+  status(name: string): Promise<LockStatus | undefined> {
+    return this.call(calls.status(name));
+  }
+
+  /** Every held lock, in name order. */
+  async locks(): Promise<LockStatus[]> {
+    const held: LockStatus[] = [];
+    for (let more = true; more; ) {
+      const next = await this.call(calls.locksPage(held.at(-1)?.name ?? ""));
+      held.push(...next.page);
+      more = next.more;
+    }
+    return held;
+  }
+
+  history(name: string): Promise<AuditEntry[]> {
+    return this.call(calls.history(name));
+  }
+
+  /** Whether `token` is the current grant of `name`. */
+  check(name: string, token: bigint): Promise<boolean> {
+    return this.call(calls.check(name, token));
+  }
+
+  semaphoreStatus(name: string): Promise<SemaphoreStatus | undefined> {
+    return this.call(calls.semaphoreStatus(name));
+  }
+
+  leader(election: string): Promise<Leader | undefined> {
+    return this.call(calls.leader(election));
+  }
+
+  /** Writes the fenced store's `key` unless `token` is below its fence (`StaleTokenError`); the new fence. */
+  put(key: string, value: string, token: bigint, options: { lock?: string } = {}): Promise<bigint> {
+    return this.call(calls.put(key, value, token, options.lock));
+  }
+
+  /** Reads `key`; with `token`, a fenced read that first raises the fence to it. */
+  get(key: string, options: { token?: bigint; lock?: string } = {}): Promise<Stored> {
+    return this.call(calls.get(key, options.token, options.lock));
+  }
+
+  delete(key: string, token: bigint): Promise<boolean> {
+    return this.call(calls.delete(key, token));
+  }
+
+  /** A raw keepalive of someone's session by its handle; the TTL granted, in ms. */
+  keepAlive(handle: SessionHandle): Promise<number> {
+    return this.call(calls.keepAlive(handle), false);
+  }
+
+  /** Closes the kept connections. */
+  close(): void {
+    this.transport.close();
+  }
+}
+
+/**
+ * A lease on the server, renewed every third of its TTL. The server counts
+ * a lease from when it *receives* a keepalive; the client only knows when it
+ * *sent* one, so its deadline is never later than the server's.
+ */
+export class Session {
+  readonly ttl: number;
+  readonly margin: number;
+  private readonly lease: Lease;
+  private readonly lostController = new AbortController();
+  private changed: { promise: Promise<void>; resolve: () => void };
+  private readonly inUse = new Set<string>();
+  private alarm: ReturnType<typeof setTimeout> | undefined;
+
+  constructor(
+    /** The client this session was opened through. */
+    readonly client: Client,
+    readonly handle: SessionHandle,
+    ttl: number,
+    opened: number,
+    margin: number,
+  ) {
+    this.ttl = ttl;
+    this.margin = margin;
+    this.lease = new Lease(handle.id, opened + ttl);
+    this.changed = Session.signalled();
+    void this.watchdog();
+    this.armAlarm();
+  }
+
+  private static signalled(): { promise: Promise<void>; resolve: () => void } {
+    let resolve = (): void => {};
+    const promise = new Promise<void>((done) => (resolve = done));
+    return { promise, resolve };
+  }
+
+  /** The server's id for this session (public: status shows it). */
+  get id(): bigint {
+    return this.handle.id;
+  }
+
+  /** The latest instant (on `now()`'s clock, in ms) the lease is certain to last until. */
+  get deadline(): number {
+    return this.lease.deadline;
+  }
+
+  /**
+   * Aborts once the lease is within `margin` of ending unrenewed, was ended
+   * by the server, or the session was closed; its `reason` says which. Hand
+   * it to `fetch`, a database driver, or anything else that takes one.
+   */
+  get signal(): AbortSignal {
+    return this.lostController.signal;
+  }
+
+  /** Why the lease cannot be trusted `margin` ms ahead, or `undefined`. */
+  lostReason(margin = 0): DeadboltError | undefined {
+    return this.lease.lostReason(margin);
+  }
+
+  private notify(): void {
+    const changed = this.changed;
+    this.changed = Session.signalled();
+    changed.resolve();
+    this.armAlarm();
+  }
+
+  private armAlarm(): void {
+    clearTimeout(this.alarm);
+    const reason = this.lease.lostReason(this.margin);
+    if (reason) {
+      this.lostController.abort(reason);
+      return;
+    }
+    // Now and then even before the alarm: a suspend delays timers.
+    const wake = Math.min(this.lease.deadline - this.margin - now(), 1000);
+    this.alarm = setTimeout(() => this.armAlarm(), Math.max(wake, 0));
+    this.alarm.unref();
+  }
+
+  /**
+   * Resolves once the lease is lost, or within `margin` of running out with
+   * no renewal moving it, with why; `undefined` after `timeout`.
+   */
+  async waitLost(margin: Duration = 0, timeout?: Duration): Promise<DeadboltError | undefined> {
+    const marginMs = millis(margin, "margin");
+    const giveUp = timeout === undefined ? undefined : now() + millis(timeout, "timeout");
+    for (;;) {
+      const reason = this.lease.lostReason(marginMs);
+      if (reason) return reason;
+      let wake = this.lease.deadline - marginMs;
+      if (giveUp !== undefined) {
+        if (now() >= giveUp) return undefined;
+        wake = Math.min(wake, giveUp);
+      }
+      await Promise.race([this.changed.promise, sleep(Math.min(wake - now(), 1000))]);
+    }
+  }
+
+  private end(reason: DeadboltError): void {
+    this.lease.end(reason);
+    this.notify();
+  }
+
+  private async watchdog(): Promise<void> {
+    const interval = this.ttl / 3;
+    let lastSent = this.lease.deadline - this.ttl;
+    while (!this.lease.ended) {
+      await sleep(lastSent + interval - now(), true);
+      if (this.lease.ended) return;
+      const deadline = this.lease.deadline;
+      const sent = now();
+      let granted: number;
+      try {
+        granted = await this.renew(deadline, interval);
+      } catch (error) {
+        if (endsSession(error)) this.end(error as DeadboltError);
+        else {
+          this.end(this.lease.expired(error));
+          await this.closeQuietly(interval);
+        }
+        return;
+      }
+      lastSent = sent;
+      this.lease.renewed(sent, granted);
+      this.notify();
+    }
+  }
+
+  private async renew(deadline: number, interval: number): Promise<number> {
+    const backoff = new Backoff();
+    for (;;) {
+      try {
+        return await this.client.send(calls.keepAlive(this.handle), { wait: Math.max(Math.min(interval, deadline - now()), 1) });
+      } catch (error) {
+        if (!(error instanceof DeadboltError) || endsSession(error)) throw error;
+        const delay = backoff.delayAfter(error);
+        if (now() + delay >= deadline) throw error;
+        await sleep(delay, true);
+      }
+    }
+  }
+
+  /**
+   * Takes `name`, waiting in its FIFO queue. Retries while the server is
+   * unreachable or changing leader, for as long as the lease lasts (acquire
+   * is idempotent). Aborting `signal` gives the place (or a grant answered
+   * as it aborted) back.
+   */
+  lock(name: string, options: WaitOptions = {}): Promise<Guard> {
+    return this.acquire(Target.lock(name), true, options);
+  }
+
+  /** Takes `name` if it is free; `null` if another session holds it. */
+  tryLock(name: string): Promise<Guard | null> {
+    return this.try(Target.lock(name));
+  }
+
+  /** The read/write lock `name`, shared with other readers, FIFO behind any writer first in line. */
+  readLock(name: string, options: WaitOptions = {}): Promise<Guard> {
+    return this.acquire(Target.lock(name, "shared"), true, options);
+  }
+
+  /** The read/write lock `name`, alone. */
+  writeLock(name: string, options: WaitOptions = {}): Promise<Guard> {
+    return this.acquire(Target.lock(name, "exclusive"), true, options);
+  }
+
+  tryReadLock(name: string): Promise<Guard | null> {
+    return this.try(Target.lock(name, "shared"));
+  }
+
+  tryWriteLock(name: string): Promise<Guard | null> {
+    return this.try(Target.lock(name, "exclusive"));
+  }
+
+  /** `count` permits of the semaphore `name` of `capacity` (0: a defined one's); each permit has its token and slot. */
+  semaphore(name: string, capacity: number, options: WaitOptions & { count?: number } = {}): Promise<Guard> {
+    return this.acquire(Target.semaphore(name, capacity, options.count ?? 1), true, options);
+  }
+
+  trySemaphore(name: string, capacity: number, options: { count?: number } = {}): Promise<Guard | null> {
+    return this.try(Target.semaphore(name, capacity, options.count ?? 1));
+  }
+
+  /** Runs for leader of `election`; the guard's token is the term. */
+  campaign(election: string, value: string, options: WaitOptions = {}): Promise<Guard> {
+    return this.acquire(Target.election(election, value), true, options);
+  }
+
+  /** This session's place in lock `name`'s queue (0 is next), or `undefined` if it is not waiting. */
+  async queuePosition(name: string): Promise<number | undefined> {
+    const status = await this.client.status(name);
+    const place = status?.waiters.indexOf(this.id) ?? -1;
+    return place < 0 ? undefined : place;
+  }
+
+  private async try(target: Target): Promise<Guard | null> {
+    try {
+      return await this.acquire(target, false, {});
+    } catch (error) {
+      if (error instanceof LockBusyError) return null;
+      throw error;
+    }
+  }
+
+  private async acquire(target: Target, wait: boolean, options: WaitOptions): Promise<Guard> {
+    const name = target.name;
+    if (typeof name !== "string") throw new InvalidArgumentError("invalid_argument", "a lock name is a string");
+    const giveUp = options.timeout === undefined ? undefined : now() + millis(options.timeout, "timeout");
+    if (this.inUse.has(name)) {
+      throw new InvalidArgumentError(
+        "invalid_argument",
+        `lock ${JSON.stringify(name)} is already held or being acquired through session ${this.id}; use one session per holder`,
+      );
+    }
+    options.signal?.throwIfAborted();
+    this.inUse.add(name);
+    const send = (): Promise<Grant> => {
+      const body: Body = { ...this.handle.fields(), ...target.fields, wait };
+      let readTimeout: number | undefined = CALL_TIMEOUT;
+      if (wait) {
+        body["attempt"] = nextAttempt();
+        readTimeout = undefined;
+        if (giveUp !== undefined) {
+          const left = Math.max(giveUp - now(), 0);
+          body["timeout_ms"] = Math.round(left);
+          readTimeout = left + CALL_TIMEOUT;
+        }
+      }
+      return this.client.send(target.acquire(body), { body, wait: readTimeout, ...(options.signal ? { signal: options.signal } : {}) });
+    };
+    let grant: Grant;
+    try {
+      grant = await this.client.retrying(send, { giveUp, lost: () => this.lostReason() });
+    } catch (error) {
+      if (options.signal?.aborted) {
+        this.cleanUpAbandoned(target);
+        throw options.signal.reason;
+      }
+      this.inUse.delete(name);
+      if (isTransient(error) && giveUp !== undefined) {
+        throw new WaitTimeoutError("wait_timeout", `timed out waiting for ${target.kind} ${JSON.stringify(name)} (last error: ${error.message})`);
+      }
+      throw error;
+    }
+    // An answer that arrives as the lease ends cannot be relied on.
+    const lost = this.lostReason();
+    if (lost) {
+      this.inUse.delete(name);
+      throw lost;
+    }
+    return new Guard(this, target, grant);
+  }
+
+  /** A grant the server answered as its caller gave up: released a moment later, if it came. */
+  private cleanUpAbandoned(target: Target): void {
+    void (async () => {
+      try {
+        await sleep(CLEAN_UP_DELAY, true);
+        const token = await this.client.retrying(() => this.client.send(target.heldBy(this.id)), { giveUp: now() + CALL_TIMEOUT });
+        if (token !== undefined && !this.signal.aborted) await this.release(target, token);
+      } catch {
+        // The server gives it back after its grace period.
+      } finally {
+        this.inUse.delete(target.name);
+      }
+    })();
+  }
+
+  /** @internal */
+  async release(target: Target, token: bigint): Promise<void> {
+    let maybeApplied = false;
+    const release = target.release(this.handle, token);
+    try {
+      await this.client.retrying(async () => {
+        try {
+          // An answer after the lease's end means nothing: wait no longer.
+          return await this.client.send(release, { wait: Math.max(Math.min(CALL_TIMEOUT, this.deadline - now()), 1) });
+        } catch (error) {
+          // A live session holds its locks until it releases them: "not
+          // holder" after a send whose reply was lost means it went through.
+          if (error instanceof DeadboltError && error.kind === "not_holder" && maybeApplied) return;
+          if (error instanceof DeadboltError && error.kind === "unavailable") maybeApplied = true;
+          throw error;
+        }
+      }, { lost: () => this.lostReason() });
+    } finally {
+      this.inUse.delete(target.name);
+    }
+  }
+
+  /** Stops renewing and ends the session on the server, releasing its locks. */
+  async close(): Promise<void> {
+    if (!this.lease.end(new UnknownSessionError("unknown_session", `session ${this.id} is closed`))) return;
+    this.notify();
+    await this.closeQuietly(Math.max(this.deadline - now(), 1000));
+  }
+
+  private async closeQuietly(within: number): Promise<void> {
+    try {
+      await this.client.retrying(() => this.client.send(calls.closeSession(this.handle)), { giveUp: now() + within });
+    } catch {
+      // Best effort: the lease ends by itself.
+    }
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
+
+/**
+ * A held lock (or semaphore permits, or an election's leadership) and its
+ * fencing token. Pass `token` to whatever the lock protects, and have it
+ * refuse tokens lower than the highest it has seen.
+ */
+export class Guard {
+  readonly name: string;
+  /** The fencing token: a lock's, the first permit's, or the term. Never rounded: a `bigint`. */
+  readonly token: bigint;
+  /** A semaphore's permits, each with its own token and slot. */
+  readonly permits: Permit[];
+  /** @internal */
+  ownsSession = false;
+  private released = false;
+
+  constructor(
+    readonly session: Session,
+    private readonly target: Target,
+    grant: Grant,
+  ) {
+    this.name = target.name;
+    this.token = grant.token;
+    this.permits = grant.permits;
+  }
+
+  /** Aborts when the lease can no longer be trusted (see `Session.signal`). */
+  get signal(): AbortSignal {
+    return this.session.signal;
+  }
+
+  /** An election leader's new value; `NotHolderError` or `StaleTokenError` once its term is over. */
+  async proclaim(value: string): Promise<void> {
+    const client = this.session.client;
+    const call = calls.proclaim(this.session.handle, this.name, this.token, value);
+    await client.retrying(() => client.send(call), { giveUp: now() + CALL_TIMEOUT });
+  }
+
+  /**
+   * Releases the lock (resigns an election), and closes the session
+   * `Client.lock` opened. Throws `LeaseLostError` if the lease was already
+   * gone: the lock may then have been someone else's for a while.
+   */
+  async release(): Promise<void> {
+    if (this.released) return;
+    this.released = true;
+    try {
+      await this.session.release(this.target, this.token);
+    } finally {
+      if (this.ownsSession) await this.session.close();
+    }
+  }
+
+  resign(): Promise<void> {
+    return this.release();
+  }
+
+  /**
+   * `await using guard = await client.lock(...)`: released at the end of
+   * the block. If the lease could no longer be trusted by then, this throws
+   * `LeaseLostError`, so a loss never goes unnoticed.
+   */
+  async [Symbol.asyncDispose](): Promise<void> {
+    const lostDuring = this.signal.aborted && !(this.signal.reason instanceof UnknownSessionError);
+    await this.release().catch((error: unknown) => {
+      if (!lostDuring) throw error;
+    });
+    if (lostDuring) {
+      throw new LeaseLostError(
+        "session_expiring",
+        `the lease of lock ${JSON.stringify(this.name)} (token ${this.token}) could no longer be trusted while it was held: stop work when guard.signal aborts`,
+      );
+    }
+  }
+}

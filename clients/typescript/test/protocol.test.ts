@@ -1,0 +1,47 @@
+// The protocol rules, without a server.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { DeadboltError, ERROR_KINDS, LockBusyError, NotLeaderError, OverloadedError, WaitTimeoutError, errorFor, millis, decodeJson, SessionHandle } from "deadbolt-client";
+
+test("durations read as people write them", () => {
+  assert.equal(millis("30s"), 30_000);
+  assert.equal(millis("500ms"), 500);
+  assert.equal(millis("1m30s"), 90_000);
+  assert.equal(millis("2h"), 7_200_000);
+  assert.equal(millis(250), 250);
+  for (const bad of ["", "30", "thirty seconds", "5x", -1]) {
+    assert.throws(() => millis(bad), /duration/);
+  }
+});
+
+test("a token above 2^53 round-trips exactly", () => {
+  const big = 2n ** 53n + 1n; // 9007199254740993: a double would make it ...992
+  const answer = decodeJson(`{"token":${big},"name":"a:1234567890123456789,","nested":[{"slot":3}]}`);
+  assert.deepEqual(answer, { token: big.toString(), name: "a:1234567890123456789,", nested: [{ slot: "3" }] });
+  assert.equal(BigInt((answer as { token: string }).token), big);
+});
+
+test("every server error kind has its class, with the server's message", () => {
+  assert.deepEqual(ERROR_KINDS, [
+    "busy", "compacted", "internal", "invalid_argument", "limit_reached", "needs_upgrade", "not_holder",
+    "not_leader", "overloaded", "permission_denied", "session_expiring", "stale_token", "unauthenticated",
+    "unavailable", "unknown_session", "wait_cancelled", "wait_timeout",
+  ]);
+  for (const kind of ERROR_KINDS) {
+    const error = errorFor(kind, `the server's words about ${kind}`);
+    assert.equal(error.kind, kind);
+    assert.equal(error.message, `the server's words about ${kind}`);
+    assert.notEqual(error.constructor, DeadboltError, kind);
+  }
+  assert.ok(errorFor("busy", "x") instanceof LockBusyError);
+  assert.ok(errorFor("wait_timeout", "x") instanceof WaitTimeoutError);
+  assert.equal((errorFor("not_leader", "x", { leader: "10.0.0.2:7070" }) as NotLeaderError).leader, "10.0.0.2:7070");
+  assert.equal((errorFor("overloaded", "x", { retryAfter: 1 }) as OverloadedError).retryAfter, 1);
+});
+
+test("a handle keeps its secret out of logs", () => {
+  const handle = SessionHandle.parse("12.9f8e7d");
+  assert.equal(handle.id, 12n);
+  assert.equal(handle.toString(), "12.9f8e7d");
+  assert.doesNotMatch(JSON.stringify(handle), /9f8e7d/);
+});
