@@ -7,9 +7,12 @@
 #
 # Rows: the Rust client (`deadbolt bench uncontended`), the Python client
 # with N threads and with N asyncio tasks, redis-py's Lock with N threads,
-# and the Rust client's Redis backend. Needs redis-server (Debian's
-# redis-server) and the virtualenv of `scripts/python-client.sh setup`
-# (redis-py is installed into it here). Builds the release binary first.
+# the TypeScript client and node-redlock with N concurrent loops, and the
+# Rust client's Redis backend. Needs redis-server (Debian's redis-server),
+# the virtualenv of `scripts/python-client.sh setup` (redis-py is installed
+# into it here) and the build of `scripts/typescript-client.sh setup`
+# (node-redlock and ioredis are installed beside it, in its bench/).
+# Builds the release binary first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,13 +21,15 @@ while [[ $# -gt 0 ]]; do
     case $1 in
     --clients) clients=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
-    *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
     esac
 done
 
 python=target/python-client/venv/bin/python
 [[ -x $python ]] || { echo "run scripts/python-client.sh setup first" >&2; exit 1; }
 "$python" -m pip install --quiet "redis>=5" >&2
+[[ -f clients/typescript/dist/index.js ]] || { echo "run scripts/typescript-client.sh setup first" >&2; exit 1; }
+(cd clients/typescript/bench && npm install --silent --no-audit --no-fund) >&2
 cargo build --release --quiet -p deadbolt-cli
 bin=target/release/deadbolt
 
@@ -54,6 +59,11 @@ for mode in deadbolt-threads deadbolt-asyncio redis-py; do
     read -r _ rate cpu < <("$python" clients/python/bench/bench.py "$mode" --endpoint "$endpoint" \
         --redis "$redis" --clients "$clients" --duration "$duration")
     printf '%-34s %12s %18s\n' "python $mode, $clients" "$rate" "$cpu"
+done
+for mode in deadbolt redlock; do
+    read -r _ rate cpu < <(node clients/typescript/bench/bench.mjs "$mode" --endpoint "$endpoint" \
+        --redis "$redis" --clients "$clients" --duration "$duration")
+    printf '%-34s %12s %18s\n' "typescript $mode, $clients" "$rate" "$cpu"
 done
 rate=$("$bin" bench uncontended --backend "$redis" --clients "$clients" --duration "${duration}s" 2>&1 | rust_rate)
 printf '%-34s %12s %18s\n' "rust on redis (appendfsync always)" "$rate" -

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from ._errors import (
     DeadboltError,
@@ -34,6 +34,7 @@ from ._errors import (
     NotLeader,
     Overloaded,
     Unavailable,
+    WaitTimeout,
     error_for,
 )
 
@@ -231,6 +232,92 @@ class Backoff:
         ceiling = min(self.cap, self.base * (2 ** min(self.attempt, 32)))
         self.attempt += 1
         return random.uniform(0.0, ceiling)
+
+
+class Retry:
+    """The policy of one retried request, shared by the synchronous and the
+    asyncio client, which only sleep differently: which errors are worth
+    another attempt (``retryable``), the jittered backoff between attempts,
+    and when to stop: at ``give_up`` (a ``now()`` instant), after ``tries``
+    attempts, or as soon as ``lost`` reports the lease gone (anything a lock
+    call could achieve is gone with it, and that is the answer)."""
+
+    def __init__(
+        self,
+        *,
+        give_up: float | None = None,
+        lost: Callable[[], DeadboltError | None] | None = None,
+        retryable: Callable[[DeadboltError], bool] | None = None,
+        tries: int | None = None,
+    ) -> None:
+        self._give_up = give_up
+        self._lost = lost
+        self._retryable = retryable or is_transient
+        self._tries_left = tries
+        self._backoff = Backoff()
+
+    def check(self) -> None:
+        """Raises why the lease is gone, before an attempt."""
+        if self._lost is not None and (ended := self._lost()) is not None:
+            raise ended
+
+    def delay_after(self, error: DeadboltError) -> float:
+        """The pause before the next attempt after ``error``; raises
+        ``error`` when there is to be none."""
+        if self._tries_left is not None:
+            self._tries_left -= 1
+            if self._tries_left <= 0:
+                raise error
+        if not self._retryable(error):
+            raise error
+        delay = overloaded_delay(error, self._backoff)
+        if self._give_up is not None and now() + delay >= self._give_up:
+            raise error
+        return delay
+
+
+def points_elsewhere(error: DeadboltError) -> bool:
+    """Another endpoint may do better: this one was unreachable or not the
+    leader. (Opening a session is retried only then: it is not idempotent,
+    but refused or unsent it did nothing.)"""
+    return error.kind in ("unavailable", "not_leader")
+
+
+def claim(in_use: set[str], name: str, session_id: int) -> None:
+    """Marks ``name`` used by one caller of the session: the server knows
+    only the session, so two callers taking one lock through one session
+    would both be told they hold it."""
+    if not isinstance(name, str):
+        raise InvalidArgument(f"a lock name is text, not {type(name).__name__}")
+    if name in in_use:
+        raise InvalidArgument(
+            f"lock {name!r} is already held or being acquired through session "
+            f"{session_id}; use one session per holder"
+        )
+    in_use.add(name)
+
+
+def acquire_failure(error: DeadboltError, kind: str, name: str, timed: bool) -> DeadboltError:
+    """What a failed acquire raises: with a timeout, transient errors are
+    retried until it (nearly) runs out, so to the caller that is a timeout,
+    not an outage."""
+    if timed and is_transient(error):
+        return WaitTimeout(f"timed out waiting for {kind} {name!r} (last error: {error})")
+    return error
+
+
+def lost_in_block(name: str, token: int) -> LeaseLost:
+    """Raised on leaving a block whose lease could no longer be trusted."""
+    return LeaseLost(
+        f"the lease of lock {name!r} (token {token}) could no longer be trusted while the "
+        f"block ran: stop work when guard.lost is set"
+    )
+
+
+def within_lease(deadline: float, limit: float) -> float:
+    """How long to wait for an answer that means nothing after the lease's
+    ``deadline``: at most ``limit``."""
+    return max(min(limit, deadline - now()), 0.001)
 
 
 def is_transient(error: DeadboltError) -> bool:

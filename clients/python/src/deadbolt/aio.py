@@ -27,38 +27,39 @@ from . import _calls as calls
 from ._calls import Target
 from ._errors import (
     DeadboltError,
-    InvalidArgument,
     LeaseLost,
     LockBusy,
     UnknownSession,
-    WaitTimeout,
 )
 from ._protocol import (
     CALL_TIMEOUT,
     CLEAN_UP_DELAY,
     CONNECT_TIMEOUT,
     AuditEntry,
-    Backoff,
     Duration,
     Endpoints,
     Leader,
     Lease,
     LockStatus,
     ReleaseAttempts,
+    Retry,
     SemaphoreStatus,
     SessionHandle,
     Stored,
+    acquire_failure,
     acquire_request,
+    claim,
     default_margin,
     ends_session,
-    is_transient,
+    lost_in_block,
     now,
-    overloaded_delay,
     parse_answer,
+    points_elsewhere,
     request_headers,
     seconds,
     tls_context,
     unreachable,
+    within_lease,
 )
 
 T = TypeVar("T")
@@ -127,32 +128,20 @@ class AsyncClient:
             raise
         return call.parse(answer)
 
-    async def _retrying(
-        self,
-        request: Callable[[], Awaitable[T]],
-        *,
-        give_up: float | None = None,
-        lost: Callable[[], DeadboltError | None] | None = None,
-    ) -> T:
+    async def _retrying(self, request: Callable[[], Awaitable[T]], retry: Retry) -> T:
         """As ``Client._retrying``: idempotent requests only."""
-        backoff = Backoff()
         while True:
-            if lost is not None and (ended := lost()) is not None:
-                raise ended
+            retry.check()
             try:
                 return await request()
             except DeadboltError as error:
-                if not is_transient(error):
-                    raise
-                delay = overloaded_delay(error, backoff)
-                if give_up is not None and now() + delay >= give_up:
-                    raise
+                delay = retry.delay_after(error)
             await asyncio.sleep(delay)
 
     async def _call(self, call: calls.Call[T], *, retry: bool = True) -> T:
         if not (retry and call.retry):
             return await self._send(call)
-        return await self._retrying(lambda: self._send(call), give_up=now() + CALL_TIMEOUT)
+        return await self._retrying(lambda: self._send(call), Retry(give_up=now() + CALL_TIMEOUT))
 
     async def session(
         self, ttl: Duration = "30s", *, margin: Duration | None = None
@@ -162,16 +151,10 @@ class AsyncClient:
         ttl_seconds = seconds(ttl, "ttl")
         margin_seconds = default_margin(ttl_seconds, margin)
         sent = now()
-        tries = len(self._endpoints.urls) + 2
-        while True:
-            tries -= 1
-            try:
-                handle, granted = await self._send(calls.open_session(ttl_seconds))
-                break
-            except DeadboltError as error:
-                if error.kind not in ("unavailable", "not_leader") or tries <= 0:
-                    raise
-                await asyncio.sleep(Backoff(attempt=2).next_delay())
+        retry = Retry(retryable=points_elsewhere, tries=len(self._endpoints.urls) + 2)
+        handle, granted = await self._retrying(
+            lambda: self._send(calls.open_session(ttl_seconds)), retry
+        )
         return AsyncSession(self, handle, granted, sent, margin_seconds)
 
     def lock(
@@ -396,18 +379,11 @@ class AsyncSession:
             self._changed()
 
     async def _renew(self, deadline: float, interval: float) -> float:
-        backoff = Backoff()
-        while True:
-            try:
-                wait = max(min(interval, deadline - now()), 0.001)
-                return await self._client._send(calls.keep_alive(self.handle), wait=wait)
-            except DeadboltError as error:
-                if ends_session(error):
-                    raise
-                delay = overloaded_delay(error, backoff)
-                if now() + delay >= deadline:
-                    raise
-                await asyncio.sleep(delay)
+        keep_alive = calls.keep_alive(self.handle)
+        return await self._client._retrying(
+            lambda: self._client._send(keep_alive, wait=within_lease(deadline, interval)),
+            Retry(give_up=deadline, retryable=lambda error: not ends_session(error)),
+        )
 
     async def lock(self, name: str, *, timeout: Duration | None = None) -> AsyncGuard:
         """Takes ``name``, waiting in FIFO order (see ``Session.lock``).
@@ -460,15 +436,8 @@ class AsyncSession:
 
     async def _acquire(self, target: Target, *, wait: bool, timeout: Duration | None) -> AsyncGuard:
         name = target.name
-        if not isinstance(name, str):
-            raise InvalidArgument(f"a lock name is text, not {type(name).__name__}")
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
-        if name in self._in_use:
-            raise InvalidArgument(
-                f"lock {name!r} is already held or being acquired through session "
-                f"{self.id}; use one session per holder"
-            )
-        self._in_use.add(name)
+        claim(self._in_use, name, self.id)
         fields = {**self.handle.fields(), **target.fields}
 
         async def send() -> calls.Grant:
@@ -476,14 +445,12 @@ class AsyncSession:
             return await self._client._send(target.acquire(body), wait=read_timeout)
 
         try:
-            grant = await self._client._retrying(send, give_up=give_up, lost=self.lost_reason)
+            grant = await self._client._retrying(
+                send, Retry(give_up=give_up, lost=self.lost_reason)
+            )
         except DeadboltError as error:
             self._in_use.discard(name)
-            if is_transient(error) and give_up is not None:
-                raise WaitTimeout(
-                    f"timed out waiting for {target.kind} {name!r} (last error: {error})"
-                ) from None
-            raise
+            raise acquire_failure(error, target.kind, name, give_up is not None) from None
         except BaseException:
             self._clean_up_abandoned(target)
             raise
@@ -512,17 +479,17 @@ class AsyncSession:
         release = target.release(self.handle, token)
 
         async def send() -> dict[str, Any]:
-            # An answer after the lease's end means nothing: wait no longer.
-            wait = max(min(CALL_TIMEOUT, self.deadline - now()), 0.001)
             try:
-                return await self._client._send(release, wait=wait)
+                return await self._client._send(
+                    release, wait=within_lease(self.deadline, CALL_TIMEOUT)
+                )
             except DeadboltError as error:
                 if attempts.went_through(error):
                     return {}
                 raise
 
         try:
-            await self._client._retrying(send, lost=self.lost_reason)
+            await self._client._retrying(send, Retry(lost=self.lost_reason))
         finally:
             self._in_use.discard(target.name)
 
@@ -541,7 +508,7 @@ class AsyncSession:
         with contextlib.suppress(DeadboltError):
             await self._client._retrying(
                 lambda: self._client._send(calls.close_session(self.handle)),
-                give_up=now() + within,
+                Retry(give_up=now() + within),
             )
 
     async def __aenter__(self) -> AsyncSession:
@@ -638,10 +605,7 @@ class AsyncGuard:
         if exc_type is not None:
             return
         if lost_during:
-            raise LeaseLost(
-                f"the lease of lock {self.name!r} (token {self.token}) could no longer be "
-                f"trusted while the block ran: stop work when guard.lost is set"
-            ) from release_error
+            raise lost_in_block(self.name, self.token) from release_error
         if release_error is not None:
             raise release_error
 

@@ -20,37 +20,37 @@ from . import _calls as calls
 from ._calls import Target
 from ._errors import (
     DeadboltError,
-    InvalidArgument,
-    LeaseLost,
     LockBusy,
     UnknownSession,
-    WaitTimeout,
 )
 from ._protocol import (
     CALL_TIMEOUT,
     CLEAN_UP_DELAY,
     CONNECT_TIMEOUT,
     AuditEntry,
-    Backoff,
     Duration,
     Endpoints,
     Leader,
     Lease,
     LockStatus,
     ReleaseAttempts,
+    Retry,
     SemaphoreStatus,
     SessionHandle,
     Stored,
+    acquire_failure,
     acquire_request,
+    claim,
     ends_session,
-    is_transient,
+    lost_in_block,
     now,
-    overloaded_delay,
     parse_answer,
+    points_elsewhere,
     request_headers,
     seconds,
     tls_context,
     unreachable,
+    within_lease,
 )
 from ._transport import Transport, TransportError
 
@@ -119,44 +119,15 @@ class Client:
             raise
         return call.parse(answer)
 
-    def _retrying(
-        self,
-        request: Callable[[], T],
-        *,
-        give_up: float | None = None,
-        lost: Callable[[], DeadboltError | None] | None = None,
-    ) -> T:
-        """Repeats an idempotent request while the server is unreachable,
-        not the leader, or overloaded, with jittered backoff: until
-        ``give_up`` (a ``now()`` instant), or while ``lost`` says the lease
-        holds. A request that cannot be retried safely is not sent here."""
-        backoff = Backoff()
+    def _retrying(self, request: Callable[[], T], retry: Retry) -> T:
+        """Repeats ``request`` as ``retry`` says (idempotent requests only)."""
         while True:
-            if lost is not None and (ended := lost()) is not None:
-                raise ended
+            retry.check()
             try:
                 return request()
             except DeadboltError as error:
-                if not is_transient(error):
-                    raise
-                delay = overloaded_delay(error, backoff)
-                if give_up is not None and now() + delay >= give_up:
-                    raise
+                delay = retry.delay_after(error)
             time.sleep(delay)
-
-    def _once_around(self, request: Callable[[], T]) -> T:
-        """A request that is not safe to repeat blindly (opening a session):
-        tried on each endpoint in turn (and at a leader a follower names),
-        never twice where it may have been applied."""
-        tries = len(self._endpoints.urls) + 2
-        while True:
-            tries -= 1
-            try:
-                return request()
-            except DeadboltError as error:
-                if error.kind not in ("unavailable", "not_leader") or tries <= 0:
-                    raise
-                time.sleep(Backoff(attempt=2).next_delay())
 
     # ---- sessions and locks ----------------------------------------------
 
@@ -168,7 +139,10 @@ class Client:
         ttl_seconds = seconds(ttl, "ttl")
         margin_seconds = min(ttl_seconds / 10, 2.0) if margin is None else seconds(margin, "margin")
         sent = now()
-        handle, granted = self._once_around(lambda: self._call(calls.open_session(ttl_seconds)))
+        # Not idempotent: tried on each endpoint (and at a leader a follower
+        # names), never again where it may have been applied.
+        retry = Retry(retryable=points_elsewhere, tries=len(self._endpoints.urls) + 2)
+        handle, granted = self._retrying(lambda: self._send(calls.open_session(ttl_seconds)), retry)
         return Session(self, handle, granted, sent, margin_seconds)
 
     def lock(
@@ -287,7 +261,7 @@ class Client:
         """Sends ``call``, retrying for up to ``CALL_TIMEOUT`` where safe."""
         if not (retry and call.retry):
             return self._send(call)
-        return self._retrying(lambda: self._send(call), give_up=now() + CALL_TIMEOUT)
+        return self._retrying(lambda: self._send(call), Retry(give_up=now() + CALL_TIMEOUT))
 
     def close(self) -> None:
         """Closes the idle connections."""
@@ -401,21 +375,14 @@ class Session:
                 self._changed.notify_all()
 
     def _renew(self, deadline: float, interval: float) -> float:
-        """Keepalives, retried with backoff while the lease lasts; each
-        attempt that hangs is abandoned after ``interval``. Returns the TTL
-        granted to the last attempt, whose send time the caller took."""
-        backoff = Backoff()
-        while True:
-            try:
-                wait = max(min(interval, deadline - now()), 0.001)
-                return self._client._send(calls.keep_alive(self.handle), wait=wait)
-            except DeadboltError as error:
-                if ends_session(error):
-                    raise
-                delay = overloaded_delay(error, backoff)
-                if now() + delay >= deadline:
-                    raise
-                time.sleep(delay)
+        """Keepalives, retried while the lease lasts unless the server
+        disowns the session; an attempt that hangs is abandoned after
+        ``interval``. The TTL granted to the one that got through."""
+        keep_alive = calls.keep_alive(self.handle)
+        return self._client._retrying(
+            lambda: self._client._send(keep_alive, wait=within_lease(deadline, interval)),
+            Retry(give_up=deadline, retryable=lambda error: not ends_session(error)),
+        )
 
     def _alarm(self) -> None:
         """Sets ``lost`` when the lease comes within the margin of its end."""
@@ -491,16 +458,9 @@ class Session:
 
     def _acquire(self, target: Target, *, wait: bool, timeout: Duration | None) -> Guard:
         name = target.name
-        if not isinstance(name, str):
-            raise InvalidArgument(f"a lock name is text, not {type(name).__name__}")
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
         with self._changed:
-            if name in self._in_use:
-                raise InvalidArgument(
-                    f"lock {name!r} is already held or being acquired through session "
-                    f"{self.id}; use one session per holder"
-                )
-            self._in_use.add(name)
+            claim(self._in_use, name, self.id)
         fields = {**self.handle.fields(), **target.fields}
 
         def send() -> calls.Grant:
@@ -508,14 +468,10 @@ class Session:
             return self._client._send(target.acquire(body), wait=read_timeout)
 
         try:
-            grant = self._client._retrying(send, give_up=give_up, lost=self._lease_error)
+            grant = self._client._retrying(send, Retry(give_up=give_up, lost=self._lease_error))
         except DeadboltError as error:
             self._forget(name)
-            if is_transient(error) and give_up is not None:
-                raise WaitTimeout(
-                    f"timed out waiting for {target.kind} {name!r} (last error: {error})"
-                ) from None
-            raise
+            raise acquire_failure(error, target.kind, name, give_up is not None) from None
         except BaseException:
             # Interrupted mid-wait (KeyboardInterrupt, a signal handler): the
             # server may grant the lock in a reply nobody reads. It gives back
@@ -553,17 +509,15 @@ class Session:
         release = target.release(self.handle, token)
 
         def send() -> dict[str, Any]:
-            # An answer after the lease's end means nothing: wait no longer.
-            wait = max(min(CALL_TIMEOUT, self.deadline - now()), 0.001)
             try:
-                return self._client._send(release, wait=wait)
+                return self._client._send(release, wait=within_lease(self.deadline, CALL_TIMEOUT))
             except DeadboltError as error:
                 if attempts.went_through(error):
                     return {}
                 raise
 
         try:
-            self._client._retrying(send, lost=self._lease_error)
+            self._client._retrying(send, Retry(lost=self._lease_error))
         finally:
             self._forget(target.name)
 
@@ -584,7 +538,8 @@ class Session:
         # Best effort: if it fails, the lease ends by itself.
         with contextlib.suppress(DeadboltError):
             self._client._retrying(
-                lambda: self._client._send(calls.close_session(self.handle)), give_up=give_up
+                lambda: self._client._send(calls.close_session(self.handle)),
+                Retry(give_up=give_up),
             )
 
     def __enter__(self) -> Session:
@@ -659,10 +614,7 @@ class Guard:
         if exc_type is not None:
             return  # the block's own exception says more
         if lost_during:
-            raise LeaseLost(
-                f"the lease of lock {self.name!r} (token {self.token}) could no longer be "
-                f"trusted while the block ran: stop work when guard.lost is set"
-            ) from release_error
+            raise lost_in_block(self.name, self.token) from release_error
         if release_error is not None:
             raise release_error
 
