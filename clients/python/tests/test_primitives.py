@@ -97,3 +97,38 @@ def test_the_asyncio_client_has_them_too(deadbolt_server: DeadboltServer) -> Non
             await other.close()
 
     asyncio.run(scenario())
+
+
+def test_a_watch_sees_each_change_and_resumes_after_an_event(
+    deadbolt_server: DeadboltServer,
+) -> None:
+    client = deadbolt.Client(deadbolt_server.endpoint)
+    before = client.status("jobs/nightly")
+    assert before is None
+    with client.lock("jobs/nightly") as guard:
+        pass
+    events = client.watch("jobs/", prefix=True, after=0)
+    granted = next(events)
+    assert (granted.kind, granted.name, granted.token) == ("granted", "jobs/nightly", guard.token)
+    released = next(events)
+    assert released.kind == "released" and released.index > granted.index
+    with client.lock("jobs/weekly") as second:
+        pass
+    resumed = client.watch("jobs/", prefix=True, after=released.id)
+    following = next(resumed)
+    assert (following.kind, following.name, following.token) == (
+        "granted",
+        "jobs/weekly",
+        second.token,
+    )
+
+    async def asynchronously() -> list[str]:
+        async with deadbolt.AsyncClient(deadbolt_server.endpoint) as aclient:
+            seen = []
+            async for event in aclient.watch("jobs/nightly", after=0):
+                seen.append(event.kind)
+                if len(seen) == 2:
+                    break
+            return seen
+
+    assert asyncio.run(asynchronously()) == ["granted", "released"]

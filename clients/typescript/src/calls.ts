@@ -138,7 +138,53 @@ export interface AuditEntry {
   identity: string;
 }
 
+/** One change, as the log applied it; watch `after` its `id` to go on from exactly here. */
+export interface WatchEvent {
+  index: bigint;
+  position: number;
+  id: string;
+  /** granted, released, closed, expired, abandoned, queued, left_queue, delayed, proclaimed, put or deleted. */
+  kind: string;
+  name: string;
+  sessionId: bigint;
+  identity: string;
+  token: bigint;
+  mode: string;
+  permits: number;
+  value: string | undefined;
+}
+
+/** How long one long poll of a watch waits for events (the server's default), in ms. */
+export const WATCH_POLL = 30_000;
+
 export const calls = {
+  /** One long poll: the events after `after` (from now without it), and the `after` of the next. */
+  watchPoll(name: string, prefix: boolean, after: string | undefined): Call<{ events: WatchEvent[]; cursor: string }> {
+    const query: Record<string, string> = { name, timeout_ms: String(WATCH_POLL) };
+    if (prefix) query["prefix"] = "true";
+    if (after) query["after"] = after;
+    return get("/v1/watch", (a) => ({
+      events: list(a["events"]).map((event) => {
+        const e = object(event) ?? {};
+        return {
+          index: u64(e["index"]),
+          position: int(e["position"]),
+          id: text(e["id"]),
+          kind: text(e["kind"]),
+          name: text(e["name"]),
+          sessionId: u64(e["session_id"]),
+          identity: text(e["identity"]),
+          token: u64(e["token"]),
+          mode: text(e["mode"]),
+          permits: int(e["permits"]),
+          value: typeof e["value"] === "string" ? e["value"] : undefined,
+        };
+      }),
+      cursor: text(a["cursor"]) || (after ?? ""),
+    }), query);
+  },
+
+
   status(name: string): Call<LockStatus | undefined> {
     return get("/v1/lock/status", (a) => {
       const state = object(a["state"]);

@@ -4,7 +4,7 @@
  * requests `calls.ts`'; this file decides when to send and retry.
  */
 
-import { type Body, type Call, type Grant, type Leader, type LockStatus, type Permit, type SemaphoreStatus, SessionHandle, type Stored, type AuditEntry, Target, calls } from "./calls.js";
+import { type Body, type Call, type Grant, type Leader, type LockStatus, type Permit, type SemaphoreStatus, SessionHandle, type Stored, type AuditEntry, type WatchEvent, Target, WATCH_POLL, calls } from "./calls.js";
 import { DeadboltError, InvalidArgumentError, LeaseLostError, LockBusyError, UnknownSessionError, WaitTimeoutError } from "./errors.js";
 import { Backoff, type Duration, Endpoints, Lease, encodeBody, endsSession, isTransient, millis, nextAttempt, now, parseAnswer, unreachable } from "./protocol.js";
 import { type TlsFiles, Transport, TransportError } from "./transport.js";
@@ -219,6 +219,25 @@ export class Client {
 
   delete(key: string, token: bigint): Promise<boolean> {
     return this.call(calls.delete(key, token));
+  }
+
+  /**
+   * Every event of `name` (or, with `prefix`, of every name that starts
+   * with it) as the log applies it: from now, or after `after` (the `index`
+   * of a status read, or an event's `id`). It goes on after the last event
+   * it gave through outages and leader changes, and throws
+   * `CompactedError` when the node no longer keeps the history it needs.
+   * Stop it with `break`, or with `signal`.
+   */
+  async *watch(name: string, options: { prefix?: boolean; after?: string | bigint; signal?: AbortSignal } = {}): AsyncGenerator<WatchEvent> {
+    let cursor = options.after === undefined ? undefined : String(options.after);
+    for (;;) {
+      const poll = calls.watchPoll(name, options.prefix ?? false, cursor);
+      const sendOptions = { wait: WATCH_POLL + CALL_TIMEOUT, ...(options.signal ? { signal: options.signal } : {}) };
+      const { events, cursor: next } = await this.retrying(() => this.send(poll, sendOptions));
+      cursor = next;
+      yield* events;
+    }
   }
 
   /** A raw keepalive of someone's session by its handle; the TTL granted, in ms. */

@@ -10,7 +10,7 @@
  */
 
 export { Client, Guard, Session, type ClientOptions, type LockOptions, type SessionOptions, type WaitOptions } from "./client.js";
-export { SessionHandle, type AuditEntry, type Leader, type LockStatus, type Permit, type SemaphoreStatus, type Stored } from "./calls.js";
+export { SessionHandle, type AuditEntry, type Leader, type LockStatus, type Permit, type SemaphoreStatus, type Stored, type WatchEvent } from "./calls.js";
 export * from "./errors.js";
 export { type Duration, millis, decodeJson } from "./protocol.js";
 export type { TlsFiles } from "./transport.js";

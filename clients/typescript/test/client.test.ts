@@ -153,3 +153,21 @@ test("the fenced store refuses an older holder", async () => {
   await second.release();
   client.close();
 });
+
+test("a watch sees each change and resumes after an event", async () => {
+  await using server = await startServer();
+  const client = new Client({ endpoints: server.endpoint });
+  const first = await client.withLock("jobs/nightly", {}, async (guard) => guard.token);
+  const events = client.watch("jobs/", { prefix: true, after: 0n });
+  const granted = (await events.next()).value;
+  assert.deepEqual([granted?.kind, granted?.name, granted?.token], ["granted", "jobs/nightly", first]);
+  const released = (await events.next()).value;
+  assert.equal(released?.kind, "released");
+  await events.return(undefined);
+  const second = await client.withLock("jobs/weekly", {}, async (guard) => guard.token);
+  for await (const event of client.watch("jobs/", { prefix: true, after: released?.id ?? "" })) {
+    assert.deepEqual([event.kind, event.name, event.token], ["granted", "jobs/weekly", second]);
+    break;
+  }
+  client.close();
+});

@@ -45,6 +45,7 @@ from ._protocol import (
     SemaphoreStatus,
     SessionHandle,
     Stored,
+    WatchEvent,
 )
 from .client import Client, Guard, Session
 from .run import run
@@ -103,5 +104,6 @@ __all__ = [
     "UnknownSession",
     "WaitCancelled",
     "WaitTimeout",
+    "WatchEvent",
     "run",
 ]

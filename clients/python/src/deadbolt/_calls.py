@@ -17,6 +17,7 @@ from ._protocol import (
     SemaphoreStatus,
     SessionHandle,
     Stored,
+    WatchEvent,
     millis,
     parse_permits,
 )
@@ -70,6 +71,26 @@ def history(name: str) -> Call[list[AuditEntry]]:
         lambda answer: [AuditEntry.parse(entry) for entry in answer.get("entries", [])],
         lock=name,
     )
+
+
+WATCH_POLL = 30.0
+"""How long one long poll of a watch waits for events (the server's default)."""
+
+
+def watch_poll(name: str, prefix: bool, after: str | None) -> Call[tuple[list[WatchEvent], str]]:
+    """One long poll: the events after ``after`` (from now without it), and
+    the ``after`` of the next poll."""
+
+    def parse(answer: dict[str, Any]) -> tuple[list[WatchEvent], str]:
+        events = [WatchEvent.parse(event) for event in answer.get("events", [])]
+        return events, str(answer.get("cursor", after or ""))
+
+    query: dict[str, str | int] = {"name": name, "timeout_ms": millis(WATCH_POLL)}
+    if prefix:
+        query["prefix"] = "true"
+    if after:
+        query["after"] = after
+    return _get("/v1/watch", parse, **query)
 
 
 def put(key: str, value: str, token: int, lock: str | None) -> Call[int]:

@@ -611,3 +611,40 @@ class Leader:
             candidates=tuple(int(c) for c in answer.get("candidate_session_ids", [])),
             index=int(answer.get("index", 0)),
         )
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change, as the log applied it (docs/watches.md). ``id`` is
+    ``INDEX.POSITION``: watch ``after`` it to go on from exactly here."""
+
+    index: int
+    position: int
+    id: str
+    kind: str
+    """granted, released, closed, expired, abandoned, queued, left_queue,
+    delayed, proclaimed, put or deleted."""
+    name: str
+    session_id: int
+    identity: str
+    token: int
+    mode: str
+    permits: int
+    value: str | None
+
+    @staticmethod
+    def parse(event: dict[str, Any]) -> WatchEvent:
+        value = event.get("value")
+        return WatchEvent(
+            index=int(event.get("index", 0)),
+            position=int(event.get("position", 0)),
+            id=str(event.get("id", "")),
+            kind=str(event.get("kind", "")),
+            name=str(event.get("name", "")),
+            session_id=int(event.get("session_id", 0)),
+            identity=str(event.get("identity", "")),
+            token=int(event.get("token", 0)),
+            mode=str(event.get("mode", "")),
+            permits=int(event.get("permits", 0)),
+            value=None if value is None else str(value),
+        )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator, Awaitable, Generator
 from typing import Any, Callable, TypeVar
@@ -46,6 +47,7 @@ from ._protocol import (
     SemaphoreStatus,
     SessionHandle,
     Stored,
+    WatchEvent,
     acquire_failure,
     acquire_request,
     claim,
@@ -247,6 +249,19 @@ class AsyncClient:
 
     async def delete(self, key: str, token: int) -> bool:
         return await self._call(calls.delete(key, token))
+
+    async def watch(
+        self, name: str, *, prefix: bool = False, after: str | int | None = None
+    ) -> AsyncIterator[WatchEvent]:
+        """As ``Client.watch``, an async iterator."""
+        cursor = None if after is None else str(after)
+        while True:
+            poll = calls.watch_poll(name, prefix, cursor)
+            events, cursor = await self._retrying(
+                functools.partial(self._send, poll, wait=calls.WATCH_POLL + CALL_TIMEOUT), Retry()
+            )
+            for event in events:
+                yield event
 
     async def keep_alive(self, handle: SessionHandle) -> float:
         return await self._call(calls.keep_alive(handle), retry=False)

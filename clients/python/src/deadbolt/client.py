@@ -11,9 +11,11 @@ in ``_calls``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
 
 from . import _calls as calls
@@ -38,6 +40,7 @@ from ._protocol import (
     SemaphoreStatus,
     SessionHandle,
     Stored,
+    WatchEvent,
     acquire_failure,
     acquire_request,
     claim,
@@ -251,6 +254,23 @@ class Client:
     def delete(self, key: str, token: int) -> bool:
         """Deletes ``key`` (fenced as ``put``); whether it had a value."""
         return self._call(calls.delete(key, token))
+
+    def watch(
+        self, name: str, *, prefix: bool = False, after: str | int | None = None
+    ) -> Iterator[WatchEvent]:
+        """Every event of ``name`` (or, with ``prefix``, of every name that
+        starts with it) as the log applies it: from now, or after ``after``
+        (the ``index`` of a status read, or an event's ``id``). It goes on
+        after the last event it gave through outages and leader changes,
+        and raises ``Compacted`` when the node no longer keeps the history
+        it needs: read the state again and watch after its ``index``."""
+        cursor = None if after is None else str(after)
+        while True:
+            poll = calls.watch_poll(name, prefix, cursor)
+            events, cursor = self._retrying(
+                functools.partial(self._send, poll, wait=calls.WATCH_POLL + CALL_TIMEOUT), Retry()
+            )
+            yield from events
 
     def keep_alive(self, handle: SessionHandle) -> float:
         """A raw keepalive of someone's session, by its handle; the TTL
