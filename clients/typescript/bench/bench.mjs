@@ -31,11 +31,15 @@ async function deadbolt() {
   const client = new Client({ endpoints: values.endpoint });
   const loops = Array.from({ length: clients }, async (_, i) => {
     let done = 0;
-    await using session = await client.session({ ttl: "30s" });
-    while (!stop) {
-      const guard = await session.lock(`bench:ts:${i}`);
-      await guard.release();
-      if (measuring) done++;
+    const session = await client.session({ ttl: "30s" });
+    try {
+      while (!stop) {
+        const guard = await session.lock(`bench:ts:${i}`);
+        await guard.release();
+        if (measuring) done++;
+      }
+    } finally {
+      await session.close();
     }
     return done;
   });

@@ -4,6 +4,7 @@
  * records answers are read into.
  */
 
+import { errorFor } from "./errors.js";
 import { type Json, int, list, object, text, u64 } from "./protocol.js";
 
 export type Body = Record<string, string | number | bigint | boolean | undefined>;
@@ -297,6 +298,12 @@ export interface Grant {
   permits: Permit[];
 }
 
+/** Every grant has a token above zero: an answer without one is not a grant (a test caught an empty answer read as token 0). */
+function grantToken(token: bigint): bigint {
+  if (token <= 0n) throw errorFor("internal", "the server answered an acquire without a token");
+  return token;
+}
+
 /**
  * What an acquire takes, and how it is released and looked for: a lock (in
  * a read/write mode or none), permits of a semaphore, or an election's
@@ -325,13 +332,13 @@ export class Target {
     if (this.kind === "semaphore") {
       return post("/v1/semaphore/acquire", body, (a) => {
         const granted = permits(a);
-        return { token: u64(a["token"]) || (granted[0]?.token ?? 0n), permits: granted };
+        return { token: grantToken(u64(a["token"]) || (granted[0]?.token ?? 0n)), permits: granted };
       });
     }
     if (this.kind === "election") {
-      return post("/v1/election/campaign", body, (a) => ({ token: u64(a["term"]), permits: [] }));
+      return post("/v1/election/campaign", body, (a) => ({ token: grantToken(u64(a["term"])), permits: [] }));
     }
-    return post("/v1/lock/acquire", body, (a) => ({ token: u64(a["token"]), permits: [] }));
+    return post("/v1/lock/acquire", body, (a) => ({ token: grantToken(u64(a["token"])), permits: [] }));
   }
 
   release(handle: SessionHandle, token: bigint): Call<void> {

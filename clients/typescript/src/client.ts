@@ -20,8 +20,6 @@ export interface ClientOptions extends TlsFiles {
   endpoints?: string | readonly string[];
   /** A bearer token from `deadbolt acl token create`. */
   token?: string | undefined;
-  /** Connections kept per endpoint (default 32). */
-  maxConnections?: number;
 }
 
 export interface SessionOptions {
@@ -57,7 +55,7 @@ export class Client {
     this.endpoints = new Endpoints(options.endpoints ?? "http://127.0.0.1:7070", tls);
     const headers: Record<string, string> = { "content-type": "application/json" };
     if (options.token) headers["authorization"] = `Bearer ${options.token}`;
-    this.transport = new Transport(headers, options, options.maxConnections ?? 32, CONNECT_TIMEOUT);
+    this.transport = new Transport(headers, options, CONNECT_TIMEOUT);
   }
 
   /** One request to the current endpoint; on failure the endpoint moves on before throwing. */

@@ -1,13 +1,17 @@
 /**
- * HTTP/1.1 with keep-alive through `node:http` and `node:https`: no runtime
- * dependency, client certificates for mutual TLS (which the global `fetch`
- * cannot present without undici's own API), and an `AbortSignal` that
- * closes the connection, which is how the server learns a waiting caller
- * left and gives its queue place back.
+ * HTTP/2 through `node:http2`: one connection per endpoint, every request
+ * a stream on it. No runtime dependency; client certificates for mutual TLS
+ * (which the global `fetch` cannot present without undici's own API); and
+ * a cancelled request resets its stream, which the server reads as its
+ * caller leaving (a waiting acquire's queue place is given back).
+ *
+ * Why HTTP/2 and not `node:http`: measured against one node with 16
+ * concurrent requests, a request cost 48 µs of client CPU over `node:http2`,
+ * 72 µs over `node:http` with a keep-alive pool, and 225 µs through `fetch`;
+ * Node runs the client on one thread, so that is its throughput.
  */
 
-import http from "node:http";
-import https from "node:https";
+import http2 from "node:http2";
 import { readFileSync } from "node:fs";
 
 export interface TlsFiles {
@@ -27,29 +31,53 @@ export interface RawAnswer {
 export class TransportError extends Error {}
 
 export class Transport {
-  private readonly http: http.Agent;
-  private readonly https: https.Agent;
+  private readonly sessions = new Map<string, http2.ClientHttp2Session>();
+  /** Requests in flight per connection: a connection keeps the process alive only while it has some. */
+  private readonly inFlight = new WeakMap<http2.ClientHttp2Session, number>();
+  private readonly tls: { ca?: Buffer; cert?: Buffer; key?: Buffer };
 
   constructor(
     private readonly headers: Record<string, string>,
     tls: TlsFiles,
-    maxSockets: number,
     private readonly connectTimeout: number,
   ) {
-    this.http = new http.Agent({ keepAlive: true, maxSockets });
-    this.https = new https.Agent({
-      keepAlive: true,
-      maxSockets,
+    this.tls = {
       ...(tls.ca ? { ca: readFileSync(tls.ca) } : {}),
       ...(tls.cert ? { cert: readFileSync(tls.cert) } : {}),
       ...(tls.key ? { key: readFileSync(tls.key) } : {}),
-    });
+    };
+  }
+
+  /** The connection to `base`, made (or made again) as needed. */
+  private session(base: string): http2.ClientHttp2Session {
+    const open = this.sessions.get(base);
+    if (open && !open.closed && !open.destroyed) return open;
+    const session = http2.connect(base, this.tls);
+    // A connection must not keep the process alive by itself; requests in
+    // flight do (see `hold`).
+    session.unref();
+    const forget = (): void => {
+      if (this.sessions.get(base) === session) this.sessions.delete(base);
+    };
+    session.on("close", forget);
+    session.on("goaway", forget);
+    session.on("error", forget);
+    this.sessions.set(base, session);
+    return session;
+  }
+
+  /** Counts a request in or out of `session`, which holds the process open while any is in flight. */
+  private hold(session: http2.ClientHttp2Session, change: 1 | -1): void {
+    const count = (this.inFlight.get(session) ?? 0) + change;
+    this.inFlight.set(session, count);
+    if (count === 1 && change === 1) session.ref();
+    if (count === 0 && !session.destroyed) session.unref();
   }
 
   /**
    * One request to `base` (`scheme://host:port`). `timeout`: the most to
-   * wait for the answer (undefined: as long as it takes); `signal` aborts
-   * it, closing the connection.
+   * wait for the answer (undefined: as long as it takes); `signal` cancels
+   * it, resetting its stream.
    */
   request(
     base: string,
@@ -59,49 +87,64 @@ export class Transport {
     timeout: number | undefined,
     signal?: AbortSignal,
   ): Promise<RawAnswer> {
-    const url = new URL(path, base);
-    const secure = url.protocol === "https:";
-    const module = secure ? https : http;
     return new Promise((resolve, reject) => {
-      const request = module.request(
-        url,
-        {
-          method,
-          agent: secure ? this.https : this.http,
-          headers: body === undefined ? this.headers : { ...this.headers, "content-length": Buffer.byteLength(body) },
-          ...(signal ? { signal } : {}),
-        },
-        (response) => {
-          const chunks: Buffer[] = [];
-          response.on("data", (chunk: Buffer) => chunks.push(chunk));
-          response.on("end", () => {
-            clearTimeout(timer);
-            const retryAfter = response.headers["retry-after"];
-            resolve({
-              status: response.statusCode ?? 0,
-              text: Buffer.concat(chunks).toString("utf8"),
-              retryAfter: typeof retryAfter === "string" ? retryAfter : undefined,
-            });
-          });
-          response.on("error", fail);
-        },
-      );
+      let session: http2.ClientHttp2Session;
+      try {
+        session = this.session(base);
+      } catch (error) {
+        reject(new TransportError(error instanceof Error ? error.message : String(error)));
+        return;
+      }
+      const stream = session.request({
+        ...this.headers,
+        ":method": method,
+        ":path": path,
+        ...(body === undefined ? {} : { "content-length": Buffer.byteLength(body) }),
+      });
+      this.hold(session, 1);
+      let status = 0;
+      let retryAfter: string | undefined;
+      const chunks: Buffer[] = [];
       const limit = timeout === undefined ? undefined : timeout + this.connectTimeout;
       const timer =
         limit === undefined
           ? undefined
-          : setTimeout(() => request.destroy(new TransportError(`no answer within ${Math.round(limit)}ms`)), limit);
-      function fail(error: Error): void {
+          : setTimeout(() => finish(new TransportError(`no answer within ${Math.round(limit)}ms`)), limit);
+      const onAbort = (): void => finish(signal?.reason ?? new Error("aborted"));
+      signal?.addEventListener("abort", onAbort, { once: true });
+      let done = false;
+      const finish = (error?: unknown): void => {
+        if (done) return;
+        done = true;
         clearTimeout(timer);
-        reject(error.name === "AbortError" ? error : new TransportError(error.message || error.name, { cause: error }));
-      }
-      request.on("error", fail);
-      request.end(body);
+        signal?.removeEventListener("abort", onAbort);
+        this.hold(session, -1);
+        if (error === undefined) {
+          resolve({ status, text: Buffer.concat(chunks).toString("utf8"), retryAfter });
+          return;
+        }
+        if (!stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
+        if (error instanceof TransportError || signal?.aborted) reject(error);
+        else reject(new TransportError(error instanceof Error ? error.message || error.name : String(error), { cause: error }));
+      };
+      stream.on("response", (headers) => {
+        status = Number(headers[":status"] ?? 0);
+        const after = headers["retry-after"];
+        retryAfter = typeof after === "string" ? after : undefined;
+      });
+      stream.on("data", (chunk: Buffer) => chunks.push(chunk));
+      // A stream of a connection that went away can end without an answer.
+      stream.on("end", () => finish(status === 0 ? new TransportError("the connection closed before the answer") : undefined));
+      stream.on("error", (error) => finish(error));
+      stream.on("close", () => {
+        if (!done) finish(new TransportError(`the stream closed before the answer (code ${stream.rstCode})`));
+      });
+      stream.end(body);
     });
   }
 
   close(): void {
-    this.http.destroy();
-    this.https.destroy();
+    for (const session of this.sessions.values()) session.close();
+    this.sessions.clear();
   }
 }
