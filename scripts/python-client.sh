@@ -7,7 +7,8 @@
 #
 # `setup` makes target/python-client/venv, builds the wheel with pip (its
 # build backend, setuptools, comes from PyPI), installs it there with the
-# checkers, and runs ruff and mypy --strict. It prints one line on stdout for
+# checkers, and runs ruff, mypy --strict and vermin (Python 3.9 syntax and
+# library). It prints one line on stdout for
 # eval, naming the interpreter the conformance suite (crates/conformance)
 # drives the client's driver with; everything else goes to stderr. `test`
 # runs pytest on a real `deadbolt server` ($DEADBOLT_BIN, default
@@ -32,13 +33,17 @@ setup() {
     "$venv/bin/pip" wheel --quiet --no-deps --wheel-dir "$root/dist" "$source_dir" >&2
     local wheel
     wheel=$(ls "$root"/dist/deadbolt-*.whl)
-    "$venv/bin/pip" install --quiet "$wheel[asyncio]" "pytest>=7" "mypy>=1.8" "ruff>=0.5" >&2
+    "$venv/bin/pip" install --quiet "$wheel[asyncio]" "pytest>=7" "mypy>=1.8" "ruff>=0.5" "vermin>=1.6" >&2
     # The tests must exercise the wheel, not the source tree.
     "$venv/bin/python" -c 'import deadbolt, sys; sys.exit("site-packages" not in deadbolt.__file__)' ||
         die "deadbolt imports from outside the virtualenv's site-packages"
     log "installed $(basename "$wheel") into $venv"
     (cd "$source_dir" && "../../$venv/bin/ruff" check . >&2 && "../../$venv/bin/ruff" format --check . >&2)
     (cd "$source_dir" && "../../$venv/bin/mypy" src conformance tests >&2)
+    # The package promises Python 3.9; this machine has 3.11 only, so the
+    # syntax and standard library it uses are checked against 3.9 instead.
+    (cd "$source_dir" && "../../$venv/bin/vermin" --target=3.9- --violations --eval-annotations \
+        --no-tips src >&2)
     echo "export DEADBOLT_PYTHON=$PWD/$venv/bin/python"
 }
 

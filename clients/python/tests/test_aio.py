@@ -124,3 +124,22 @@ def test_the_decorator_and_errors(deadbolt_server: DeadboltServer) -> None:
                     await client.keep_alive(forged)
 
     asyncio.run(scenario())
+
+
+def test_a_cancelled_release_still_releases(deadbolt_server: DeadboltServer) -> None:
+    async def scenario() -> None:
+        async with deadbolt.AsyncClient(deadbolt_server.endpoint) as client:
+            session = await client.session(ttl="30s")
+            guard = await session.lock("released-anyway")
+            releasing = asyncio.ensure_future(guard.release())
+            await asyncio.sleep(0)  # the release has started
+            releasing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await releasing
+            deadline = time.monotonic() + 5
+            while await client.status("released-anyway") is not None:
+                assert time.monotonic() < deadline, "a cancelled release stranded the lock"
+                await asyncio.sleep(0.05)
+            await session.close()
+
+    asyncio.run(scenario())
