@@ -143,3 +143,24 @@ def test_a_cancelled_release_still_releases(deadbolt_server: DeadboltServer) -> 
             await session.close()
 
     asyncio.run(scenario())
+
+
+def test_a_wait_ends_with_the_lease_when_the_server_stops_answering(
+    deadbolt_server: DeadboltServer,
+) -> None:
+    async def scenario() -> None:
+        async with deadbolt.AsyncClient(deadbolt_server.endpoint) as client:
+            holder = await client.lock("held", ttl="30s")
+            waiter = await client.session(ttl="1s")
+            waiting = asyncio.ensure_future(waiter.lock("held"))
+            while await waiter.queue_position("held") is None:
+                await asyncio.sleep(0.02)
+            deadbolt_server.pause()
+            try:
+                with pytest.raises(deadbolt.LeaseLost):
+                    await asyncio.wait_for(waiting, 5)
+            finally:
+                deadbolt_server.resume()
+            await holder.release()
+
+    asyncio.run(scenario())

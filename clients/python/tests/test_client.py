@@ -204,3 +204,28 @@ def test_locks_lists_every_held_lock_across_pages(deadbolt_server: DeadboltServe
         held = client.locks()
         assert [status.name for status in held] == [guard.name for guard in guards]
         assert all(status.holder == session.id for status in held)
+
+
+def test_a_wait_ends_with_the_lease_when_the_server_stops_answering(
+    deadbolt_server: DeadboltServer,
+) -> None:
+    client = deadbolt.Client(deadbolt_server.endpoint)
+    holder = client.lock("held", ttl="30s")
+    waiter = client.session(ttl="1s")
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            waiter.lock("held")
+        except BaseException as error:
+            outcome.append(error)
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    while waiter.queue_position("held") is None:
+        time.sleep(0.02)
+    with deadbolt_server.frozen(0):
+        waiting.join(timeout=5)
+    assert not waiting.is_alive(), "the wait outlived the lease"
+    assert outcome and isinstance(outcome[0], deadbolt.LeaseLost), outcome
+    holder.release()

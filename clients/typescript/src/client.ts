@@ -6,8 +6,8 @@
 
 import { type Body, type Call, type Grant, type Leader, type LockStatus, type Permit, type SemaphoreStatus, SessionHandle, type Stored, type AuditEntry, type WatchEvent, Target, WATCH_POLL, calls } from "./calls.js";
 import { DeadboltError, InvalidArgumentError, LeaseLostError, LockBusyError, UnknownSessionError, WaitTimeoutError } from "./errors.js";
-import { Backoff, type Duration, Endpoints, Lease, encodeBody, endsSession, isTransient, millis, nextAttempt, now, parseAnswer, unreachable } from "./protocol.js";
-import { type TlsFiles, Transport, TransportError } from "./transport.js";
+import { Backoff, type Duration, Endpoints, Lease, encodeBody, endsSession, hadNoEffect, isTransient, linkSignals, millis, nextAttempt, now, parseAnswer, unreachable } from "./protocol.js";
+import { type Lane, type TlsFiles, Transport, TransportError } from "./transport.js";
 
 /** How long a call that does not wait on a lock may take before it counts as unanswered. */
 const CALL_TIMEOUT = 10_000;
@@ -59,13 +59,13 @@ export class Client {
   }
 
   /** One request to the current endpoint; on failure the endpoint moves on before throwing. */
-  async send<T>(call: Call<T>, options: { body?: Body; wait?: number | undefined; signal?: AbortSignal } = {}): Promise<T> {
+  async send<T>(call: Call<T>, options: { body?: Body; wait?: number | undefined; signal?: AbortSignal; lane?: Lane } = {}): Promise<T> {
     const url = this.endpoints.url();
     const body = options.body ?? call.body;
     const wait = "wait" in options ? options.wait : CALL_TIMEOUT;
     let answer;
     try {
-      const raw = await this.transport.request(url, call.method, call.path, body && encodeBody(body), wait, options.signal);
+      const raw = await this.transport.request(url, call.method, call.path, body && encodeBody(body), wait, options.signal, options.lane);
       answer = parseAnswer(raw.status, raw.text, raw.retryAfter);
     } catch (error) {
       if (error instanceof DeadboltError) {
@@ -73,7 +73,7 @@ export class Client {
         throw error;
       }
       if (error instanceof TransportError) {
-        const failure = unreachable(url, error);
+        const failure = unreachable(url, error, error.unsent);
         this.endpoints.failed(url, failure);
         throw failure;
       }
@@ -87,15 +87,20 @@ export class Client {
    * leader, or overloaded, with jittered backoff: until `giveUp` (a `now()`
    * instant), and while `lost` says the lease holds.
    */
-  async retrying<T>(request: () => Promise<T>, options: { giveUp?: number | undefined; lost?: () => DeadboltError | undefined } = {}): Promise<T> {
+  async retrying<T>(
+    request: () => Promise<T>,
+    options: { giveUp?: number | undefined; lost?: () => DeadboltError | undefined; retryable?: (error: unknown) => boolean; signal?: AbortSignal | undefined } = {},
+  ): Promise<T> {
     const backoff = new Backoff();
+    const retryable = options.retryable ?? isTransient;
     for (;;) {
+      options.signal?.throwIfAborted();
       const ended = options.lost?.();
       if (ended) throw ended;
       try {
         return await request();
       } catch (error) {
-        if (!isTransient(error)) throw error;
+        if (!(error instanceof DeadboltError) || !retryable(error)) throw error;
         const delay = backoff.delayAfter(error);
         if (options.giveUp !== undefined && now() + delay >= options.giveUp) throw error;
         await sleep(delay);
@@ -113,18 +118,13 @@ export class Client {
     const ttl = millis(options.ttl ?? "30s", "ttl");
     const margin = options.margin === undefined ? Math.min(ttl / 10, 2000) : millis(options.margin, "margin");
     const sent = now();
-    // Not blindly repeated: tried once per endpoint (and at a leader a follower names).
-    let tries = this.endpoints.urls.length + 2;
-    for (;;) {
-      try {
-        const opened = await this.send(calls.openSession(ttl));
-        return new Session(this, opened.handle, opened.ttlMs, sent, margin);
-      } catch (error) {
-        tries -= 1;
-        if (!(error instanceof DeadboltError) || !["unavailable", "not_leader"].includes(error.kind) || tries <= 0) throw error;
-        await sleep(new Backoff(50, 1000).nextDelay() * 4);
-      }
-    }
+    // Not idempotent: sent again only where it certainly did nothing (a
+    // follower refused it, or it was never sent), to the next endpoint.
+    const opened = await this.retrying(() => this.send(calls.openSession(ttl)), {
+      retryable: hadNoEffect,
+      giveUp: now() + CALL_TIMEOUT,
+    });
+    return new Session(this, opened.handle, opened.ttlMs, sent, margin);
   }
 
   /**
@@ -372,24 +372,22 @@ export class Session {
         }
         return;
       }
+      if (!this.lease.renewed(sent, granted)) {
+        this.end(this.lease.expired());
+        await this.closeQuietly(interval);
+        return;
+      }
       lastSent = sent;
-      this.lease.renewed(sent, granted);
       this.notify();
     }
   }
 
-  private async renew(deadline: number, interval: number): Promise<number> {
-    const backoff = new Backoff();
-    for (;;) {
-      try {
-        return await this.client.send(calls.keepAlive(this.handle), { wait: Math.max(Math.min(interval, deadline - now()), 1) });
-      } catch (error) {
-        if (!(error instanceof DeadboltError) || endsSession(error)) throw error;
-        const delay = backoff.delayAfter(error);
-        if (now() + delay >= deadline) throw error;
-        await sleep(delay, true);
-      }
-    }
+  private renew(deadline: number, interval: number): Promise<number> {
+    const keepAlive = calls.keepAlive(this.handle);
+    return this.client.retrying(() => this.client.send(keepAlive, { wait: Math.max(Math.min(interval, deadline - now()), 1) }), {
+      giveUp: deadline,
+      retryable: (error) => !endsSession(error),
+    });
   }
 
   /**
@@ -467,7 +465,7 @@ export class Session {
     }
     options.signal?.throwIfAborted();
     this.inUse.add(name);
-    const send = (): Promise<Grant> => {
+    const send = async (): Promise<Grant> => {
       const body: Body = { ...this.handle.fields(), ...target.fields, wait };
       let readTimeout: number | undefined = CALL_TIMEOUT;
       if (wait) {
@@ -479,11 +477,18 @@ export class Session {
           readTimeout = left + CALL_TIMEOUT;
         }
       }
-      return this.client.send(target.acquire(body), { body, wait: readTimeout, ...(options.signal ? { signal: options.signal } : {}) });
+      // Raced against the lease too (its signal): a server that stops
+      // answering must not hold the caller past it.
+      const linked = linkSignals(options.signal, this.signal);
+      try {
+        return await this.client.send(target.acquire(body), { body, wait: readTimeout, signal: linked.signal, lane: wait ? "waits" : "calls" });
+      } finally {
+        linked.abort();
+      }
     };
     let grant: Grant;
     try {
-      grant = await this.client.retrying(send, { giveUp, lost: () => this.lostReason() });
+      grant = await this.client.retrying(send, { giveUp, lost: () => this.lostReason(), signal: options.signal });
     } catch (error) {
       if (options.signal?.aborted) {
         this.cleanUpAbandoned(target);
@@ -506,9 +511,14 @@ export class Session {
 
   /** A grant the server answered as its caller gave up: released a moment later, if it came. */
   private cleanUpAbandoned(target: Target): void {
+    // Free at once: a new caller may retry straight away, and gets the grant
+    // (if any) itself. The clean-up claims the name only if nobody has.
+    this.inUse.delete(target.name);
     void (async () => {
+      await sleep(CLEAN_UP_DELAY, true);
+      if (this.inUse.has(target.name) || this.lease.ended) return;
+      this.inUse.add(target.name);
       try {
-        await sleep(CLEAN_UP_DELAY, true);
         const token = await this.client.retrying(() => this.client.send(target.heldBy(this.id)), { giveUp: now() + CALL_TIMEOUT });
         if (token !== undefined && !this.signal.aborted) await this.release(target, token);
       } catch {

@@ -45,7 +45,10 @@ export class NotLeaderError extends DeadboltError {
   }
 }
 /** No server could be reached, or none answered in time. */
-export class UnavailableError extends DeadboltError {}
+export class UnavailableError extends DeadboltError {
+  /** The request never left this process, so it certainly did nothing. */
+  unsent = false;
+}
 /** The leader refused the request for now; nothing was done. */
 export class OverloadedError extends DeadboltError {
   constructor(

@@ -92,12 +92,18 @@ export class Lease {
   }
 
   /**
-   * After a keepalive sent at `sent` was granted `granted` ms. The server
-   * counts from when it received it, no earlier than `sent`, and never
-   * shortens a lease; neither does this.
+   * After a keepalive sent at `sent` was granted `granted` ms; whether the
+   * lease still holds. The server counts from when it received it, no
+   * earlier than `sent`, and never shortens a lease; neither does this. An
+   * answer that arrives after the deadline cannot revive the lease: the
+   * client has counted it lost (`signal` aborted, work stopped), and a lease
+   * renewed behind its back would keep the lock from everyone while nobody
+   * uses it (the conformance suite's frozen server found this).
    */
-  renewed(sent: number, granted: number): void {
+  renewed(sent: number, granted: number): boolean {
+    if (now() >= this.deadline) return false;
     this.deadline = Math.max(this.deadline, sent + granted);
+    return true;
   }
 
   /** Ends the lease for `reason` unless it has ended; whether this call did. */
@@ -269,9 +275,38 @@ export function parseAnswer(status: number, text: string, retryAfter: string | u
 }
 
 /** The error for a request that got no answer from `url`. */
-export function unreachable(url: string, cause: unknown): UnavailableError {
+export function unreachable(url: string, cause: unknown, unsent: boolean): UnavailableError {
   const reason = cause instanceof Error ? cause.message : String(cause);
-  return new UnavailableError("unavailable", `could not reach the Deadbolt server at ${url}: ${reason}`, { cause });
+  const error = new UnavailableError("unavailable", `could not reach the Deadbolt server at ${url}: ${reason}`, { cause });
+  error.unsent = unsent;
+  return error;
+}
+
+/**
+ * The request certainly did nothing: a follower refused it, or it could not
+ * even be sent. Only then is one that is not idempotent (opening a
+ * session) sent again.
+ */
+export function hadNoEffect(error: unknown): boolean {
+  return error instanceof DeadboltError && (error.kind === "not_leader" || (error instanceof UnavailableError && error.unsent));
+}
+
+/**
+ * A controller whose signal aborts when any of `signals` does, with its
+ * reason (`AbortSignal.any` is Node 20.3+). Abort it when done with it: that
+ * removes its listeners from `signals`, which may live much longer.
+ */
+export function linkSignals(...signals: (AbortSignal | undefined)[]): AbortController {
+  const controller = new AbortController();
+  for (const signal of signals) {
+    if (!signal) continue;
+    if (signal.aborted) {
+      controller.abort(signal.reason);
+      break;
+    }
+    signal.addEventListener("abort", () => controller.abort(signal.reason), { once: true, signal: controller.signal });
+  }
+  return controller;
 }
 
 // ---- typed readers of answer fields ----------------------------------------

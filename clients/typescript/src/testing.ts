@@ -61,9 +61,16 @@ export class TestServer {
       stdio: ["ignore", "ignore", log],
     });
     closeSync(log);
+    let failedToStart: Error | undefined;
+    child.once("error", (error) => {
+      failedToStart = error;
+    });
     const server = new TestServer(`http://127.0.0.1:${port}`, child, directory);
     const started = Date.now();
     while (!(await ready(server.endpoint))) {
+      if (failedToStart) {
+        throw new Error(`cannot run ${bin} (set DEADBOLT_BIN, or put deadbolt on the PATH): ${failedToStart.message}`);
+      }
       if (child.exitCode !== null || child.signalCode !== null) {
         throw new Error(`deadbolt server exited (${child.exitCode ?? child.signalCode}); see ${directory}/server.log`);
       }

@@ -28,10 +28,28 @@ export interface RawAnswer {
   retryAfter: string | undefined;
 }
 
-export class TransportError extends Error {}
+/** No answer: no connection, a reset, a timeout. `unsent`: the request never left this process. */
+export class TransportError extends Error {
+  constructor(
+    message: string,
+    readonly unsent = false,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
+/**
+ * Calls that wait on the server (blocking acquires) get a connection of
+ * their own, so that keepalives never queue behind them for one of the
+ * server's streams per connection.
+ */
+export type Lane = "calls" | "waits";
 
 export class Transport {
   private readonly sessions = new Map<string, http2.ClientHttp2Session>();
+  /** Connections that came up: a request on one that did not was never sent. */
+  private readonly connected = new WeakSet<http2.ClientHttp2Session>();
   /** Requests in flight per connection: a connection keeps the process alive only while it has some. */
   private readonly inFlight = new WeakMap<http2.ClientHttp2Session, number>();
   private readonly tls: { ca?: Buffer; cert?: Buffer; key?: Buffer };
@@ -48,21 +66,30 @@ export class Transport {
     };
   }
 
-  /** The connection to `base`, made (or made again) as needed. */
-  private session(base: string): http2.ClientHttp2Session {
-    const open = this.sessions.get(base);
+  /** The connection to `base` for `lane`, made (or made again) as needed. */
+  private session(base: string, lane: Lane): http2.ClientHttp2Session {
+    const key = `${lane} ${base}`;
+    const open = this.sessions.get(key);
     if (open && !open.closed && !open.destroyed) return open;
     const session = http2.connect(base, this.tls);
     // A connection must not keep the process alive by itself; requests in
     // flight do (see `hold`).
     session.unref();
     const forget = (): void => {
-      if (this.sessions.get(base) === session) this.sessions.delete(base);
+      if (this.sessions.get(key) === session) this.sessions.delete(key);
     };
+    const connecting = setTimeout(() => {
+      if (session.connecting) session.destroy(new TransportError(`could not connect to ${base} within ${this.connectTimeout}ms`, true));
+    }, this.connectTimeout);
+    connecting.unref();
+    session.once("connect", () => {
+      clearTimeout(connecting);
+      this.connected.add(session);
+    });
     session.on("close", forget);
     session.on("goaway", forget);
     session.on("error", forget);
-    this.sessions.set(base, session);
+    this.sessions.set(key, session);
     return session;
   }
 
@@ -86,13 +113,18 @@ export class Transport {
     body: string | undefined,
     timeout: number | undefined,
     signal?: AbortSignal,
+    lane: Lane = "calls",
   ): Promise<RawAnswer> {
     return new Promise((resolve, reject) => {
+      if (signal?.aborted) {
+        reject(signal.reason);
+        return;
+      }
       let session: http2.ClientHttp2Session;
       try {
-        session = this.session(base);
+        session = this.session(base, lane);
       } catch (error) {
-        reject(new TransportError(error instanceof Error ? error.message : String(error)));
+        reject(new TransportError(error instanceof Error ? error.message : String(error), true));
         return;
       }
       const stream = session.request({
@@ -105,11 +137,19 @@ export class Transport {
       let status = 0;
       let retryAfter: string | undefined;
       const chunks: Buffer[] = [];
-      const limit = timeout === undefined ? undefined : timeout + this.connectTimeout;
+      // The caller's whole budget, connecting included: a keepalive must
+      // not outlive the lease it renews.
+      const limit = timeout;
       const timer =
         limit === undefined
           ? undefined
-          : setTimeout(() => finish(new TransportError(`no answer within ${Math.round(limit)}ms`)), limit);
+          : setTimeout(() => {
+              finish(new TransportError(`no answer within ${Math.round(limit)}ms`));
+              // A connection that answers nothing in time is presumed dead
+              // (a dropped NAT entry, a frozen peer): the next call makes a
+              // new one instead of queueing on it.
+              session.destroy();
+            }, limit);
       const onAbort = (): void => finish(signal?.reason ?? new Error("aborted"));
       signal?.addEventListener("abort", onAbort, { once: true });
       let done = false;
@@ -125,7 +165,11 @@ export class Transport {
         }
         if (!stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
         if (error instanceof TransportError || signal?.aborted) reject(error);
-        else reject(new TransportError(error instanceof Error ? error.message || error.name : String(error), { cause: error }));
+        else {
+          // A connection that never came up never carried the request.
+          const unsent = !this.connected.has(session);
+          reject(new TransportError(error instanceof Error ? error.message || error.name : String(error), unsent, { cause: error }));
+        }
       };
       stream.on("response", (headers) => {
         status = Number(headers[":status"] ?? 0);

@@ -171,3 +171,23 @@ test("a watch sees each change and resumes after an event", async () => {
   }
   client.close();
 });
+
+test("a wait ends with the lease when the server stops answering", async () => {
+  await using server = await startServer();
+  const client = new Client({ endpoints: server.endpoint });
+  const holder = await client.lock("held", { ttl: "30s" });
+  const waiter = await client.session({ ttl: "1s" });
+  const waiting = waiter.lock("held");
+  waiting.catch(() => {});
+  while ((await waiter.queuePosition("held")) === undefined) await sleep(20);
+  server.pause();
+  try {
+    const started = Date.now();
+    await assert.rejects(waiting, LeaseLostError);
+    assert.ok(Date.now() - started < 5000);
+  } finally {
+    server.resume();
+  }
+  await holder.release();
+  client.close();
+});

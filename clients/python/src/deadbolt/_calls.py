@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 from urllib.parse import urlencode
 
+from ._errors import Internal
 from ._protocol import (
     AuditEntry,
     Leader,
@@ -193,8 +194,10 @@ class Target:
         if self.kind == "semaphore":
             return Call("POST", "/v1/semaphore/acquire", body, _permits_grant)
         if self.kind == "election":
-            return Call("POST", "/v1/election/campaign", body, lambda a: Grant(int(a["term"])))
-        return Call("POST", "/v1/lock/acquire", body, lambda a: Grant(int(a["token"])))
+            return Call(
+                "POST", "/v1/election/campaign", body, lambda a: Grant(_grant_token(a.get("term")))
+            )
+        return Call("POST", "/v1/lock/acquire", body, lambda a: Grant(_grant_token(a.get("token"))))
 
     def release(self, handle: SessionHandle, token: int) -> Call[dict[str, Any]]:
         path = {"lock": "/v1/lock/release", "semaphore": "/v1/semaphore/release"}.get(
@@ -224,9 +227,18 @@ class Target:
         )
 
 
+def _grant_token(token: object) -> int:
+    """Every grant has a token above zero: an answer without one is not a
+    grant, and must not be read as one (the TypeScript client once read an
+    empty answer as token 0)."""
+    if not isinstance(token, int) or isinstance(token, bool) or token <= 0:
+        raise Internal(f"the server answered an acquire without a token ({token!r})")
+    return token
+
+
 def _permits_grant(answer: dict[str, Any]) -> Grant:
     permits = parse_permits(answer)
-    return Grant(int(answer.get("token", permits[0].token if permits else 0)), permits)
+    return Grant(_grant_token(answer.get("token", permits[0].token if permits else 0)), permits)
 
 
 def _lock_token(status: LockStatus | None, session_id: int) -> int | None:

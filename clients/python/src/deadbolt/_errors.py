@@ -83,9 +83,11 @@ class NotLeader(DeadboltError):
 
 
 class Unavailable(DeadboltError, ConnectionError):
-    """No server could be reached (or none answered in time)."""
+    """No server could be reached (or none answered in time). ``unsent``:
+    the request never left this process, so it certainly did nothing."""
 
     kind = "unavailable"
+    unsent = False
 
 
 class Overloaded(DeadboltError):

@@ -64,8 +64,8 @@ def seconds(duration: Duration, what: str = "duration") -> float:
         value = sum(float(number) * _UNIT[unit] for number, unit in parts)
     else:
         raise InvalidArgument(f"{what} must be a duration, not {type(duration).__name__}")
-    if value < 0 or value != value:
-        raise InvalidArgument(f"{what} {duration!r} is negative")
+    if not 0 <= value < float("inf"):
+        raise InvalidArgument(f"{what} {duration!r} is not a finite duration of 0 or more")
     return value
 
 
@@ -117,8 +117,16 @@ class Lease:
             f"session {self.session_id} lost its lease: it could not be renewed in time{because}"
         )
 
-    def renewed(self, sent: float, granted: float) -> None:
+    def renewed(self, sent: float, granted: float) -> bool:
+        """Moves the deadline for a keepalive sent at ``sent`` and granted
+        ``granted``; whether the lease still holds. An answer that arrives
+        after the deadline cannot revive it: the client has counted it lost
+        (``lost`` fired, work stopped), and a lease renewed behind its back
+        would keep the lock from everyone while nobody uses it."""
+        if now() >= self.deadline:
+            return False
         self.deadline = renewed_deadline(self.deadline, sent, granted)
+        return True
 
     def end(self, reason: DeadboltError) -> bool:
         """Ends the lease for ``reason`` unless it has ended already; whether
@@ -276,11 +284,11 @@ class Retry:
         return delay
 
 
-def points_elsewhere(error: DeadboltError) -> bool:
-    """Another endpoint may do better: this one was unreachable or not the
-    leader. (Opening a session is retried only then: it is not idempotent,
-    but refused or unsent it did nothing.)"""
-    return error.kind in ("unavailable", "not_leader")
+def had_no_effect(error: DeadboltError) -> bool:
+    """The request certainly did nothing: a follower refused it, or it could
+    not even be sent. Only then is a request that is not idempotent
+    (opening a session) sent again, to the next endpoint."""
+    return error.kind == "not_leader" or (isinstance(error, Unavailable) and error.unsent)
 
 
 def claim(in_use: set[str], name: str, session_id: int) -> None:
@@ -424,10 +432,12 @@ def parse_answer(status: int, body: bytes, retry_after: str | None) -> dict[str,
     return decoded
 
 
-def unreachable(url: str, error: BaseException) -> Unavailable:
+def unreachable(url: str, error: BaseException, *, unsent: bool = False) -> Unavailable:
     """The error for a request that got no answer from ``url``."""
     reason = str(error) or type(error).__name__
-    return Unavailable(f"could not reach the Deadbolt server at {url}: {reason}")
+    failure = Unavailable(f"could not reach the Deadbolt server at {url}: {reason}")
+    failure.unsent = unsent
+    return failure
 
 
 def overloaded_delay(error: DeadboltError, backoff: Backoff) -> float:

@@ -13,6 +13,7 @@ of idle connections per endpoint.
 from __future__ import annotations
 
 import http.client
+import select
 import ssl
 import threading
 from dataclasses import dataclass
@@ -20,7 +21,26 @@ from urllib.parse import urlsplit
 
 
 class TransportError(Exception):
-    """The request got no answer: no connection, a reset, a timeout."""
+    """The request got no answer: no connection, a reset, a timeout.
+    ``unsent``: it never left this process (the connection could not be
+    made), so it certainly had no effect."""
+
+    def __init__(self, message: str, *, unsent: bool = False) -> None:
+        super().__init__(message)
+        self.unsent = unsent
+
+
+def _dropped(connection: http.client.HTTPConnection) -> bool:
+    """Whether an idle kept connection was closed by the server meanwhile:
+    readable while idle means end-of-file (or a reset) is waiting."""
+    sock = connection.sock
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 @dataclass(frozen=True)
@@ -49,23 +69,26 @@ class Transport:
         self._idle: dict[str, list[http.client.HTTPConnection]] = {}
         self._lock = threading.Lock()
 
-    def _connection(self, base: str) -> tuple[http.client.HTTPConnection, bool]:
-        """An idle connection to ``base`` (and ``True``), or a new one."""
-        with self._lock:
-            idle = self._idle.get(base)
-            if idle:
-                return idle.pop(), True
+    def _connection(self, base: str) -> http.client.HTTPConnection:
+        """An idle connection to ``base`` the server has not closed, or a
+        new one."""
+        while True:
+            with self._lock:
+                idle = self._idle.get(base)
+                kept = idle.pop() if idle else None
+            if kept is None:
+                break
+            if not _dropped(kept):
+                return kept
+            kept.close()
         parts = urlsplit(base)
         host, port = parts.hostname or "127.0.0.1", parts.port
         if parts.scheme == "https":
             context = self._ssl or ssl.create_default_context()
-            return (
-                http.client.HTTPSConnection(
-                    host, port, timeout=self._connect_timeout, context=context
-                ),
-                False,
+            return http.client.HTTPSConnection(
+                host, port, timeout=self._connect_timeout, context=context
             )
-        return http.client.HTTPConnection(host, port, timeout=self._connect_timeout), False
+        return http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
 
     def _keep(self, base: str, connection: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -80,30 +103,28 @@ class Transport:
     ) -> Answer:
         """One request to ``base`` (``scheme://host:port``); waits at most
         ``timeout`` for each read of the answer (``None``: as long as it
-        takes). A kept connection the server closed while it was idle is
-        replaced once: the server had not read anything from it."""
-        while True:
-            connection, reused = self._connection(base)
-            try:
-                if connection.sock is None:
-                    connection.connect()
-                connection.sock.settimeout(timeout)
-                connection.request(method, path, body=body, headers=self._headers)
-                response = connection.getresponse()
-                data = response.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as error:
-                connection.close()
-                if reused:
-                    continue
-                raise TransportError(str(error) or type(error).__name__) from error
-            except (OSError, http.client.HTTPException) as error:
-                connection.close()
-                raise TransportError(str(error) or type(error).__name__) from error
-            if response.will_close:
-                connection.close()
-            else:
-                self._keep(base, connection)
-            return Answer(response.status, data, response.getheader("retry-after"))
+        takes). Never sent twice: a request that may have reached the server
+        is the caller's to retry (with a fresh acquire ``attempt``), or not."""
+        connection = self._connection(base)
+        try:
+            if connection.sock is None:
+                connection.connect()
+        except OSError as error:
+            connection.close()
+            raise TransportError(str(error) or type(error).__name__, unsent=True) from error
+        try:
+            connection.sock.settimeout(timeout)
+            connection.request(method, path, body=body, headers=self._headers)
+            response = connection.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as error:
+            connection.close()
+            raise TransportError(str(error) or type(error).__name__) from error
+        if response.will_close:
+            connection.close()
+        else:
+            self._keep(base, connection)
+        return Answer(response.status, data, response.getheader("retry-after"))
 
     def close(self) -> None:
         with self._lock:

@@ -53,10 +53,10 @@ from ._protocol import (
     claim,
     default_margin,
     ends_session,
+    had_no_effect,
     lost_in_block,
     now,
     parse_answer,
-    points_elsewhere,
     request_headers,
     seconds,
     tls_context,
@@ -69,8 +69,9 @@ T = TypeVar("T")
 
 class AsyncClient:
     """A connection to a Deadbolt cluster for asyncio code; arguments as for
-    ``deadbolt.Client``. Use one per event loop, and close it (or ``async
-    with`` it) when done."""
+    ``deadbolt.Client`` (it opens as many connections as calls are in flight:
+    every waiting acquire holds one). Use one per event loop, and close it
+    (or ``async with`` it) when done."""
 
     def __init__(
         self,
@@ -80,12 +81,10 @@ class AsyncClient:
         cert: str | None = None,
         key: str | None = None,
         token: str | None = None,
-        max_connections: int = 32,
     ) -> None:
         self._endpoints = Endpoints.parse(endpoints, ca is not None or cert is not None)
         self._ssl = tls_context(ca, cert, key)
         self._headers = request_headers(token)
-        self._max_connections = max_connections
         self._http: aiohttp.ClientSession | None = None
 
     def _session(self) -> aiohttp.ClientSession:
@@ -93,8 +92,11 @@ class AsyncClient:
         if self._http is None:
             self._http = aiohttp.ClientSession(
                 headers=self._headers,
+                # No limit on connections: a keepalive must never queue behind
+                # waiting acquires for one (each wait holds a connection).
                 connector=aiohttp.TCPConnector(
-                    limit=self._max_connections,
+                    limit=0,
+                    limit_per_host=0,
                     ssl=True if self._ssl is None else self._ssl,
                 ),
             )
@@ -111,7 +113,7 @@ class AsyncClient:
         on (to the leader a follower names) before raising."""
         url = self._endpoints.url()
         data = body if body is not None else call.body
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT, sock_read=wait)
+        timeout = aiohttp.ClientTimeout(total=wait, sock_connect=CONNECT_TIMEOUT)
         try:
             async with self._session().request(
                 call.method,
@@ -122,7 +124,9 @@ class AsyncClient:
                 raw = await response.read()
                 answer = parse_answer(response.status, raw, response.headers.get("retry-after"))
         except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            failure = unreachable(url, error)
+            # A failed connect never sent the request.
+            unsent = isinstance(error, aiohttp.ClientConnectorError)
+            failure = unreachable(url, error, unsent=unsent)
             self._endpoints.failed(url, failure)
             raise failure from None
         except DeadboltError as error:
@@ -153,7 +157,7 @@ class AsyncClient:
         ttl_seconds = seconds(ttl, "ttl")
         margin_seconds = default_margin(ttl_seconds, margin)
         sent = now()
-        retry = Retry(retryable=points_elsewhere, tries=len(self._endpoints.urls) + 2)
+        retry = Retry(retryable=had_no_effect, tries=len(self._endpoints.urls) + 2)
         handle, granted = await self._retrying(
             lambda: self._send(calls.open_session(ttl_seconds)), retry
         )
@@ -326,6 +330,8 @@ class AsyncSession:
             asyncio.ensure_future(self._watchdog()),
             asyncio.ensure_future(self._alarm()),
         ]
+        # Kept until done (asyncio holds tasks only weakly).
+        self._clean_ups: set[asyncio.Task[None]] = set()
 
     @property
     def id(self) -> int:
@@ -389,8 +395,11 @@ class AsyncSession:
                     self._end(self._lease.expired(error))
                     await self._close_quietly(interval)
                 return
+            if not self._lease.renewed(sent, granted):
+                self._end(self._lease.expired())
+                await self._close_quietly(interval)
+                return
             last_sent = sent
-            self._lease.renewed(sent, granted)
             self._changed()
 
     async def _renew(self, deadline: float, interval: float) -> float:
@@ -457,7 +466,24 @@ class AsyncSession:
 
         async def send() -> calls.Grant:
             body, read_timeout = acquire_request(fields, wait, give_up, CALL_TIMEOUT)
-            return await self._client._send(target.acquire(body), wait=read_timeout)
+            request = asyncio.ensure_future(
+                self._client._send(target.acquire(body), wait=read_timeout)
+            )
+            # Raced against the lease: a server that stops answering must not
+            # hold the caller past it. Cancelling the request closes its
+            # connection; the lease's end frees anything it was granted.
+            lost = asyncio.ensure_future(self.wait_lost(0.0))
+            try:
+                await asyncio.wait({request, lost}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                request.cancel()  # the caller was cancelled: so is its wait
+                raise
+            finally:
+                lost.cancel()
+            if request.done():
+                return request.result()
+            request.cancel()
+            raise self.lost_reason() or self._lease.expired()
 
         try:
             grant = await self._client._retrying(
@@ -476,9 +502,15 @@ class AsyncSession:
         return AsyncGuard(self, target, grant)
 
     def _clean_up_abandoned(self, target: Target) -> None:
+        # Free at once; the clean-up claims the name only if nobody has.
+        self._in_use.discard(target.name)
+
         async def clean_up() -> None:
+            await asyncio.sleep(CLEAN_UP_DELAY)
+            if target.name in self._in_use or self._lease.ended is not None:
+                return
+            self._in_use.add(target.name)
             try:
-                await asyncio.sleep(CLEAN_UP_DELAY)
                 token = await self._client._call(target.held_by(self.id))
                 if token is not None and not self.lost.is_set():
                     await self._release(target, token)
@@ -487,7 +519,9 @@ class AsyncSession:
             finally:
                 self._in_use.discard(target.name)
 
-        self._tasks.append(asyncio.ensure_future(clean_up()))
+        task = asyncio.ensure_future(clean_up())
+        self._clean_ups.add(task)
+        task.add_done_callback(self._clean_ups.discard)
 
     async def _release(self, target: Target, token: int) -> None:
         attempts = ReleaseAttempts()
@@ -515,7 +549,7 @@ class AsyncSession:
             return
         self._changed()
         self.lost.set()
-        for task in self._tasks[:2]:
+        for task in self._tasks:
             task.cancel()
         await asyncio.shield(self._close_quietly(max(self._lease.deadline - now(), 1.0)))
 

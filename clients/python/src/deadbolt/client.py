@@ -45,10 +45,10 @@ from ._protocol import (
     acquire_request,
     claim,
     ends_session,
+    had_no_effect,
     lost_in_block,
     now,
     parse_answer,
-    points_elsewhere,
     request_headers,
     seconds,
     tls_context,
@@ -114,7 +114,7 @@ class Client:
             )
             answer = parse_answer(response.status, response.body, response.retry_after)
         except TransportError as error:
-            failure = unreachable(url, error)
+            failure = unreachable(url, error, unsent=error.unsent)
             self._endpoints.failed(url, failure)
             raise failure from None
         except DeadboltError as error:
@@ -144,7 +144,7 @@ class Client:
         sent = now()
         # Not idempotent: tried on each endpoint (and at a leader a follower
         # names), never again where it may have been applied.
-        retry = Retry(retryable=points_elsewhere, tries=len(self._endpoints.urls) + 2)
+        retry = Retry(retryable=had_no_effect, tries=len(self._endpoints.urls) + 2)
         handle, granted = self._retrying(lambda: self._send(calls.open_session(ttl_seconds)), retry)
         return Session(self, handle, granted, sent, margin_seconds)
 
@@ -390,9 +390,13 @@ class Session:
                     self._close_quietly(interval)
                 return
             with self._changed:
-                last_sent = sent
-                self._lease.renewed(sent, granted)
+                renewed = self._lease.renewed(sent, granted)
                 self._changed.notify_all()
+            if not renewed:
+                self._end(self._lease.expired())
+                self._close_quietly(interval)
+                return
+            last_sent = sent
 
     def _renew(self, deadline: float, interval: float) -> float:
         """Keepalives, retried while the lease lasts unless the server
@@ -485,7 +489,12 @@ class Session:
 
         def send() -> calls.Grant:
             body, read_timeout = acquire_request(fields, wait, give_up, CALL_TIMEOUT)
-            return self._client._send(target.acquire(body), wait=read_timeout)
+            # No longer than the lease lasts: a server that stops answering
+            # must not hold the caller past it. The wait is sent again (a
+            # fresh attempt keeps the queue place) while the lease holds.
+            limit = float("inf") if read_timeout is None else read_timeout
+            wait_for = within_lease(self.deadline, limit)
+            return self._client._send(target.acquire(body), wait=wait_for)
 
         try:
             grant = self._client._retrying(send, Retry(give_up=give_up, lost=self._lease_error))
@@ -511,8 +520,16 @@ class Session:
             self._in_use.discard(name)
 
     def _clean_up_abandoned(self, target: Target) -> None:
+        # The name is free at once: a new caller may retry straight away,
+        # and gets the grant (if any) itself, acquire being idempotent.
+        self._forget(target.name)
+
         def clean_up() -> None:
             time.sleep(CLEAN_UP_DELAY)
+            with self._changed:
+                if target.name in self._in_use or self._lease.ended is not None:
+                    return  # a new caller owns it, or the lease freed everything
+                self._in_use.add(target.name)
             try:
                 token = self._client._call(target.held_by(self.id))
                 if token is not None and not self.lost.is_set():
