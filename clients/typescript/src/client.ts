@@ -6,7 +6,7 @@
 
 import { type Body, type Call, type Grant, type Leader, type LockStatus, type Permit, type SemaphoreStatus, SessionHandle, type Stored, type AuditEntry, type WatchEvent, Target, WATCH_POLL, calls } from "./calls.js";
 import { DeadboltError, InvalidArgumentError, LeaseLostError, LockBusyError, UnknownSessionError, WaitTimeoutError } from "./errors.js";
-import { Backoff, type Duration, Endpoints, Lease, encodeBody, endsSession, hadNoEffect, isTransient, linkSignals, millis, nextAttempt, now, parseAnswer, unreachable } from "./protocol.js";
+import { Backoff, type Duration, Endpoints, Lease, encodeBody, endsSession, hadNoEffect, isTransient, millis, nextAttempt, now, parseAnswer, unreachable } from "./protocol.js";
 import { type Lane, type TlsFiles, Transport, TransportError } from "./transport.js";
 
 /** How long a call that does not wait on a lock may take before it counts as unanswered. */
@@ -465,7 +465,7 @@ export class Session {
     }
     options.signal?.throwIfAborted();
     this.inUse.add(name);
-    const send = async (): Promise<Grant> => {
+    const send = (): Promise<Grant> => {
       const body: Body = { ...this.handle.fields(), ...target.fields, wait };
       let readTimeout: number | undefined = CALL_TIMEOUT;
       if (wait) {
@@ -477,14 +477,17 @@ export class Session {
           readTimeout = left + CALL_TIMEOUT;
         }
       }
-      // Raced against the lease too (its signal): a server that stops
-      // answering must not hold the caller past it.
-      const linked = linkSignals(options.signal, this.signal);
-      try {
-        return await this.client.send(target.acquire(body), { body, wait: readTimeout, signal: linked.signal, lane: wait ? "waits" : "calls" });
-      } finally {
-        linked.abort();
-      }
+      // No longer than the lease lasts: a server that stops answering must
+      // not hold the caller past it. The wait is sent again (a fresh attempt
+      // keeps the queue place) while the lease holds.
+      const leaseLeft = Math.max(this.deadline - now(), 1);
+      const waitFor = readTimeout === undefined ? leaseLeft : Math.min(readTimeout, leaseLeft);
+      return this.client.send(target.acquire(body), {
+        body,
+        wait: waitFor,
+        ...(options.signal ? { signal: options.signal } : {}),
+        lane: wait ? "waits" : "calls",
+      });
     };
     let grant: Grant;
     try {

@@ -291,24 +291,6 @@ export function hadNoEffect(error: unknown): boolean {
   return error instanceof DeadboltError && (error.kind === "not_leader" || (error instanceof UnavailableError && error.unsent));
 }
 
-/**
- * A controller whose signal aborts when any of `signals` does, with its
- * reason (`AbortSignal.any` is Node 20.3+). Abort it when done with it: that
- * removes its listeners from `signals`, which may live much longer.
- */
-export function linkSignals(...signals: (AbortSignal | undefined)[]): AbortController {
-  const controller = new AbortController();
-  for (const signal of signals) {
-    if (!signal) continue;
-    if (signal.aborted) {
-      controller.abort(signal.reason);
-      break;
-    }
-    signal.addEventListener("abort", () => controller.abort(signal.reason), { once: true, signal: controller.signal });
-  }
-  return controller;
-}
-
 // ---- typed readers of answer fields ----------------------------------------
 
 export function u64(value: Json | undefined): bigint {

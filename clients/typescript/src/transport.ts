@@ -145,10 +145,11 @@ export class Transport {
           ? undefined
           : setTimeout(() => {
               finish(new TransportError(`no answer within ${Math.round(limit)}ms`));
-              // A connection that answers nothing in time is presumed dead
-              // (a dropped NAT entry, a frozen peer): the next call makes a
-              // new one instead of queueing on it.
-              session.destroy();
+              // A connection that answers a call nothing in time is presumed
+              // dead (a dropped NAT entry, a frozen peer): the next call makes
+              // a new one instead of queueing on it. (A wait running out of
+              // its time is routine, and says nothing about the connection.)
+              if (lane === "calls") session.destroy();
             }, limit);
       const onAbort = (): void => finish(signal?.reason ?? new Error("aborted"));
       signal?.addEventListener("abort", onAbort, { once: true });

@@ -466,24 +466,12 @@ class AsyncSession:
 
         async def send() -> calls.Grant:
             body, read_timeout = acquire_request(fields, wait, give_up, CALL_TIMEOUT)
-            request = asyncio.ensure_future(
-                self._client._send(target.acquire(body), wait=read_timeout)
-            )
-            # Raced against the lease: a server that stops answering must not
-            # hold the caller past it. Cancelling the request closes its
-            # connection; the lease's end frees anything it was granted.
-            lost = asyncio.ensure_future(self.wait_lost(0.0))
-            try:
-                await asyncio.wait({request, lost}, return_when=asyncio.FIRST_COMPLETED)
-            except BaseException:
-                request.cancel()  # the caller was cancelled: so is its wait
-                raise
-            finally:
-                lost.cancel()
-            if request.done():
-                return request.result()
-            request.cancel()
-            raise self.lost_reason() or self._lease.expired()
+            # No longer than the lease lasts: a server that stops answering
+            # must not hold the caller past it. The wait is sent again (a
+            # fresh attempt keeps the queue place) while the lease holds.
+            limit = float("inf") if read_timeout is None else read_timeout
+            wait_for = within_lease(self.deadline, limit)
+            return await self._client._send(target.acquire(body), wait=wait_for)
 
         try:
             grant = await self._client._retrying(
