@@ -38,6 +38,18 @@ async fn connected(client: &ClientUnderTest, servers: &Servers) -> anyhow::Resul
     Ok(driver)
 }
 
+/// Two instances of the client, connected, each with a session of `ttl`.
+async fn two_holders(
+    client: &ClientUnderTest,
+    servers: &Servers,
+    ttl: Duration,
+) -> anyhow::Result<((Driver, u64), (Driver, u64))> {
+    let mut a = connected(client, servers).await?;
+    let mut b = connected(client, servers).await?;
+    let (sa, sb) = (a.open(ttl).await?, b.open(ttl).await?);
+    Ok(((a, sa), (b, sb)))
+}
+
 /// Polls until `session` waits in `lock`'s queue.
 async fn until_queued(observer: &mut Driver, lock: &str, session: u64) -> anyhow::Result<()> {
     let started = Instant::now();
@@ -62,14 +74,7 @@ async fn granted(pending: Pending) -> anyhow::Result<u64> {
 /// finds a held lock busy without waiting.
 pub async fn tokens_grow(client: &ClientUnderTest, bin: &Path) -> anyhow::Result<()> {
     let servers = Servers::start(bin, 1).await?;
-    let (mut a, mut b) = (
-        connected(client, &servers).await?,
-        connected(client, &servers).await?,
-    );
-    let (sa, sb) = (
-        a.open(Duration::from_secs(10)).await?,
-        b.open(Duration::from_secs(10)).await?,
-    );
+    let ((mut a, sa), (mut b, sb)) = two_holders(client, &servers, Duration::from_secs(10)).await?;
     let first = a.lock(sa, "tokens").await?;
     let busy = b
         .ok("try_lock", json!({ "session": sb, "name": "tokens" }))
@@ -153,14 +158,7 @@ pub async fn fifo_waiters(client: &ClientUnderTest, bin: &Path) -> anyhow::Resul
 /// the queue behind.
 pub async fn wait_timeout(client: &ClientUnderTest, bin: &Path) -> anyhow::Result<()> {
     let servers = Servers::start(bin, 1).await?;
-    let (mut a, mut b) = (
-        connected(client, &servers).await?,
-        connected(client, &servers).await?,
-    );
-    let (sa, sb) = (
-        a.open(Duration::from_secs(10)).await?,
-        b.open(Duration::from_secs(10)).await?,
-    );
+    let ((mut a, sa), (mut b, sb)) = two_holders(client, &servers, Duration::from_secs(10)).await?;
     let held = a.lock(sa, "timeout").await?;
     let started = Instant::now();
     let timed_out = b
@@ -266,12 +264,7 @@ pub async fn lost_before_regrant(client: &ClientUnderTest, bin: &Path) -> anyhow
 /// blocking acquire the kill cut and the client retried, is granted once.
 pub async fn leader_kill(client: &ClientUnderTest, bin: &Path) -> anyhow::Result<()> {
     let mut servers = Servers::start(bin, 3).await?;
-    let (mut a, mut b) = (
-        connected(client, &servers).await?,
-        connected(client, &servers).await?,
-    );
-    let ttl = Duration::from_secs(10);
-    let (sa, sb) = (a.open(ttl).await?, b.open(ttl).await?);
+    let ((mut a, sa), (mut b, sb)) = two_holders(client, &servers, Duration::from_secs(10)).await?;
     let held = a.lock(sa, "failover").await?;
     let mut lost = a
         .send("lost", json!({ "session": sa, "margin_ms": 0 }))
