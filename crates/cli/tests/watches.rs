@@ -6,7 +6,7 @@
 mod common;
 
 use common::{deadbolt, TestServer, BIN};
-use deadbolt_client::{Client, Watch, WatchEvent, WatchOptions};
+use deadbolt_client::{Client, ErrorKind, Watch, WatchEvent, WatchOptions};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -384,6 +384,31 @@ async fn a_watch_goes_on_without_a_gap_when_the_node_serving_it_is_killed() {
         assert!(pair[0].token > last_token, "{events:?}");
         last_token = pair[0].token;
     }
+}
+
+/// Regression (a nemesis run over TLS, 2026-12-04): a follower restarted a
+/// moment before had not applied the workers' bearer token yet, so it sent
+/// the watch to the leader with `not_leader`, and the watch ended there
+/// instead of following. A token no node knows takes the same path on a
+/// follower, deterministically: the watch must reach the leader, whose
+/// answer (the token is unknown) is the one that ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_refused_by_a_follower_that_cannot_check_its_token_follows_to_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = common::start_cluster(dir.path(), 3).await;
+    let leader = cluster.wait_for_leader(Duration::from_secs(10));
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let client = Client::connect_with_token(
+        [cluster.node(follower).endpoint()],
+        &Default::default(),
+        Some("dbt.nobody.0123456789abcdef"),
+    )
+    .await
+    .unwrap();
+    let mut watch = client.watch("k", WatchOptions::default());
+    let error = watch.started().await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Unauthenticated, "{error}");
+    assert!(error.to_string().contains("unknown token"), "{error}");
 }
 
 #[test]

@@ -221,12 +221,16 @@ async fn follow(client: Client, mut request: WatchRequest, send: mpsc::Sender<It
         };
         let error = Error::from_status(&status, &address);
         let since = *failing_since.get_or_insert_with(Instant::now);
-        if error.kind() != ErrorKind::Unavailable || since.elapsed() > RECONNECT_FOR {
+        // Any node serves a watch, but one that cannot check the caller's
+        // credentials (a bearer token it has not applied yet, just after a
+        // restart) sends it to the leader: follow it there.
+        let movable = matches!(error.kind(), ErrorKind::Unavailable | ErrorKind::NotLeader);
+        if !movable || since.elapsed() > RECONNECT_FOR {
             let _ = send.send(Item::Failed(error)).await;
             return;
         }
         tracing::debug!(%address, %error, after = %request.after, "watch moves to another endpoint");
-        client.move_on(generation, None);
+        client.move_on(generation, error.leader());
         tokio::select! {
             () = tokio::time::sleep(RECONNECT_PAUSE) => {}
             () = send.closed() => return,
