@@ -10,6 +10,7 @@ use deadbolt_client::{Client, ErrorKind};
 use std::collections::{HashMap, HashSet};
 use std::future::{ready, Future};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -629,6 +630,60 @@ async fn a_client_given_only_a_follower_goes_to_the_leader_it_names() {
     })
     .await;
     assert!(second.token() > first.token());
+}
+
+/// Regression (a nemesis run, 2026-12-04; its history is in
+/// `testdata/nemesis-findings/2026-12-04-semaphore-older-token`): openraft
+/// 0.9 restores a leader that restarts before anyone else is elected as
+/// leader of the same term, with no new entry, so its read index was that
+/// term's first entry. Everything it had committed since, but not yet
+/// applied again (restarted from an older snapshot), was missing from its
+/// reads: a session it had acknowledged was "unknown", and an acquire on it
+/// failed while the grant stood. A node now serves no read in the term it
+/// restarted in until it has applied its whole log as of the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_restarted_within_its_term_reads_everything_it_acknowledged() {
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = TestCluster::stopped(Path::new(common::BIN), dir.path(), 3, None).await;
+    // Nobody else stands for election while the leader restarts, and
+    // snapshots come often, so each restart begins from an older state.
+    let flags = [
+        "--election-timeout",
+        "20s",
+        "--heartbeat-interval",
+        "50ms",
+        "--snapshot-every",
+        "10",
+    ];
+    for id in 1..=3 {
+        cluster.start_node_with_flags(id, &flags);
+    }
+    let leader = cluster.leader_within(Duration::from_secs(60)).await;
+    let client = cluster.client().await;
+    let session = client.open_session(Duration::from_secs(120)).await.unwrap();
+    for round in 0..5 {
+        let mut held = Vec::new();
+        for lock in 0..13 {
+            let name = format!("held-{round}-{lock}");
+            held.push((name.clone(), session.lock(&name).await.unwrap()));
+        }
+        cluster.kill9(leader);
+        cluster.start_node_with_flags(leader, &flags);
+        let restarted = retry(Duration::from_secs(10), || {
+            Client::connect([cluster.node(leader).endpoint()])
+        })
+        .await;
+        for (name, guard) in held.iter().rev() {
+            let state = retry(Duration::from_secs(10), || restarted.lock_status(name)).await;
+            assert_eq!(
+                state.map(|state| state.token),
+                Some(guard.token()),
+                "round {round}: the restarted leader lost lock {name}"
+            );
+        }
+        assert_eq!(cluster.leader_within(Duration::from_secs(5)).await, leader);
+    }
 }
 
 /// `cluster add` of a node that never answers must not make it a voter: on

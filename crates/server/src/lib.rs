@@ -232,7 +232,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         metrics: metrics.clone(),
         history: history.clone(),
     });
-    let log_store = LogStore::new(
+    let mut log_store = LogStore::new(
         db.clone(),
         data.log,
         data.witness,
@@ -240,6 +240,9 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         metrics.log_append_seconds(),
     );
     let appended = log_store.appended();
+    let startup_log = node::StartupLog::read(&mut log_store)
+        .await
+        .context("cannot read the raft log")?;
     let state_machine = StateMachineStore::open(data.snapshots, io, observers, feature_level)
         .context("cannot load the snapshot from the data directory")?;
     let table = state_machine.shared();
@@ -263,6 +266,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         member_levels: Default::default(),
         started_leading: Default::default(),
         history,
+        startup_log: Arc::new(startup_log),
     })
 }
 

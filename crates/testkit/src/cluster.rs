@@ -197,6 +197,14 @@ impl TestCluster {
         self.spawn(id, &["--initial-cluster", &members], env, None);
     }
 
+    /// [`start_node`](Self::start_node) with extra flags (say, a longer
+    /// `--election-timeout`).
+    pub fn start_node_with_flags(&mut self, id: u64, flags: &[&str]) {
+        let members = self.initial_cluster.clone();
+        let flags = [&["--initial-cluster", members.as_str()], flags].concat();
+        self.spawn(id, &flags, &[], None);
+    }
+
     /// Starts node `id` with any extra flags.
     pub fn spawn_node(&mut self, id: u64, flags: &[&str]) {
         self.spawn(id, flags, &[], None);

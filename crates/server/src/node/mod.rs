@@ -14,6 +14,7 @@
 mod acquire;
 mod error;
 mod observers;
+mod restart_read;
 
 pub(crate) use acquire::give_up_abandoned;
 pub use error::ApiError;
@@ -27,6 +28,7 @@ pub struct Indexed<T> {
     pub index: u64,
 }
 pub(crate) use observers::Observers;
+pub(crate) use restart_read::StartupLog;
 
 use crate::auth::Caller;
 use crate::leases::{KeepAliveError, Leases};
@@ -102,6 +104,9 @@ pub struct Node {
     pub(crate) started_leading: Arc<tokio::sync::Notify>,
     /// The newest entries' events, for watches (`watch.rs`).
     pub(crate) history: Arc<crate::watches::History>,
+    /// The log as the node started: reads wait for it after a restart
+    /// within a term this node leads (`restart_read.rs`).
+    pub(crate) startup_log: Arc<StartupLog>,
 }
 
 /// Each member's answer to the leader's latest question about its level.
@@ -297,7 +302,7 @@ impl Node {
         loop {
             let barrier = tokio::time::timeout_at(give_up, self.raft.ensure_linearizable());
             let failure = match barrier.await {
-                Ok(Ok(_)) => return Ok(()),
+                Ok(Ok(_)) => return self.startup_log.applied(&self.raft, give_up).await,
                 Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
                     return Err(self.not_leader("cannot serve a linearizable read here"))
                 }
