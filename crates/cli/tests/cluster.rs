@@ -704,6 +704,16 @@ async fn adding_a_node_that_never_answers_is_refused_and_loses_no_quorum() {
     .await
     .unwrap();
     let endpoint = server.endpoint();
+    // A second member at the first one's address would have it send Raft
+    // to itself.
+    let own = server.addr.to_string();
+    let added = run(&endpoint, &["cluster", "add", "4", &own]).await;
+    let stderr = String::from_utf8_lossy(&added.stderr);
+    assert!(!added.status.success(), "{added:?}");
+    assert!(
+        stderr.contains(&format!("node 1 is already a member at {own}")),
+        "{stderr}"
+    );
     // Port 1 on loopback: nothing listens there.
     let added = run(&endpoint, &["cluster", "add", "4", "127.0.0.1:1"]).await;
     let stderr = String::from_utf8_lossy(&added.stderr);

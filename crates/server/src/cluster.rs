@@ -89,6 +89,14 @@ impl FromStr for InitialCluster {
                 Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
                 _ => return Err(format!("{entry:?}: the address must be HOST:PORT")),
             }
+            // Two members at one address would be one node sending Raft
+            // to itself as another (a leader's own appends coming back).
+            if let Some((other, _)) = members.iter().find(|(_, known)| *known == address) {
+                return Err(format!(
+                    "nodes {other} and {id} are both given the address {address}: each member \
+                     needs its own"
+                ));
+            }
             if members.insert(id, address.to_owned()).is_some() {
                 return Err(format!("node id {id} is listed twice"));
             }
@@ -330,6 +338,25 @@ impl Node {
                 format!("this node has no way for its peers to authenticate, so it takes no members in: {fix}"),
             ));
         }
+        let sharing = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            let other = membership
+                .nodes()
+                .find(|(other, node)| **other != id && node.addr == address)
+                .map(|(other, _)| *other);
+            other
+        };
+        if let Some(other) = sharing {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "node {other} is already a member at {address}: each member needs its own \
+                     address (is the new node's listen address a copy of node {other}'s?)"
+                ),
+            ));
+        }
         self.check_supports_cluster_version(id, address).await?;
         // Not openraft's blocking wait: it counts a learner as caught up
         // once it is within `replication_lag_threshold` (5000) entries of
@@ -519,6 +546,10 @@ mod tests {
         for (text, complaint) in [
             ("", "no members"),
             ("1=a:1,1=b:2", "listed twice"),
+            (
+                "1=a:1,2=a:1",
+                "nodes 1 and 2 are both given the address a:1",
+            ),
             ("x=a:1", "must be a number"),
             ("1=a", "HOST:PORT"),
             ("1=a:port", "HOST:PORT"),

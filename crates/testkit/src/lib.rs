@@ -13,8 +13,10 @@ pub use cluster::{new_peer_secret, ClusterNode, TestCluster};
 pub use pki::TestPki;
 
 use rand::Rng;
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// A port nobody listens on right now, for a server to bind a moment later
@@ -27,23 +29,40 @@ use std::time::Duration;
 /// a server that way ("cannot listen on 127.0.0.1:32919: Address already in
 /// use"). Below that range a port is only taken by someone choosing it, as
 /// this does, at random among about 20,000.
+///
+/// Never the same port twice in one process: two nodes starting at once
+/// could both be handed a port neither had bound yet; the second then
+/// fails to bind, and its proxy forwards to the first, so a leader's
+/// appends to it came back to the leader itself (suspected in a CI run
+/// where a fresh cluster's first leader hit openraft's assertion that a
+/// node taking appends has no leader role).
 pub fn free_port() -> u16 {
     const FIRST: u16 = 10_000;
     const ATTEMPTS: usize = 64;
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(|poison| poison.into_inner());
     let ephemeral_from = ephemeral_range_start().unwrap_or(32_768);
     if ephemeral_from > FIRST + 1_000 {
         for _ in 0..ATTEMPTS {
             let port = rand::thread_rng().gen_range(FIRST..ephemeral_from);
-            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                handed_out.insert(port);
                 return port;
             }
         }
     }
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// The first port of the kernel's ephemeral range (Linux).
