@@ -56,6 +56,16 @@ const ELECTION_PAUSE: Duration = Duration::from_millis(50);
 /// How long a request keeps looking for a leader before giving up.
 const LEADER_SEARCH: Duration = Duration::from_secs(2);
 
+/// When a call that failed may be sent again elsewhere.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Repeat {
+    /// Only if it certainly had no effect (refused by a follower, or never
+    /// sent): a change.
+    IfUnsent,
+    /// After any failure that points elsewhere: a read.
+    Freely,
+}
+
 /// A fenced-store key's value and fence.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
@@ -324,7 +334,7 @@ impl Client {
             lock: lock.to_owned(),
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .read(request, |channel, request| async move {
                 DeadboltClient::new(channel).lock_status(request).await
             })
             .await?;
@@ -343,7 +353,7 @@ impl Client {
                 limit: 0,
             };
             let page = self
-                .call(request, |channel, request| async move {
+                .read(request, |channel, request| async move {
                     DeadboltClient::new(channel).list_locks(request).await
                 })
                 .await?;
@@ -358,7 +368,7 @@ impl Client {
 
     /// The answering node's view of itself and the cluster.
     pub async fn health(&self) -> Result<HealthResponse, Error> {
-        self.call(HealthRequest {}, |channel, request| async move {
+        self.read(HealthRequest {}, |channel, request| async move {
             DeadboltClient::new(channel).health(request).await
         })
         .await
@@ -552,7 +562,7 @@ impl Client {
             semaphore: semaphore.to_owned(),
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .read(request, |channel, request| async move {
                 DeadboltClient::new(channel).semaphore_status(request).await
             })
             .await?;
@@ -655,7 +665,7 @@ impl Client {
         let request = LeaderRequest {
             election: election.to_owned(),
         };
-        self.call(request, |channel, request| async move {
+        self.read(request, |channel, request| async move {
             DeadboltClient::new(channel).leader(request).await
         })
         .await
@@ -692,7 +702,7 @@ impl Client {
             token,
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .read(request, |channel, request| async move {
                 DeadboltClient::new(channel).check_token(request).await
             })
             .await?;
@@ -706,7 +716,7 @@ impl Client {
             lock: lock.to_owned(),
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .read(request, |channel, request| async move {
                 DeadboltClient::new(channel).lock_history(request).await
             })
             .await?;
@@ -752,7 +762,7 @@ impl Client {
             lock: fenced.and_then(|(_, lock)| lock.map(str::to_owned)),
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .read(request, |channel, request| async move {
                 DeadboltClient::new(channel).store_get(request).await
             })
             .await?;
@@ -785,7 +795,7 @@ impl Client {
 
     /// The answering node's role, log indexes, and view of the membership.
     pub async fn cluster_status(&self) -> Result<ClusterStatusResponse, Error> {
-        self.call(ClusterStatusRequest {}, |channel, request| async move {
+        self.read(ClusterStatusRequest {}, |channel, request| async move {
             ClusterClient::new(channel).status(request).await
         })
         .await
@@ -823,7 +833,7 @@ impl Client {
     /// The table's limits in force (as the answering node has applied
     /// them), their floors and ceilings, and what the table holds.
     pub async fn limits(&self) -> Result<LimitsResponse, Error> {
-        self.call(LimitsRequest {}, |channel, request| async move {
+        self.read(LimitsRequest {}, |channel, request| async move {
             ClusterClient::new(channel).limits(request).await
         })
         .await
@@ -849,7 +859,7 @@ impl Client {
 
     /// Who this client is to the server, and what it may do.
     pub async fn acl_whoami(&self) -> Result<WhoAmIResponse, Error> {
-        self.call(WhoAmIRequest {}, |channel, request| async move {
+        self.read(WhoAmIRequest {}, |channel, request| async move {
             AccessClient::new(channel).who_am_i(request).await
         })
         .await
@@ -857,7 +867,7 @@ impl Client {
 
     /// Roles, identities and token ids (needs the admin permission).
     pub async fn acl_show(&self) -> Result<AclShowResponse, Error> {
-        self.call(AclShowRequest {}, |channel, request| async move {
+        self.read(AclShowRequest {}, |channel, request| async move {
             AccessClient::new(channel).show(request).await
         })
         .await
@@ -948,12 +958,45 @@ impl Client {
         Req: Clone,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.unary(Repeat::IfUnsent, request, send).await
+    }
+
+    /// [`call`](Self::call) for a call that changes nothing: sent again
+    /// elsewhere also when the connection broke after it went out (a
+    /// status read cut by the leader's death failed in a CI run instead).
+    async fn read<Req, T, Fut>(
+        &self,
+        request: Req,
+        send: impl Fn(Link, Req) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Req: Clone,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        self.unary(Repeat::Freely, request, send).await
+    }
+
+    async fn unary<Req, T, Fut>(
+        &self,
+        repeat: Repeat,
+        request: Req,
+        send: impl Fn(Link, Req) -> Fut,
+    ) -> Result<T, Error>
+    where
+        Req: Clone,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
         let send = &send;
-        self.call_over(Current::channel, request, |channel, request| async move {
-            send(channel, request)
-                .await
-                .map(tonic::Response::into_inner)
-        })
+        self.call_over(
+            repeat,
+            Current::channel,
+            request,
+            |channel, request| async move {
+                send(channel, request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            },
+        )
         .await
     }
 
@@ -966,13 +1009,19 @@ impl Client {
         answer: impl Fn(Answer) -> Option<T>,
     ) -> Result<T, Error> {
         let (call, answer) = (&call, &answer);
-        self.call_over(Current::calls, (), |calls, ()| async move {
-            match calls.call(call()).await? {
-                Answer::Error(error) => Err(error.into_status()),
-                other => answer(other)
-                    .ok_or_else(|| tonic::Status::internal("the server answered a different call")),
-            }
-        })
+        self.call_over(
+            Repeat::IfUnsent,
+            Current::calls,
+            (),
+            |calls, ()| async move {
+                match calls.call(call()).await? {
+                    Answer::Error(error) => Err(error.into_status()),
+                    other => answer(other).ok_or_else(|| {
+                        tonic::Status::internal("the server answered a different call")
+                    }),
+                }
+            },
+        )
         .await
     }
 
@@ -981,6 +1030,7 @@ impl Client {
     /// [`call`](Self::call) describes.
     pub(crate) async fn call_over<Link, Req, T, Fut>(
         &self,
+        repeat: Repeat,
         link: impl Fn(&mut Current) -> Link,
         request: Req,
         send: impl Fn(Link, Req) -> Fut,
@@ -1008,7 +1058,8 @@ impl Client {
             // A call that never took effect is worth sending again where the
             // client moved to, or to the leader once one is elected.
             let elsewhere = moved || error.kind() == ErrorKind::NotLeader;
-            if !error.had_no_effect() || !elsewhere || searching_since.elapsed() > LEADER_SEARCH {
+            let repeatable = error.had_no_effect() || repeat == Repeat::Freely;
+            if !repeatable || !elsewhere || searching_since.elapsed() > LEADER_SEARCH {
                 return Err(error);
             }
             if error.leader().is_none() {
