@@ -89,6 +89,13 @@ pub async fn inject(
             0..=3 => {
                 log.push(format!("{} crash node {victim} (leader: {leader:?})", at()));
                 cluster.crash(victim, rng);
+                // A quarter of the time back before anyone else could be
+                // elected: openraft restores a leader so as leader of its
+                // term, from an older snapshot, with no new entry.
+                let hold = match rng.gen_bool(0.25) {
+                    true => Duration::from_millis(rng.gen_range(10..120)),
+                    false => hold,
+                };
                 tokio::time::sleep(hold).await;
                 restart(cluster, victim, rng, log).await?;
             }

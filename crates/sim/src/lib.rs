@@ -290,6 +290,8 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         violations.extend(early_expiries(&finals.audit, &history.lease_starts()));
     }
 
+    violations.extend(sessions_called_unknown_then_served(&history.sessions()));
+
     let records = history.records();
     violations.extend(check(
         &records,
@@ -352,6 +354,32 @@ fn early_expiries(
     early
 }
 
+/// Sessions the service called unknown, then served a call on that was
+/// sent after: the refusal was false. An acquire refused so may have been
+/// granted (a nemesis run saw its permit handed back later with its old
+/// token: a leader restarted within its term read from a half-replayed
+/// state).
+fn sessions_called_unknown_then_served(
+    sessions: &BTreeMap<u64, workload::SessionAnswers>,
+) -> Vec<Violation> {
+    sessions
+        .iter()
+        .filter_map(|(session, answers)| {
+            let unknown = answers.called_unknown?;
+            let served = answers.served.filter(|served| *served > unknown)?;
+            Some(Violation {
+                what: format!(
+                    "session {session} was called unknown at {} ms, then a call on it sent at \
+                     {} ms succeeded",
+                    unknown / 1_000_000,
+                    served / 1_000_000
+                ),
+                records: vec![format!("{answers:?}")],
+            })
+        })
+        .collect()
+}
+
 fn digest(
     records: &[Record],
     accepted: &[Accepted],
@@ -372,4 +400,37 @@ fn digest(
             .hash(&mut hasher);
     }
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use workload::SessionAnswers;
+
+    fn answers(called_unknown: Option<u64>, served: Option<u64>) -> SessionAnswers {
+        SessionAnswers {
+            called_unknown,
+            served,
+        }
+    }
+
+    #[test]
+    fn a_session_served_after_it_was_called_unknown_is_a_violation() {
+        let sessions = BTreeMap::from([
+            // Called unknown, then renewed by a keepalive sent after.
+            (15, answers(Some(2_000_000_000), Some(2_500_000_000))),
+            // Served before it was called unknown: the usual end.
+            (16, answers(Some(3_000_000_000), Some(2_900_000_000))),
+            // Never called unknown.
+            (17, answers(None, Some(4_000_000_000))),
+        ]);
+        let violations = sessions_called_unknown_then_served(&sessions);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(
+            violations[0]
+                .what
+                .starts_with("session 15 was called unknown at 2000 ms"),
+            "{violations:?}"
+        );
+    }
 }

@@ -53,6 +53,17 @@ pub const ELECTION_PREFIX: &str = "election-";
 pub struct History {
     records: Arc<Mutex<Vec<Record>>>,
     lease_starts: Arc<Mutex<BTreeMap<u64, u64>>>,
+    sessions: Arc<Mutex<BTreeMap<u64, SessionAnswers>>>,
+}
+
+/// What the service said of one session: a call on a session it once
+/// called unknown (closed, expired, never opened) can never succeed again.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SessionAnswers {
+    /// When the first refusal naming the session unknown came (ns).
+    pub called_unknown: Option<u64>,
+    /// When the latest call on it that succeeded was sent (ns).
+    pub served: Option<u64>,
 }
 
 impl History {
@@ -70,6 +81,33 @@ impl History {
         let mut starts = self.lease_starts.lock().expect("history poisoned");
         let start = starts.entry(session).or_default();
         *start = (*start).max(sent_ns);
+        drop(starts);
+        self.served(session, sent_ns);
+    }
+
+    /// A call on `session` sent at `sent_ns` succeeded.
+    fn served(&self, session: u64, sent_ns: u64) {
+        let mut sessions = self.sessions.lock().expect("history poisoned");
+        let answers = sessions.entry(session).or_default();
+        answers.served = answers.served.max(Some(sent_ns));
+    }
+
+    /// A call on `session` was refused as on an unknown session, answered
+    /// at `answered_ns`.
+    fn called_unknown(&self, session: u64, answered_ns: u64) {
+        let mut sessions = self.sessions.lock().expect("history poisoned");
+        let answers = sessions.entry(session).or_default();
+        answers.called_unknown = Some(
+            answers
+                .called_unknown
+                .unwrap_or(answered_ns)
+                .min(answered_ns),
+        );
+    }
+
+    /// Each session's answers.
+    pub fn sessions(&self) -> BTreeMap<u64, SessionAnswers> {
+        self.sessions.lock().expect("history poisoned").clone()
     }
 
     /// Each session's latest acknowledged lease start (send time, ns).
@@ -379,13 +417,17 @@ impl Client {
                     session_secret: current.secret.clone(),
                 };
                 drop(current);
-                let _ = self
+                let sent = now_ns();
+                let closed = self
                     .router
                     .send(|api, credentials| {
                         let close = close.clone();
                         async move { api.close_session(&credentials, close).await }
                     })
                     .await;
+                if closed.is_ok() {
+                    self.history.served(close.session_id, sent);
+                }
             }
         }
     }
@@ -545,6 +587,9 @@ impl Client {
         let (token, slot) = match acquired {
             Ok(granted) => granted,
             Err(failure) => {
+                if failure.kind() == Some(ErrorKind::UnknownSession) {
+                    self.history.called_unknown(session_id, now_ns());
+                }
                 // Semaphores wait for the cluster version to allow them.
                 let session_fine = matches!(
                     failure.kind(),
