@@ -91,5 +91,5 @@ perf report -i "$dir/perf.data" --no-children -g none --sort dso,sym --stdio 2>/
   | python3 "$root/scripts/profile_components.py" \
       --server "$SERVER" --clients "$CLIENTS" --pairs-per-second "${pairs:-0}" \
       --cpu-seconds "$(awk -v a="$cpu_before" -v b="$cpu_after" -v t="$ticks" 'BEGIN {print (b - a) / t}')" \
-      --seconds "$DUR"
+      --seconds "$DUR" | tee "$dir/profile.md"
 echo "(bench output, perf.data and logs in $dir)"

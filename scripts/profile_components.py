@@ -1,8 +1,8 @@
 """Groups a flat `perf report --sort dso,sym` by the part of a server each function belongs to.
 
 Read by scripts/profile.sh (which says how the profile is taken). Each sample counts for the
-function it landed in; the first pattern that matches a symbol names its component. The
-patterns are by crate and by kernel subsystem, so inlined code counts for its caller's crate.
+function it landed in: kernel functions by subsystem, ours and our dependencies' by the crate
+that owns the function (inlined code counts for its caller), libc's by name.
 """
 
 from __future__ import annotations
@@ -11,49 +11,86 @@ import argparse
 import re
 import sys
 
-# (component, pattern on "dso symbol"), first match wins. Kernel symbols are marked [k].
-COMPONENTS: list[tuple[str, str]] = [
+# Kernel functions by subsystem: (component, pattern on the symbol's start), first match wins.
+KERNEL: list[tuple[str, str]] = [
     ("kernel: disk writes and fsync",
-     r"\[k\] .*(ext4|jbd2|xfs|btrfs|blk_|bio_|nvme|virtblk|virtio_queue|vring|fsync|iomap|filemap|"
-     r"generic_perform_write|file_write|writeback|folio|submit_bio|_page_cache|sync_file|mpage)"),
+     r"_*(ext4|jbd2|xfs|btrfs|blk|bio|nvme|virtblk|virtio_queue|vring|vp_notify|iowrite|"
+     r"fsync|do_fsync|iomap|filemap|generic_perform_write|file_write|writeback|folio|"
+     r"submit_bio|mpage|sync_file|wbt_|bdev)"),
     ("kernel: network (loopback TCP)",
-     r"\[k\] .*(tcp|skb|sock|inet|ip_|ipv4|ipv6|net_|netif|napi|loopback|__dev_|dev_hard|csum|"
-     r"sk_|release_sock|lock_sock)"),
-    ("kernel: wakeups and scheduling (futex, epoll)",
-     r"\[k\] .*(futex|schedule|ttwu|wake|enqueue|dequeue|select_task|pick_next|finish_task|"
-     r"update_curr|update_load|psi_|epoll|ep_|hrtimer|switch_|context|cpuidle|idle|rcu|"
-     r"__perf|perf_|sched)"),
+     r"_*(tcp|skb|sock|inet|ip_|ipv4|ipv6|net_|netif|napi|loopback|dev_|csum|sk_|"
+     r"release_sock|lock_sock|validate_xmit|process_backlog|do_softirq|raw_local_deliver)"),
+    ("kernel: task switches, wakeups, futex, epoll",
+     r"_*(finish_task_switch|futex|schedule|ttwu|try_to_wake|wake_|enqueue|dequeue|"
+     r"select_task|pick_next|update_curr|update_load|psi_|epoll|ep_|hrtimer|switch_|"
+     r"native_sched|sched|set_next|put_prev|rcu|native_queued_spin|_raw_spin|"
+     r"cpuidle|do_idle|check_preempt|resched|account_)"),
     ("kernel: system call entry and exit, copies",
-     r"\[k\] .*(syscall|entry_|do_sys|__x64_sys|exit_to_user|copy_user|copy_to|copy_from|"
-     r"_copy_|rep_movs|fdget|fput|__fget|ksys_|vfs_|rw_verify|security_|apparmor|"
-     r"iov_iter|import_iovec|__check_object_size|syscall_return)"),
+     r"_*(syscall|entry_|do_sys|x64_sys|irqentry|exit_to_user|copy_user|copy_to|copy_from|"
+     r"_copy_|rep_movs|fdget|fput|fget|ksys_|vfs_|rw_verify|security_|apparmor|iov_iter|"
+     r"import_iovec|check_object_size|syscall_return|do_writev|do_readv|do_iter)"),
     ("kernel: memory",
-     r"\[k\] .*(page|mm_|alloc_pages|kmem|kmalloc|kfree|slab|slub|__alloc|memcg|mem_cgroup|"
-     r"handle_mm_fault|lru|madvise|mmap|munmap|vma)"),
-    ("kernel: other", r"\[k\] "),
-    ("allocator (malloc, free)",
-     r"(\b|_)(malloc|free|realloc|calloc|_int_malloc|_int_free|cfree|sdallocx|tcache|"
-     r"malloc_consolidate|unlink_chunk|alloc::alloc|__rust_alloc|__rust_dealloc|__rdl_|"
-     r"alloc::raw_vec)"),
-    ("memory copies (memcpy, memmove)", r"(__)?mem(cpy|move|set|cmp)|__memcpy|__memmove"),
-    ("TLS (rustls, ring, aws-lc)", r"(rustls|ring::|aws_lc|aes|gcm|chacha|sha2|sha256)"),
-    ("HTTP/2 and gRPC (h2, hyper, tonic, tower, axum)",
-     r"(h2::|hyper::|hyper_util|tonic::|tower::|tower_http|axum::|http::|http_body|httparse|"
-     r"bytes::|hpack)"),
-    ("async runtime (tokio, mio, parking)",
-     r"(tokio::|mio::|parking_lot|std::sys::.*(futex|thread|sync)|std::thread|crossbeam|"
-     r"futures_util|futures_core|futures_channel|pin_project|core::task|std::sync::mpmc)"),
-    ("encoding (prost, serde, bincode)", r"(prost|serde|bincode|postcard)"),
-    ("Raft (openraft)", r"openraft::"),
-    ("storage (redb, the log, checksums)",
-     r"(redb::|deadbolt_server::store|crc32|crc64|xxh|blake3|adler)"),
-    ("apply: the lock table (deadbolt-core, persistent maps)",
-     r"(deadbolt_core::|imbl|rpds|im_rc|bitmaps|sized_chunks)"),
-    ("metrics and tracing", r"(prometheus|metrics::|tracing::|tracing_core|tracing_subscriber)"),
-    ("server: the rest (proposer, api, leases, waits)", r"deadbolt_server::"),
-    ("redis-server", r"redis-server"),
-    ("libc (other)", r"libc\.so|libc-"),
+     r"_*(page|mm_|alloc_pages|kmem|kmalloc|kfree|slab|memcg|mem_cgroup|handle_mm_fault|"
+     r"lru|madvise|mmap|munmap|vma|clear_page|free_unref)"),
 ]
+
+# User-space code by the crate that owns the function: the first path segment of its symbol
+# (`<deadbolt_server::calls::CallStream as futures_core::Stream>::poll_next` is the server's).
+CRATES: dict[str, str] = {
+    **dict.fromkeys(["h2", "hyper", "hyper_util", "tonic", "tower", "tower_http", "axum",
+                     "http", "http_body", "http_body_util", "httparse", "bytes", "matchit"],
+                    "HTTP/2 and gRPC (h2, hyper, tonic, tower, axum)"),
+    **dict.fromkeys(["tokio", "mio", "parking_lot", "parking_lot_core", "crossbeam",
+                     "futures_util", "futures_core", "futures_channel", "slab", "std", "core",
+                     "alloc"],
+                    "async runtime and std (tokio, mio, futures, slab)"),
+    **dict.fromkeys(["prost", "serde", "serde_json", "bincode"], "encoding (prost, serde, bincode)"),
+    "openraft": "Raft (openraft)",
+    **dict.fromkeys(["redb", "crc32fast", "crc64fast", "xxhash_rust", "blake3"],
+                    "storage (redb, the log, checksums)"),
+    **dict.fromkeys(["deadbolt_core", "imbl", "rpds", "bitmaps", "sized_chunks", "archery"],
+                    "apply: the lock table (deadbolt-core, persistent maps)"),
+    **dict.fromkeys(["prometheus_client", "metrics", "tracing", "tracing_core",
+                     "tracing_subscriber"], "metrics and tracing"),
+    **dict.fromkeys(["rustls", "ring", "aws_lc_rs", "sha2", "subtle"],
+                    "secrets and TLS (sha2, rustls)"),
+}
+# deadbolt_server by module.
+SERVER_MODULES: dict[str, str] = {"store": "storage (redb, the log, checksums)"}
+SERVER = "server: the rest (calls, api, proposer, leases, waits, listener)"
+
+# libc and the like, by symbol.
+LIBRARIES: list[tuple[str, str]] = [
+    ("allocator (malloc, free)",
+     r"(_int_malloc|_int_free|malloc|free|cfree|realloc|calloc|tcache|malloc_consolidate|"
+     r"unlink_chunk|__rust_alloc|__rust_dealloc|__rdl_|_?mi_)"),
+    ("memory copies (memcpy, memmove)", r"_*mem(cpy|move|set|cmp)"),
+]
+
+SEGMENT = re.compile(r"^[<&*]*(?:dyn )?([A-Za-z_][A-Za-z0-9_]*)::(?:([A-Za-z_][A-Za-z0-9_]*)::)?")
+
+
+def component(dso: str, mark: str, symbol: str) -> str:
+    if mark == "[k]":
+        return next((name for name, pattern in KERNEL if re.match(pattern, symbol)),
+                    "kernel: other (interrupts, drivers)")
+    for name, pattern in LIBRARIES:
+        if re.match(pattern, symbol):
+            return name
+    found = SEGMENT.match(symbol)
+    if found:
+        crate, module = found[1], found[2]
+        if crate == "deadbolt_server":
+            return SERVER_MODULES.get(module or "", SERVER)
+        if crate in CRATES:
+            return CRATES[crate]
+    # redis-server is a link to redis-check-rdb, which perf names it by.
+    if dso.startswith(("redis-server", "redis-check")):
+        return "redis-server (commands, RESP, dict)"
+    if dso.startswith("libc"):
+        return "libc (other)"
+    return "other"
+
 
 LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S+)\s+(\[[.k]\])\s+(.*)$")
 
@@ -74,12 +111,9 @@ def main() -> int:
         if not match:
             continue
         percent, dso, mark, symbol = float(match[1]), match[2], match[3], match[4].strip()
-        subject = f"{dso} {mark} {symbol}"
-        component = next(
-            (name for name, pattern in COMPONENTS if re.search(pattern, subject)), "other"
-        )
-        shares[component] = shares.get(component, 0.0) + percent
-        samples.setdefault(component, []).append((percent, symbol))
+        name = component(dso, mark, symbol)
+        shares[name] = shares.get(name, 0.0) + percent
+        samples.setdefault(name, []).append((percent, symbol))
 
     total = sum(shares.values()) or 1.0
     pairs = args.pairs_per_second * args.seconds
