@@ -334,7 +334,7 @@ impl Client {
             lock: lock.to_owned(),
         };
         let response = self
-            .read(request, |channel, request| async move {
+            .call(Repeat::Freely, request, |channel, request| async move {
                 DeadboltClient::new(channel).lock_status(request).await
             })
             .await?;
@@ -353,7 +353,7 @@ impl Client {
                 limit: 0,
             };
             let page = self
-                .read(request, |channel, request| async move {
+                .call(Repeat::Freely, request, |channel, request| async move {
                     DeadboltClient::new(channel).list_locks(request).await
                 })
                 .await?;
@@ -368,9 +368,11 @@ impl Client {
 
     /// The answering node's view of itself and the cluster.
     pub async fn health(&self) -> Result<HealthResponse, Error> {
-        self.read(HealthRequest {}, |channel, request| async move {
-            DeadboltClient::new(channel).health(request).await
-        })
+        self.call(
+            Repeat::Freely,
+            HealthRequest {},
+            |channel, request| async move { DeadboltClient::new(channel).health(request).await },
+        )
         .await
     }
 
@@ -386,7 +388,7 @@ impl Client {
             ttl_ms: millis(ttl),
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .call(Repeat::IfUnsent, request, |channel, request| async move {
                 DeadboltClient::new(channel).open_session(request).await
             })
             .await?;
@@ -419,7 +421,7 @@ impl Client {
             session_id: session.id(),
             session_secret: session.secret().to_owned(),
         };
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             DeadboltClient::new(channel).close_session(request).await
         })
         .await?;
@@ -562,7 +564,7 @@ impl Client {
             semaphore: semaphore.to_owned(),
         };
         let response = self
-            .read(request, |channel, request| async move {
+            .call(Repeat::Freely, request, |channel, request| async move {
                 DeadboltClient::new(channel).semaphore_status(request).await
             })
             .await?;
@@ -583,7 +585,7 @@ impl Client {
             capacity,
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .call(Repeat::IfUnsent, request, |channel, request| async move {
                 DeadboltClient::new(channel).define_semaphore(request).await
             })
             .await?;
@@ -597,7 +599,7 @@ impl Client {
             semaphore: semaphore.to_owned(),
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .call(Repeat::IfUnsent, request, |channel, request| async move {
                 DeadboltClient::new(channel).delete_semaphore(request).await
             })
             .await?;
@@ -652,7 +654,7 @@ impl Client {
             term,
             value: value.to_owned(),
         };
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             DeadboltClient::new(channel).proclaim(request).await
         })
         .await?;
@@ -665,7 +667,7 @@ impl Client {
         let request = LeaderRequest {
             election: election.to_owned(),
         };
-        self.read(request, |channel, request| async move {
+        self.call(Repeat::Freely, request, |channel, request| async move {
             DeadboltClient::new(channel).leader(request).await
         })
         .await
@@ -702,7 +704,7 @@ impl Client {
             token,
         };
         let response = self
-            .read(request, |channel, request| async move {
+            .call(Repeat::Freely, request, |channel, request| async move {
                 DeadboltClient::new(channel).check_token(request).await
             })
             .await?;
@@ -716,7 +718,7 @@ impl Client {
             lock: lock.to_owned(),
         };
         let response = self
-            .read(request, |channel, request| async move {
+            .call(Repeat::Freely, request, |channel, request| async move {
                 DeadboltClient::new(channel).lock_history(request).await
             })
             .await?;
@@ -741,7 +743,7 @@ impl Client {
             lock: lock.map(str::to_owned),
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .call(Repeat::IfUnsent, request, |channel, request| async move {
                 DeadboltClient::new(channel).store_put(request).await
             })
             .await?;
@@ -762,7 +764,7 @@ impl Client {
             lock: fenced.and_then(|(_, lock)| lock.map(str::to_owned)),
         };
         let response = self
-            .read(request, |channel, request| async move {
+            .call(Repeat::Freely, request, |channel, request| async move {
                 DeadboltClient::new(channel).store_get(request).await
             })
             .await?;
@@ -786,7 +788,7 @@ impl Client {
             lock: lock.map(str::to_owned),
         };
         let response = self
-            .call(request, |channel, request| async move {
+            .call(Repeat::IfUnsent, request, |channel, request| async move {
                 DeadboltClient::new(channel).store_delete(request).await
             })
             .await?;
@@ -795,9 +797,11 @@ impl Client {
 
     /// The answering node's role, log indexes, and view of the membership.
     pub async fn cluster_status(&self) -> Result<ClusterStatusResponse, Error> {
-        self.read(ClusterStatusRequest {}, |channel, request| async move {
-            ClusterClient::new(channel).status(request).await
-        })
+        self.call(
+            Repeat::Freely,
+            ClusterStatusRequest {},
+            |channel, request| async move { ClusterClient::new(channel).status(request).await },
+        )
         .await
     }
 
@@ -815,7 +819,7 @@ impl Client {
             node_id,
             address: address.to_owned(),
         };
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             ClusterClient::new(channel).add_member(request).await
         })
         .await
@@ -824,7 +828,7 @@ impl Client {
     /// Removes node `node_id` from the cluster.
     pub async fn remove_member(&self, node_id: u64) -> Result<ClusterStatusResponse, Error> {
         let request = RemoveMemberRequest { node_id };
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             ClusterClient::new(channel).remove_member(request).await
         })
         .await
@@ -833,16 +837,18 @@ impl Client {
     /// The table's limits in force (as the answering node has applied
     /// them), their floors and ceilings, and what the table holds.
     pub async fn limits(&self) -> Result<LimitsResponse, Error> {
-        self.read(LimitsRequest {}, |channel, request| async move {
-            ClusterClient::new(channel).limits(request).await
-        })
+        self.call(
+            Repeat::Freely,
+            LimitsRequest {},
+            |channel, request| async move { ClusterClient::new(channel).limits(request).await },
+        )
         .await
     }
 
     /// Changes the limits `request` sets (the `admin` permission); the
     /// others keep their values. Returns the limits now in force.
     pub async fn set_limits(&self, request: SetLimitsRequest) -> Result<LimitsResponse, Error> {
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             ClusterClient::new(channel).set_limits(request).await
         })
         .await
@@ -851,25 +857,31 @@ impl Client {
     /// Turns access control on (once) and returns the first token, for
     /// identity `root`. Shown once: keep it.
     pub async fn acl_bootstrap(&self) -> Result<AclTokenResponse, Error> {
-        self.call(AclBootstrapRequest {}, |channel, request| async move {
-            AccessClient::new(channel).bootstrap(request).await
-        })
+        self.call(
+            Repeat::IfUnsent,
+            AclBootstrapRequest {},
+            |channel, request| async move { AccessClient::new(channel).bootstrap(request).await },
+        )
         .await
     }
 
     /// Who this client is to the server, and what it may do.
     pub async fn acl_whoami(&self) -> Result<WhoAmIResponse, Error> {
-        self.read(WhoAmIRequest {}, |channel, request| async move {
-            AccessClient::new(channel).who_am_i(request).await
-        })
+        self.call(
+            Repeat::Freely,
+            WhoAmIRequest {},
+            |channel, request| async move { AccessClient::new(channel).who_am_i(request).await },
+        )
         .await
     }
 
     /// Roles, identities and token ids (needs the admin permission).
     pub async fn acl_show(&self) -> Result<AclShowResponse, Error> {
-        self.read(AclShowRequest {}, |channel, request| async move {
-            AccessClient::new(channel).show(request).await
-        })
+        self.call(
+            Repeat::Freely,
+            AclShowRequest {},
+            |channel, request| async move { AccessClient::new(channel).show(request).await },
+        )
         .await
     }
 
@@ -878,7 +890,7 @@ impl Client {
         let request = AclCreateTokenRequest {
             identity: identity.to_owned(),
         };
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             AccessClient::new(channel).create_token(request).await
         })
         .await
@@ -888,7 +900,7 @@ impl Client {
         let request = AclRevokeTokenRequest {
             token_id: token_id.to_owned(),
         };
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             AccessClient::new(channel).revoke_token(request).await
         })
         .await?;
@@ -901,7 +913,7 @@ impl Client {
             name: name.to_owned(),
             grants,
         };
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             AccessClient::new(channel).put_role(request).await
         })
         .await?;
@@ -912,7 +924,7 @@ impl Client {
         let request = AclDeleteRoleRequest {
             name: name.to_owned(),
         };
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             AccessClient::new(channel).delete_role(request).await
         })
         .await?;
@@ -930,7 +942,7 @@ impl Client {
             identity: identity.to_owned(),
             role: role.to_owned(),
         };
-        self.call(request, |channel, request| async move {
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
             let mut access = AccessClient::new(channel);
             if grant {
                 access.grant_role(request).await
@@ -949,34 +961,11 @@ impl Client {
     /// (no leader known) after a short pause. Any other failure is returned
     /// to the caller, for whom the outcome is then unknown; later calls go
     /// to the next endpoint.
+    ///
+    /// With [`Repeat::Freely`] (a read, which changes nothing), also after
+    /// the connection broke once the request went out: a status read cut
+    /// by the leader's death failed in a CI run instead.
     async fn call<Req, T, Fut>(
-        &self,
-        request: Req,
-        send: impl Fn(Link, Req) -> Fut,
-    ) -> Result<T, Error>
-    where
-        Req: Clone,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        self.unary(Repeat::IfUnsent, request, send).await
-    }
-
-    /// [`call`](Self::call) for a call that changes nothing: sent again
-    /// elsewhere also when the connection broke after it went out (a
-    /// status read cut by the leader's death failed in a CI run instead).
-    async fn read<Req, T, Fut>(
-        &self,
-        request: Req,
-        send: impl Fn(Link, Req) -> Fut,
-    ) -> Result<T, Error>
-    where
-        Req: Clone,
-        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    {
-        self.unary(Repeat::Freely, request, send).await
-    }
-
-    async fn unary<Req, T, Fut>(
         &self,
         repeat: Repeat,
         request: Req,
