@@ -89,6 +89,9 @@ impl FromStr for InitialCluster {
                 Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
                 _ => return Err(format!("{entry:?}: the address must be HOST:PORT")),
             }
+            if members.contains_key(&id) {
+                return Err(format!("node id {id} is listed twice"));
+            }
             // Two members at one address would be one node sending Raft
             // to itself as another (a leader's own appends coming back).
             if let Some((other, _)) = members.iter().find(|(_, known)| *known == address) {
@@ -97,9 +100,7 @@ impl FromStr for InitialCluster {
                      needs its own"
                 ));
             }
-            if members.insert(id, address.to_owned()).is_some() {
-                return Err(format!("node id {id} is listed twice"));
-            }
+            members.insert(id, address.to_owned());
         }
         if members.is_empty() {
             return Err("no members given (expected 1=HOST:PORT,2=HOST:PORT,...)".into());
@@ -546,6 +547,7 @@ mod tests {
         for (text, complaint) in [
             ("", "no members"),
             ("1=a:1,1=b:2", "listed twice"),
+            ("1=a:1,1=a:1", "listed twice"),
             (
                 "1=a:1,2=a:1",
                 "nodes 1 and 2 are both given the address a:1",
