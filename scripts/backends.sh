@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# What the crates/backends tests need: Debian's redis-server and etcd-server (the
+# What the crates/backends tests need: Debian's redis-server and etcd-server, and
+# the haproxy that crates/cli/tests/forwarding.rs puts in front of a cluster (the
 # tests start their own throwaway instances on free loopback ports, so nothing is
 # started here). (protoc, which the etcd-client crate's build runs, needs nothing:
 # scripts/protoc, see .cargo/config.toml.) Prints one line on stdout, for eval;
 # everything else goes to stderr:
 #
-#   eval "$(scripts/backends.sh)"   # exports DEADBOLT_REDIS_SERVER, DEADBOLT_ETCD
+#   eval "$(scripts/backends.sh)"   # exports DEADBOLT_REDIS_SERVER, DEADBOLT_ETCD, DEADBOLT_HAPROXY
 #
 # A program already on PATH is used as it is. A missing
 # one is installed with apt-get when run as root (scripts/apt-install.sh:
@@ -29,13 +30,15 @@ find_or_install() {
 }
 
 main() {
-    local redis etcd
+    local redis etcd haproxy
     redis=$(find_or_install redis-server redis-server)
     etcd=$(find_or_install etcd etcd-server)
+    haproxy=$(find_or_install haproxy haproxy)
     "$redis" --version >/dev/null 2>&1 || die "$redis does not run"
     "$etcd" --version >/dev/null 2>&1 || die "$etcd does not run"
-    log "using $("$redis" --version | cut -d' ' -f1-3), $("$etcd" --version | head -n 1)"
-    echo "export DEADBOLT_REDIS_SERVER=$redis DEADBOLT_ETCD=$etcd"
+    "$haproxy" -v >/dev/null 2>&1 || die "$haproxy does not run"
+    log "using $("$redis" --version | cut -d' ' -f1-3), $("$etcd" --version | head -n 1), $("$haproxy" -v | head -n 1)"
+    echo "export DEADBOLT_REDIS_SERVER=$redis DEADBOLT_ETCD=$etcd DEADBOLT_HAPROXY=$haproxy"
 }
 
 main "$@"

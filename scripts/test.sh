@@ -5,7 +5,7 @@
 # scripts/postgres.sh provides the PostgreSQL server the crates/fence and
 # crates/backends tests use, scripts/promtool.sh the promtool the metrics tests
 # check with, scripts/backends.sh redis-server and etcd for the
-# crates/backends tests, and scripts/chromium.sh the headless Chromium and
+# crates/backends tests and haproxy for the load-balancer test, and scripts/chromium.sh the headless Chromium and
 # chromedriver the dashboard tests drive (each installing Debian's package
 # first when run as root without it); scripts/python-client.sh builds the
 # Python client's wheel into a virtualenv (from PyPI: setuptools, aiohttp,
@@ -51,7 +51,7 @@ eval "$postgres_env"
 # With a server set up, a PostgreSQL test that cannot find it fails instead of skipping.
 export DEADBOLT_REQUIRE_POSTGRES=1
 
-stage "redis-server and etcd for the crates/backends tests (scripts/backends.sh)"
+stage "redis-server and etcd for the crates/backends tests, haproxy for forwarding.rs (scripts/backends.sh)"
 backends_env=$(scripts/backends.sh)
 eval "$backends_env"
 # With them installed, a backends test that cannot start one fails instead of skipping.

@@ -494,8 +494,8 @@ fn a_three_node_cluster_over_mutual_tls_forms_grants_and_fails_over() {
     let first = run(&["acquire", "--lock", "ha", "--ttl", "2s"]);
     assert!(first.status.success(), "{}\n{}", text(&first), logs());
     let first_token = granted_token(&first);
-    // Given only a follower, the CLI goes to the leader it names, over the
-    // same mutual TLS.
+    // Given only a follower, the CLI is served through it (it forwards to
+    // the leader, forwarding.rs), over the same mutual TLS.
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     let follower = format!("https://{}", addrs[(follower - 1) as usize]);
     let status = run_at(

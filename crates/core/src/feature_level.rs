@@ -39,6 +39,11 @@ impl FeatureLevel {
     /// Leader elections ([`crate::Command::Campaign`],
     /// [`crate::Command::Proclaim`]), from the same release.
     pub const ELECTIONS: FeatureLevel = FeatureLevel(3);
+    /// Followers forwarding client calls to the leader: no change to the
+    /// log, but a leader of release 0.1.0 would take a forwarded call for
+    /// the forwarding node's own (its node certificate's identity). From
+    /// the same release.
+    pub const FORWARDING: FeatureLevel = FeatureLevel(3);
     /// The highest level this build's state machine applies.
     pub const NEWEST: FeatureLevel = FeatureLevel::ELECTIONS;
 

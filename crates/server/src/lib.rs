@@ -20,6 +20,7 @@ mod cluster;
 mod cluster_version;
 mod dashboard;
 pub mod embedded;
+mod forward;
 mod grpc;
 mod http;
 mod leases;
@@ -571,23 +572,29 @@ impl Server {
             health_reporter,
             stop.subscribe(),
         ));
+        let peer_gate = PeerGate::new(
+            node.raft.clone(),
+            node.tls.clone(),
+            node.peer_secrets.clone(),
+            node.metrics.clone(),
+        );
+        let forwarder = forward::Forwarder::new(node.clone(), peer_gate.clone());
         let app = grpc::router(
             api.clone(),
             health_service,
             node.raft.clone(),
             ready_to_join,
-            PeerGate::new(
-                node.raft.clone(),
-                node.tls.clone(),
-                node.peer_secrets.clone(),
-                node.metrics.clone(),
-            ),
+            peer_gate,
             stop.subscribe(),
         )
         .merge(http::router(api, limits.body_read_timeout))
         .merge(dashboard::router(node.clone()))
         .fallback(http::unknown_path)
-        .method_not_allowed_fallback(http::method_not_allowed);
+        .method_not_allowed_fallback(http::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            forwarder,
+            forward::forward_or_serve,
+        ));
         tracing::info!(address = %listener.local_addr()?, "serving gRPC and HTTP");
         let waits = node.waits.clone();
         let history = node.history.clone();

@@ -38,6 +38,7 @@
 //! they need not come from the node's [`crate::clock::Clock`].
 
 use crate::auth::peers::Refusal;
+use crate::forward::Forwarded;
 use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::SharedTable;
 use crate::watches::History;
@@ -187,6 +188,9 @@ pub struct Metrics {
     leader_changes: Counter,
     /// By position in [`Refusal::ALL`].
     peer_calls_refused: Vec<Counter>,
+    /// Client calls this node forwarded to the leader, by what became of
+    /// them (`forward.rs`).
+    forwarded_calls: Vec<Counter>,
     sessions: Gauge,
     locks_held: Gauge,
     /// The cluster version the table is at (docs/upgrading.md): an upgrade
@@ -297,6 +301,7 @@ impl Metrics {
         let calls: Vec<&str> = Call::ALL.iter().map(|call| call.as_str()).collect();
         let kinds: Vec<&str> = ErrorKind::ALL.iter().map(|kind| kind.as_str()).collect();
         let refusals: Vec<&str> = Refusal::ALL.iter().map(|why| why.as_str()).collect();
+        let forwarded: Vec<&str> = Forwarded::ALL.iter().map(|what| what.as_str()).collect();
         register_build_info(r);
         Metrics {
             grants: register(
@@ -421,6 +426,14 @@ impl Metrics {
                 "Raft peer calls this node refused before reading them: it has no peers, or the caller is no node of its cluster",
                 None,
                 ("reason", &refusals),
+                Counter::default,
+            ),
+            forwarded_calls: register_labelled(
+                r,
+                "deadbolt_forwarded_calls",
+                "Client calls this node, not the leader, forwarded to the leader: answered there, failed to reach it (the caller heard unavailable), or served here because too many were in flight",
+                None,
+                ("result", &forwarded),
                 Counter::default,
             ),
             sessions: register(
@@ -581,6 +594,11 @@ impl Metrics {
     pub fn peer_call_refused(&self, why: Refusal) {
         let index = Refusal::ALL.iter().position(|known| *known == why);
         self.peer_calls_refused[index.expect("every refusal is in Refusal::ALL")].inc();
+    }
+
+    pub fn call_forwarded(&self, what: Forwarded) {
+        let index = Forwarded::ALL.iter().position(|known| *known == what);
+        self.forwarded_calls[index.expect("every result is in Forwarded::ALL")].inc();
     }
 
     pub fn lease_renewed(&self) {

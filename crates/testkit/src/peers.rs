@@ -1,4 +1,5 @@
-//! Real peer lock servers for tests: Redis and etcd processes started on
+//! Real peer lock servers for tests, and a load balancer in front of
+//! Deadbolt nodes (haproxy): Redis and etcd processes started on
 //! free loopback ports (one per test, so a test may kill or restart its
 //! own), from the binaries on PATH or named by `DEADBOLT_REDIS_SERVER` /
 //! `DEADBOLT_ETCD`, and the shared PostgreSQL of `scripts/postgres.sh`
@@ -226,6 +227,42 @@ pub fn redis_sentinel(primary_port: u16) -> Option<Server> {
     )
     .unwrap();
     let args = vec![conf.to_string_lossy().into_owned(), "--sentinel".to_owned()];
+    Some(Server::start(program, args, port, dir))
+}
+
+/// A TCP load balancer (Debian's haproxy) on a free loopback port, as in
+/// front of a Kubernetes Service: each new connection goes to the next of
+/// `backends` in turn, and to another one when a backend refuses it or
+/// failed its last health check (a TCP connect every 200 ms). It passes
+/// TLS through untouched, so clients verify the nodes' own certificates.
+pub fn haproxy(backends: &[std::net::SocketAddr]) -> Option<Server> {
+    let program = binary("DEADBOLT_HAPROXY", "haproxy", "haproxy")?;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = crate::free_port();
+    let servers: String = backends
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            format!(
+                "    server node{} {addr} check inter 200ms fall 1 rise 2\n",
+                i + 1
+            )
+        })
+        .collect();
+    let config = format!(
+        "global\n    maxconn 1024\n\
+         defaults\n    mode tcp\n    timeout connect 1s\n    timeout client 1h\n    \
+         timeout server 1h\n    retries 3\n    option redispatch\n\
+         frontend deadbolt\n    bind 127.0.0.1:{port}\n    default_backend nodes\n\
+         backend nodes\n    balance roundrobin\n{servers}"
+    );
+    let path = dir.path().join("haproxy.cfg");
+    std::fs::write(&path, config).expect("write haproxy.cfg");
+    let args = vec![
+        "-db".into(),
+        "-f".into(),
+        path.to_string_lossy().into_owned(),
+    ];
     Some(Server::start(program, args, port, dir))
 }
 

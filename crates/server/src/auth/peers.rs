@@ -163,7 +163,8 @@ fn read_ring(path: &Path) -> Result<Ring, String> {
 }
 
 /// The connection's remote address, put into the extensions of every peer
-/// call by the listener, for the log lines of refusals.
+/// call (and every call a node forwards) by the listener, for the log
+/// lines of refusals.
 #[derive(Debug, Clone, Copy)]
 pub struct RemoteAddr(pub SocketAddr);
 
@@ -172,7 +173,9 @@ impl RemoteAddr {
     /// extension costs every request an allocation, and the lock path
     /// stays lean.
     pub fn mark_peer_call<B>(self, request: &mut axum::http::Request<B>) {
-        if request.uri().path().starts_with(PEER_SERVICE_PATH) {
+        if request.uri().path().starts_with(PEER_SERVICE_PATH)
+            || request.headers().contains_key(crate::forward::FORWARDED_BY)
+        {
             request.extensions_mut().insert(self);
         }
     }
@@ -296,7 +299,24 @@ impl PeerGate {
         }
     }
 
-    fn check(&self, request: &tonic::Request<()>) -> Result<(), (Refusal, String)> {
+    /// Whether a call that showed `client` (over TLS) or presented
+    /// `secret` (without) comes from one of the cluster's nodes. A refusal
+    /// is counted and logged (with `remote`), and says why.
+    pub fn admit(
+        &self,
+        client: Option<&TlsClient>,
+        secret: Option<&str>,
+        remote: Option<RemoteAddr>,
+    ) -> Result<(), String> {
+        self.check(client, secret)
+            .map_err(|(refusal, why)| self.refused(remote, refusal, why))
+    }
+
+    fn check(
+        &self,
+        client: Option<&TlsClient>,
+        secret: Option<&str>,
+    ) -> Result<(), (Refusal, String)> {
         if !has_peers(&self.raft) {
             return Err((
                 Refusal::NoPeers,
@@ -305,7 +325,7 @@ impl PeerGate {
                     .to_owned(),
             ));
         }
-        if let Some(client) = request.extensions().get::<TlsClient>() {
+        if let Some(client) = client {
             return self.check_certificate(client);
         }
         let Some(secrets) = &self.secrets else {
@@ -316,12 +336,7 @@ impl PeerGate {
                     .to_owned(),
             ));
         };
-        let presented = request
-            .metadata()
-            .get(SECRET_HEADER)
-            .and_then(|value| value.to_str().ok())
-            .filter(|value| value.len() <= MAX_SECRET_CHARS);
-        match presented {
+        match secret.filter(|secret| secret.len() <= MAX_SECRET_CHARS) {
             Some(presented) if secrets.accepts(presented) => Ok(()),
             Some(_) => Err((
                 Refusal::BadSecret,
@@ -363,12 +378,7 @@ impl PeerGate {
         }
     }
 
-    fn refused(
-        &self,
-        request: &tonic::Request<()>,
-        refusal: Refusal,
-        why: String,
-    ) -> tonic::Status {
+    fn refused(&self, remote: Option<RemoteAddr>, refusal: Refusal, why: String) -> String {
         self.metrics.peer_call_refused(refusal);
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let last = self.last_logged_ms.load(Ordering::Relaxed);
@@ -379,10 +389,7 @@ impl PeerGate {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            let remote = request
-                .extensions()
-                .get::<RemoteAddr>()
-                .map(|remote| remote.0.to_string());
+            let remote = remote.map(|remote| remote.0.to_string());
             tracing::warn!(
                 remote = remote.as_deref().unwrap_or("unknown"),
                 reason = refusal.as_str(),
@@ -390,16 +397,23 @@ impl PeerGate {
                  deadbolt_peer_calls_refused_total counts them all)"
             );
         }
-        tonic::Status::permission_denied(why)
+        why
     }
 }
 
 impl tonic::service::Interceptor for PeerGate {
     fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        match self.check(&request) {
-            Ok(()) => Ok(request),
-            Err((refusal, why)) => Err(self.refused(&request, refusal, why)),
-        }
+        let secret = request
+            .metadata()
+            .get(SECRET_HEADER)
+            .and_then(|value| value.to_str().ok());
+        self.admit(
+            request.extensions().get::<TlsClient>(),
+            secret,
+            request.extensions().get::<RemoteAddr>().copied(),
+        )
+        .map_err(tonic::Status::permission_denied)?;
+        Ok(request)
     }
 }
 

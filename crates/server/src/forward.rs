@@ -1,0 +1,412 @@
+//! Any node serves any client: a follower forwards the client calls that
+//! need the leader to it, and the leader takes them as the caller's own.
+//!
+//! Why: behind a load balancer (a Kubernetes Service, haproxy) two calls in
+//! three land on a follower, and the leader's address that `not_leader`
+//! names may be one the client cannot reach (a pod address behind the
+//! Service). etcd and Consul followers forward for the same reason.
+//!
+//! How: in front of the router, before anything is decoded. A call of the
+//! client API (every gRPC service but a node's own status and the peer
+//! service, and the HTTP API under `/v1/`, but for `/v1/cluster/status`)
+//! that reaches a node which knows another node leads goes to that leader
+//! as it came, bearer token included, streamed both ways (the `Calls`
+//! stream and watches too), over a connection this node opens the way it
+//! opens its peer connections. Three headers go with it:
+//! - [`FORWARDED_BY`], this node's id: the leader serves the call itself and
+//!   never forwards it again (a leader that lost its lead meanwhile answers
+//!   `not_leader` with the new leader, which the client follows);
+//! - [`FORWARDED_CERTIFICATE`], the name on the caller's TLS client
+//!   certificate, if it showed one: the leader cannot see that certificate;
+//! - without TLS, the cluster secret, as on every peer call.
+//!
+//! Access control decides on the leader, exactly as for a call made there:
+//! the leader has applied every rule, where the follower may lag behind one
+//! (a token revoked a moment ago). The leader takes the forwarded identity
+//! only from a connection that passes the peer gate (`auth/peers.rs`: a node
+//! certificate over TLS, the cluster secret without); any other call that
+//! claims to be forwarded is refused with `permission_denied`.
+//!
+//! Bounded: at most [`MAX_FORWARDED_IN_FLIGHT`] calls and streams in flight
+//! from one node; past that, and while no leader is known, a call is served
+//! here, that is answered `not_leader` with the leader's address as before
+//! forwarding existed. Gated: a follower forwards only once the cluster
+//! version is at [`FeatureLevel::FORWARDING`], as a leader of release 0.1.0
+//! would take a forwarded call for the forwarding node's own.
+
+use crate::auth::peers::{PeerGate, RemoteAddr, SECRET_HEADER};
+use crate::http::HttpError;
+use crate::network::peer_endpoint;
+use crate::node::{ApiError, Node};
+use crate::raft_types::NodeId;
+use crate::tls::TlsClient;
+use axum::body::Body;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::header::{self, HeaderName, HeaderValue};
+use axum::http::HeaderMap;
+use axum::http::Version;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use deadbolt_core::FeatureLevel;
+use deadbolt_proto::ErrorKind;
+use http_body::Frame;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::transport::Channel;
+use tower::ServiceExt;
+
+/// The header that marks a call a node forwarded: the forwarding node's id.
+pub const FORWARDED_BY: &str = "deadbolt-forwarded-by";
+/// The name on the TLS client certificate the caller showed the forwarding
+/// node, if any.
+pub const FORWARDED_CERTIFICATE: &str = "deadbolt-forwarded-certificate";
+
+/// Forwarded calls and streams in flight from one node, at most: as many
+/// as the connections a node serves by default (`--max-connections`).
+pub const MAX_FORWARDED_IN_FLIGHT: usize = 4096;
+
+/// Headers that describe one HTTP/1.1 connection, not the request: they
+/// must not cross to the leader's HTTP/2 connection (HTTP/2 forbids them).
+const CONNECTION_HEADERS: [HeaderName; 6] = [
+    header::CONNECTION,
+    header::HOST,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// What became of a call this node was asked to forward, for
+/// `deadbolt_forwarded_calls_total{result}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarded {
+    /// Sent to the leader; its answer went back to the caller.
+    Answered,
+    /// The leader could not be reached, or the connection broke before
+    /// it answered: the caller heard `unavailable`.
+    Failed,
+    /// Past [`MAX_FORWARDED_IN_FLIGHT`]: served here (`not_leader`).
+    ServedHere,
+}
+
+impl Forwarded {
+    pub const ALL: [Forwarded; 3] = [
+        Forwarded::Answered,
+        Forwarded::Failed,
+        Forwarded::ServedHere,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Forwarded::Answered => "answered",
+            Forwarded::Failed => "failed",
+            Forwarded::ServedHere => "served_here",
+        }
+    }
+}
+
+/// The state of the forwarding layer (one per node).
+pub struct Forwarder {
+    node: Node,
+    gate: PeerGate,
+    /// The connection to the leader, and the address it dials: redialled
+    /// when another node leads.
+    leader: Mutex<Option<(String, Channel)>>,
+    slots: Arc<Semaphore>,
+}
+
+impl Forwarder {
+    pub fn new(node: Node, gate: PeerGate) -> Arc<Forwarder> {
+        Arc::new(Forwarder {
+            node,
+            gate,
+            leader: Mutex::new(None),
+            slots: Arc::new(Semaphore::new(MAX_FORWARDED_IN_FLIGHT)),
+        })
+    }
+
+    /// The leader to forward to: another node, known, and a cluster version
+    /// that says it takes forwarded calls.
+    fn leader_elsewhere(&self) -> Option<(NodeId, String)> {
+        let metrics = self.node.raft.metrics();
+        let (leader, address) = {
+            let metrics = metrics.borrow();
+            let leader = metrics.current_leader.filter(|id| *id != self.node.id)?;
+            let member = metrics.membership_config.membership().get_node(&leader)?;
+            (leader, member.addr.clone())
+        };
+        (self.node.cluster_version() >= FeatureLevel::FORWARDING).then_some((leader, address))
+    }
+
+    /// The connection to `address`, dialled lazily the first time.
+    fn channel_to(&self, address: &str) -> Result<Channel, String> {
+        let mut leader = self.leader.lock().expect("forwarding channel poisoned");
+        if let Some((dialled, channel)) = leader.as_ref() {
+            if dialled == address {
+                return Ok(channel.clone());
+            }
+        }
+        let channel = peer_endpoint(address, self.node.tls.as_deref())?.connect_lazy();
+        *leader = Some((address.to_owned(), channel.clone()));
+        Ok(channel)
+    }
+
+    /// Takes a call another node forwarded as its caller's: the identity
+    /// comes from [`FORWARDED_CERTIFICATE`], never from the connection's
+    /// node certificate. Refused unless that connection is a peer's.
+    fn accept(&self, request: &mut Request) -> Result<(), ApiError> {
+        let secret = request
+            .headers()
+            .get(SECRET_HEADER)
+            .and_then(|value| value.to_str().ok());
+        self.gate
+            .admit(
+                request.extensions().get::<TlsClient>(),
+                secret,
+                request.extensions().get::<RemoteAddr>().copied(),
+            )
+            .map_err(|why| {
+                ApiError::new(
+                    ErrorKind::PermissionDenied,
+                    format!("only the cluster's nodes may forward calls ({FORWARDED_BY}): {why}"),
+                )
+            })?;
+        let certificate = request
+            .headers()
+            .get(FORWARDED_CERTIFICATE)
+            .map(|name| String::from_utf8_lossy(name.as_bytes()).into_owned());
+        let extensions = request.extensions_mut();
+        match certificate {
+            Some(name) => {
+                extensions.insert(TlsClient {
+                    name: Some(name),
+                    node: false,
+                });
+            }
+            None => {
+                extensions.remove::<TlsClient>();
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `request` to the leader at `address` and hands back its answer,
+    /// holding `slot` until the answer's body ends.
+    async fn forward(
+        &self,
+        mut request: Request,
+        (leader, address): (NodeId, String),
+        slot: OwnedSemaphorePermit,
+    ) -> Response {
+        let grpc = is_grpc(&request);
+        let failed = |why: String| {
+            self.node.metrics.call_forwarded(Forwarded::Failed);
+            let err = ApiError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "this node forwards calls to the leader, node {leader} at {address}, and that \
+                     failed: {why}; the call may or may not have been done there (every call is \
+                     safe to repeat)"
+                ),
+            );
+            error_response(grpc, err)
+        };
+        let channel = match self.channel_to(&address) {
+            Ok(channel) => channel,
+            Err(why) => return failed(why),
+        };
+        let client = request
+            .extensions()
+            .get::<TlsClient>()
+            .and_then(|client| client.name.clone());
+        let headers = request.headers_mut();
+        for name in &CONNECTION_HEADERS {
+            headers.remove(name);
+        }
+        if headers.get(header::TE).is_some_and(|te| te != "trailers") {
+            headers.remove(header::TE);
+        }
+        headers.remove(FORWARDED_CERTIFICATE);
+        headers.remove(SECRET_HEADER);
+        headers.insert(FORWARDED_BY, HeaderValue::from(self.node.id));
+        if let Some(name) = client.and_then(|name| HeaderValue::from_str(&name).ok()) {
+            headers.insert(FORWARDED_CERTIFICATE, name);
+        }
+        if let Some(secrets) = &self.node.peer_secrets {
+            let secret = secrets.sending();
+            headers.insert(
+                SECRET_HEADER,
+                HeaderValue::from_bytes(secret.as_bytes()).expect("a secret is a header value"),
+            );
+        }
+        *request.version_mut() = Version::HTTP_2;
+        let request = request.map(tonic::body::boxed);
+        match channel.oneshot(request).await {
+            Ok(response) => {
+                self.node.metrics.call_forwarded(Forwarded::Answered);
+                response.map(|body| {
+                    Body::new(LeadersAnswer {
+                        body,
+                        grpc,
+                        ended: false,
+                        _slot: slot,
+                    })
+                })
+            }
+            Err(err) => failed(err.to_string()),
+        }
+    }
+}
+
+/// The leader's answer on its way to the caller. It holds its in-flight
+/// slot until it ends: a stream holds one for as long as it runs.
+struct LeadersAnswer {
+    body: tonic::body::BoxBody,
+    grpc: bool,
+    ended: bool,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl http_body::Body for LeadersAnswer {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    /// Passes the leader's frames on. If the connection to the leader breaks
+    /// (the leader died mid-stream), a gRPC answer ends with `unavailable`
+    /// in its trailers, as the leader's own broken connection would read to
+    /// a client that had called it: the outcome of what was in flight is
+    /// unknown, and the client's retry rules apply. Relayed as is, the
+    /// break reached the client as an HTTP/2 `INTERNAL_ERROR` reset, which
+    /// the Rust client took for a refusal (found by the load-balancer test).
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+            Some(Err(broken)) if this.grpc => {
+                this.ended = true;
+                let err = ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "the connection to the leader this node forwarded the call to broke: \
+                         {broken}; what was in flight may or may not have been done there"
+                    ),
+                );
+                let mut trailers = HeaderMap::new();
+                tonic::Status::from(err)
+                    .add_header(&mut trailers)
+                    .expect("a status is valid headers");
+                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+            }
+            other => Poll::Ready(other),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.body.is_end_stream()
+    }
+}
+
+/// Whether a call of this path needs the leader: the client API, but for a
+/// node's own health and status (what probes and the leader's cluster
+/// version checks ask each node).
+fn needs_the_leader(path: &str) -> bool {
+    let grpc = [
+        "/deadbolt.v1.Deadbolt/",
+        "/deadbolt.v1.Access/",
+        "/deadbolt.v1.Cluster/",
+    ]
+    .iter()
+    .any(|service| path.starts_with(service));
+    let own = matches!(
+        path,
+        "/deadbolt.v1.Deadbolt/Health" | "/deadbolt.v1.Cluster/Status" | "/v1/cluster/status"
+    );
+    (grpc || path.starts_with("/v1/")) && !own
+}
+
+fn is_grpc(request: &Request) -> bool {
+    request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|kind| kind.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// `err` as the caller's protocol says errors: a gRPC status, or the HTTP
+/// API's JSON error.
+fn error_response(grpc: bool, err: ApiError) -> Response {
+    if grpc {
+        tonic::Status::from(err).into_http().map(Body::new)
+    } else {
+        HttpError::from(err).into_response()
+    }
+}
+
+/// The middleware: takes a forwarded call as its caller's, forwards a call
+/// that needs the leader when another node leads, and serves the rest here.
+pub async fn forward_or_serve(
+    State(forwarder): State<Arc<Forwarder>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if request.headers().contains_key(FORWARDED_BY) {
+        return match forwarder.accept(&mut request) {
+            Ok(()) => next.run(request).await,
+            Err(err) => error_response(is_grpc(&request), err),
+        };
+    }
+    if !needs_the_leader(request.uri().path()) {
+        return next.run(request).await;
+    }
+    let Some(leader) = forwarder.leader_elsewhere() else {
+        return next.run(request).await;
+    };
+    match forwarder.slots.clone().try_acquire_owned() {
+        Ok(slot) => forwarder.forward(request, leader, slot).await,
+        Err(_) => {
+            forwarder.node.metrics.call_forwarded(Forwarded::ServedHere);
+            next.run(request).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_own_health_and_status_are_never_forwarded() {
+        for own in [
+            "/deadbolt.v1.Deadbolt/Health",
+            "/deadbolt.v1.Cluster/Status",
+            "/v1/cluster/status",
+            "/health",
+            "/ready",
+            "/metrics",
+            "/ui/api/cluster",
+            "/deadbolt.v1.RaftPeer/AppendEntries",
+            "/grpc.health.v1.Health/Check",
+        ] {
+            assert!(!needs_the_leader(own), "{own}");
+        }
+        for client_api in [
+            "/deadbolt.v1.Deadbolt/Acquire",
+            "/deadbolt.v1.Deadbolt/Calls",
+            "/deadbolt.v1.Deadbolt/Watch",
+            "/deadbolt.v1.Access/WhoAmI",
+            "/deadbolt.v1.Cluster/AddMember",
+            "/v1/lock/acquire",
+            "/v1/acl/whoami",
+            "/v1/snapshot",
+        ] {
+            assert!(needs_the_leader(client_api), "{client_api}");
+        }
+    }
+}
