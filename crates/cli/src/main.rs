@@ -54,7 +54,7 @@ Exit codes:
     after_help = AFTER_HELP
 )]
 struct Cli {
-    /// Server address(es), comma-separated. One node of a cluster is enough (a follower names the leader, and the CLI goes there); give every node's to get in while one is down.
+    /// Server address(es), comma-separated. One node of a cluster is enough (a follower forwards calls to the leader, or names it and the CLI goes there); give every node's to get in while one is down.
     #[arg(
         long,
         global = true,
