@@ -29,6 +29,35 @@ impl Servers {
     fn endpoints(&self) -> Vec<String> {
         self.cluster.endpoints()
     }
+
+    /// Waits until every node has applied the cluster version from which
+    /// followers forward calls to the leader (it rises a moment after a
+    /// cluster forms), so that a client given only a follower is served
+    /// through it rather than sent on to the leader.
+    async fn until_followers_forward(&self) -> anyhow::Result<()> {
+        let forwarding = u64::from(deadbolt_core::FeatureLevel::FORWARDING.0);
+        let started = Instant::now();
+        loop {
+            let lowest = self
+                .cluster
+                .nodes
+                .iter()
+                .map(|node| {
+                    node.status()
+                        .map_or(0, |s| s["cluster_version"].as_u64().unwrap_or(0))
+                })
+                .min()
+                .unwrap_or(0);
+            if lowest >= forwarding {
+                return Ok(());
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(20),
+                "the cluster version stayed at {lowest}, below {forwarding}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// A driver connected to `servers`.
@@ -262,9 +291,20 @@ pub async fn lost_before_regrant(client: &ClientUnderTest, bin: &Path) -> anyhow
 /// lock and another waits for it: the holder keeps it (its lease carries
 /// over), its release goes through the new leader, and the waiter, whose
 /// blocking acquire the kill cut and the client retried, is granted once.
+/// The waiter is given one follower's address only, as a client behind a
+/// load balancer may be: that follower forwards its calls to whichever
+/// node leads, before the kill and after.
 pub async fn leader_kill(client: &ClientUnderTest, bin: &Path) -> anyhow::Result<()> {
     let mut servers = Servers::start(bin, 3).await?;
-    let ((mut a, sa), (mut b, sb)) = two_holders(client, &servers, Duration::from_secs(10)).await?;
+    servers.until_followers_forward().await?;
+    let leader = servers.cluster.leader_within(Duration::from_secs(10)).await;
+    let follower = servers.cluster.nodes.iter().find(|n| n.id != leader);
+    let follower = follower.expect("a follower").endpoint();
+    let ttl = Duration::from_secs(10);
+    let mut a = connected(client, &servers).await?;
+    let mut b = Driver::start(client)?;
+    b.connect(&[follower]).await?;
+    let (sa, sb) = (a.open(ttl).await?, b.open(ttl).await?);
     let held = a.lock(sa, "failover").await?;
     let mut lost = a
         .send("lost", json!({ "session": sa, "margin_ms": 0 }))
