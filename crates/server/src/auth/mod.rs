@@ -232,7 +232,10 @@ impl Node {
         if let Some(checked) = self.check_bearer(id, secret) {
             return checked;
         }
-        self.linearizable().await?;
+        // Boxed: the barrier's future is 2 KB, and this path is rare (a
+        // token this node has not applied yet). Inline, every call's future
+        // would carry those bytes, copied each time a call is boxed.
+        Box::pin(self.linearizable()).await?;
         self.check_bearer(id, secret).unwrap_or_else(|| {
             Err(ApiError::new(
                 ErrorKind::Unauthenticated,

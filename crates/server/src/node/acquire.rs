@@ -260,7 +260,10 @@ impl AcquireCall {
             AcquireOutcome::Granted { token } => Ok(token),
             AcquireOutcome::Queued { .. } => {
                 self.subscription = Some(self.node.waits.subscribe(self.session, &self.lock));
-                self.wait(timeout).await
+                // Boxed: the wait's future (a timeout, and a cancel through
+                // the log) would otherwise make every acquire's future as
+                // large, granted at once or not (`calls.rs` boxes each call).
+                Box::pin(self.wait(timeout)).await
             }
         }
     }

@@ -188,7 +188,10 @@ impl Node {
         if let Some(checked) = self.check_secret(caller, session, secret) {
             return checked;
         }
-        self.linearizable().await?;
+        // Boxed, as in `authenticate`: a session this node has not applied
+        // yet is rare, and the barrier's 2 KB would otherwise weigh on
+        // every call's future.
+        Box::pin(self.linearizable()).await?;
         self.check_secret(caller, session, secret)
             .unwrap_or_else(|| Err(LockError::UnknownSession(session).into()))
     }
@@ -254,7 +257,10 @@ impl Node {
         if !self.leases.is_leading() {
             return Err(self.not_leader("this node is not (yet) the leader"));
         }
-        self.linearizable().await?;
+        // Boxed: the barrier's 2 KB would otherwise size the future of
+        // every call on a `Calls` stream (the largest call sets it), where
+        // acquires and releases far outnumber keepalives.
+        Box::pin(self.linearizable()).await?;
         let renewed = match self.leases.renew(session) {
             Err(KeepAliveError::Checkpointed) => {
                 // The log says this lease may be short; say otherwise there
