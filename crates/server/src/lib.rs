@@ -621,8 +621,10 @@ impl Server {
             ),
             Ok(err) = refused => return Err(err),
             () = raft_stopped => anyhow::bail!(
-                "raft stopped on a fatal error (see the log above, e.g. a full disk or an unwritable data directory); \
-                 this node serves nothing more"
+                "raft stopped on a fatal error (see the log above, e.g. a full disk, an unwritable data directory, \
+                 or a failed fsync, which is never retried: the disk may have dropped what it could not write); \
+                 this node serves nothing more. Check the disk (dmesg), then start the node again: it recovers \
+                 from what is durable"
             ),
         }
         node.raft

@@ -117,6 +117,25 @@ fn parse_response(response: &[u8]) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
+/// Builds the `LD_PRELOAD` library of `c/failsync.c` into `dir` with the
+/// system's C compiler (the one Rust links with) and returns its path: in
+/// a process started with it, once the file its `FAILSYNC_TRIGGER` names
+/// exists holding a number N, the next N fsync and fdatasync calls succeed
+/// and the one after fails with EIO; only that one.
+pub fn failsync_library(dir: &std::path::Path) -> std::path::PathBuf {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c/failsync.c");
+    let library = dir.join("libfailsync.so");
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .arg("-ldl")
+        .output()
+        .expect("run cc (the C compiler Rust links with)");
+    assert!(out.status.success(), "cc failsync.c: {out:?}");
+    library
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,12 +76,32 @@ impl TestServer {
         server
     }
 
+    /// Like `start_on`, with extra environment variables (say, an
+    /// `LD_PRELOAD` library that fails an fsync).
+    pub fn start_with_env(data_dir: &Path, addr: SocketAddr, env: &[(&str, &Path)]) -> TestServer {
+        let mut server = Self::spawn_with_env(data_dir, addr, &[], env);
+        if let Err(exit) = server.wait_ready() {
+            panic!("{exit}");
+        }
+        server
+    }
+
     fn spawn(data_dir: &Path, addr: SocketAddr, flags: &[&str]) -> TestServer {
+        Self::spawn_with_env(data_dir, addr, flags, &[])
+    }
+
+    fn spawn_with_env(
+        data_dir: &Path,
+        addr: SocketAddr,
+        flags: &[&str],
+        env: &[(&str, &Path)],
+    ) -> TestServer {
         let log = data_dir.with_extension(format!("{}.log", addr.port()));
         let child = Command::new(BIN)
             .args(["server", "--listen", &addr.to_string(), "--data-dir"])
             .arg(data_dir)
             .args(flags)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -124,6 +144,21 @@ impl TestServer {
 
     pub fn pid(&self) -> i32 {
         self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// How the server exited, if it did within `within`.
+    pub fn exit_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.as_mut().expect("started").try_wait().unwrap() {
+                self.child = None;
+                return Some(status);
+            }
+            if started.elapsed() > within {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// kill -9: no chance to flush or say goodbye.
