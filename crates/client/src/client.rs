@@ -35,6 +35,7 @@ use deadbolt_proto::v1::{
 };
 use std::future::Future;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -89,6 +90,10 @@ struct Shared {
     tls: TlsOptions,
     current: Mutex<Current>,
     authorization: Authorization,
+    /// Whether to follow the leader a forwarding node names on a
+    /// successful answer (see [`Client::follow_hint`]): until a leader
+    /// reached that way could not be connected to.
+    follow_hints: AtomicBool,
 }
 
 /// A connection to one endpoint, with the caller's token (if any) on every
@@ -212,6 +217,8 @@ pub(crate) struct Current {
     channel: Link,
     /// The `Calls` stream on `channel`, opened on first use.
     calls: Option<Calls>,
+    /// Reached by following the leader a forwarding node named.
+    hinted: bool,
 }
 
 impl Current {
@@ -222,6 +229,7 @@ impl Current {
             generation,
             channel,
             calls: None,
+            hinted: false,
         }
     }
 
@@ -291,6 +299,7 @@ impl Client {
                             targets,
                             tls: tls.clone(),
                             authorization,
+                            follow_hints: AtomicBool::new(true),
                         }),
                     });
                 }
@@ -976,17 +985,47 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let send = &send;
-        self.call_over(
-            repeat,
-            Current::channel,
-            request,
-            |channel, request| async move {
-                send(channel, request)
-                    .await
-                    .map(tonic::Response::into_inner)
-            },
-        )
-        .await
+        let (answer, hint) = self
+            .call_over(
+                repeat,
+                Current::channel,
+                request,
+                |channel, request| async move {
+                    send(channel, request).await.map(|response| {
+                        let hint = response
+                            .metadata()
+                            .get(deadbolt_proto::LEADER_KEY)
+                            .and_then(|leader| leader.to_str().ok())
+                            .map(str::to_owned);
+                        (response.into_inner(), hint)
+                    })
+                },
+            )
+            .await?;
+        if let Some(leader) = hint {
+            self.follow_hint(&leader);
+        }
+        Ok(answer)
+    }
+
+    /// A node that forwarded a call to the leader (`deadbolt server` does
+    /// from release 0.2.0) named it: later calls go there themselves, a hop
+    /// shorter. Once a leader reached this way cannot be connected to, the
+    /// client follows no more such hints: it may sit behind a load balancer,
+    /// with the leaders' addresses out of its reach, and the forwarding
+    /// nodes serve it anyway.
+    fn follow_hint(&self, leader: &str) {
+        if !self.shared.follow_hints.load(Ordering::Relaxed) {
+            return;
+        }
+        let generation = {
+            let current = self.current();
+            if authority(&current.address) == authority(&normalize_endpoint(leader)) {
+                return;
+            }
+            current.generation
+        };
+        self.switch(generation, Some(leader), true);
     }
 
     /// Makes one call over the `Calls` stream (see [`Calls`]), with the
@@ -1030,11 +1069,12 @@ impl Client {
     {
         let searching_since = std::time::Instant::now();
         loop {
-            let (address, generation, link) = {
+            let (address, generation, hinted, link) = {
                 let mut current = self.current();
                 (
                     current.address.clone(),
                     current.generation,
+                    current.hinted,
                     link(&mut current),
                 )
             };
@@ -1043,6 +1083,10 @@ impl Client {
                 Err(status) => status,
             };
             let error = Error::from_status(&status, &address);
+            if hinted && error.had_no_effect() && error.kind() == ErrorKind::Unavailable {
+                tracing::debug!(endpoint = %address, "cannot reach the leader a node named; following no more such hints");
+                self.shared.follow_hints.store(false, Ordering::Relaxed);
+            }
             let moved = error.points_elsewhere() && self.move_on(generation, error.leader());
             // A call that never took effect is worth sending again where the
             // client moved to, or to the leader once one is elected.
@@ -1065,6 +1109,12 @@ impl Client {
     /// that failed, or if there is nowhere else to go. Says whether calls
     /// now go elsewhere than the failed one did.
     pub(crate) fn move_on(&self, failed_generation: u64, leader: Option<&str>) -> bool {
+        self.switch(failed_generation, leader, false)
+    }
+
+    /// [`move_on`](Self::move_on), saying whether the switch follows a
+    /// forwarding node's hint (`hinted`) rather than a failure.
+    fn switch(&self, failed_generation: u64, leader: Option<&str>, hinted: bool) -> bool {
         let targets = &self.shared.targets;
         let mut current = self.current();
         if current.generation != failed_generation {
@@ -1103,7 +1153,8 @@ impl Client {
         // same way as any other call.
         let channel = (self.shared.authorization).link(target.endpoint.connect_lazy());
         *current = Current::new(index, &target.address, current.generation + 1, channel);
-        tracing::debug!(endpoint = %target.address, "switched endpoint");
+        current.hinted = hinted;
+        tracing::debug!(endpoint = %target.address, hinted, "switched endpoint");
         true
     }
 
@@ -1313,6 +1364,7 @@ mod tests {
                 targets,
                 tls,
                 authorization,
+                follow_hints: AtomicBool::new(true),
             }),
         }
     }
@@ -1350,6 +1402,33 @@ mod tests {
         // Nowhere else to go: the one endpoint's channel reconnects itself.
         let generation = client.current().generation;
         assert!(!client.move_on(generation, None));
+    }
+
+    /// A port nothing listens on: connections to it are refused.
+    fn refused_address() -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    }
+
+    /// Behind a load balancer, the leader a forwarding node names may be
+    /// out of the client's reach: the client tries it, goes back to its
+    /// endpoint, and follows no more hints.
+    #[tokio::test]
+    async fn a_hinted_leader_out_of_reach_is_tried_once_then_hints_are_ignored() {
+        let balancer = refused_address();
+        let client = undialled(&[&balancer]);
+        let leader = refused_address();
+        client.follow_hint(&leader);
+        assert_eq!(*client.current().address, format!("http://{leader}"));
+        let health = client
+            .call(Repeat::IfUnsent, HealthRequest {}, |channel, request| async move {
+                DeadboltClient::new(channel).health(request).await
+            })
+            .await;
+        assert_eq!(health.unwrap_err().kind(), ErrorKind::Unavailable);
+        assert_eq!(*client.current().address, format!("http://{balancer}"));
+        client.follow_hint(&leader);
+        assert_eq!(*client.current().address, format!("http://{balancer}"));
     }
 
     #[test]
