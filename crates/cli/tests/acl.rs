@@ -5,28 +5,10 @@
 
 mod common;
 
-use common::{curl, deadbolt, TestServer};
+use common::{as_token, curl, deadbolt, stdout, TestServer};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::process::{Command, Output};
-
-/// `deadbolt ARGS` with `DEADBOLT_ACCESS_TOKEN` set (or not).
-fn as_token(endpoint: &str, token: Option<&str>, args: &[&str]) -> Output {
-    let mut command = Command::new(common::BIN);
-    command.args(args).env("DEADBOLT_ENDPOINT", endpoint);
-    if let Some(token) = token {
-        command.env("DEADBOLT_ACCESS_TOKEN", token);
-    }
-    command.output().expect("run deadbolt")
-}
-
-fn stdout(out: &Output) -> String {
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout.clone())
-        .unwrap()
-        .trim()
-        .to_owned()
-}
 
 /// `deadbolt acquire --lock LOCK` with `token`: the session handle and the
 /// fencing token, as printed.

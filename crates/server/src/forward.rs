@@ -259,11 +259,14 @@ impl Forwarder {
                 self.node.metrics.call_forwarded(Forwarded::Answered);
                 // The `not_leader` hint, kept for clients that can reach the
                 // leader: they may go there for their next calls, a hop
-                // shorter (the Rust client does). Not over a hint the
-                // leader's own answer carries.
-                if let Ok(address) = HeaderValue::from_str(&address) {
-                    let headers = response.headers_mut();
-                    headers.entry(LEADER_KEY).or_insert(address);
+                // shorter (the Rust client does). On answers only: on an
+                // error (a gRPC status in the headers, an HTTP error) the
+                // node may have stopped leading, and a hint naming it would
+                // send the client back to it while another is elected.
+                let answered = response.status().is_success()
+                    && !response.headers().contains_key("grpc-status");
+                if let (true, Ok(address)) = (answered, HeaderValue::from_str(&address)) {
+                    response.headers_mut().insert(LEADER_KEY, address);
                 }
                 response.map(|body| {
                     Body::new(LeadersAnswer {

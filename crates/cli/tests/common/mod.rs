@@ -254,23 +254,58 @@ pub fn curl(
     path: &str,
     body: Option<&serde_json::Value>,
 ) -> (u16, serde_json::Value) {
+    match curl_at(&format!("http://{addr}{path}"), &[], token, body) {
+        (status, serde_json::Value::String(text)) => (
+            status,
+            serde_json::Value::String(text.chars().take(200).collect()),
+        ),
+        answer => answer,
+    }
+}
+
+/// [`curl`] of any URL, with extra options first (TLS files, headers); a
+/// reply that is not JSON comes back whole, in a string.
+pub fn curl_at(
+    url: &str,
+    options: &[String],
+    token: Option<&str>,
+    body: Option<&serde_json::Value>,
+) -> (u16, serde_json::Value) {
     let mut command = Command::new("curl");
-    command.args(["-sS", "-w", "\n%{http_code}"]);
+    command.args(["-sS", "-w", "\n%{http_code}"]).args(options);
     if let Some(token) = token {
         command.args(["-H", &format!("Authorization: Bearer {token}")]);
     }
     if let Some(body) = body {
         command.args(["-d", &body.to_string()]);
     }
-    let output = command
-        .arg(format!("http://{addr}{path}"))
-        .output()
-        .expect("curl is installed");
+    let output = command.arg(url).output().expect("curl is installed");
     let text = String::from_utf8(output.stdout).unwrap();
-    let (reply, status) = text.rsplit_once('\n').unwrap_or_else(|| panic!("{text:?}"));
-    let reply = serde_json::from_str(reply)
-        .unwrap_or_else(|_| serde_json::Value::String(reply.chars().take(200).collect()));
+    let (reply, status) = text
+        .rsplit_once('\n')
+        .unwrap_or_else(|| panic!("{text:?} {}", String::from_utf8_lossy(&output.stderr)));
+    let reply =
+        serde_json::from_str(reply).unwrap_or_else(|_| serde_json::Value::String(reply.to_owned()));
     (status.parse().unwrap(), reply)
+}
+
+/// `deadbolt ARGS` with `DEADBOLT_ACCESS_TOKEN` set (or not).
+pub fn as_token(endpoint: &str, token: Option<&str>, args: &[&str]) -> Output {
+    let mut command = Command::new(BIN);
+    command.args(args).env("DEADBOLT_ENDPOINT", endpoint);
+    if let Some(token) = token {
+        command.env("DEADBOLT_ACCESS_TOKEN", token);
+    }
+    command.output().expect("run deadbolt")
+}
+
+/// A command's output, which must have succeeded, trimmed.
+pub fn stdout(out: &Output) -> String {
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .trim()
+        .to_owned()
 }
 
 /// The log segment files of the data directory `data`, by name.
