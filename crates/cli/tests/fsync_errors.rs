@@ -31,10 +31,19 @@ fn acquire(endpoint: &str, lock: &str) -> Output {
     deadbolt(endpoint, &["acquire", "--lock", lock, "--ttl", "1h"])
 }
 
-/// Syncs let through before the failing one, in turn: the first fails
-/// the witness's (the log's end, noted after every append), the next ones
-/// the log segment's and the database's, wherever they fall.
+/// Syncs let through before the failing one, in turn. After a grant, the
+/// first fails the witness's (the log's end, noted after every append),
+/// the next ones the log segment's and the witness's again; while the node
+/// starts, those of its databases (the vote, the data format), the witness
+/// and its first appends.
 const FAIL_AT: std::ops::RangeInclusive<u32> = 0..=5;
+
+/// When the failing fsync comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum When {
+    Starting,
+    AfterAGrant,
+}
 
 #[test]
 fn a_failed_fsync_stops_the_node_and_nothing_acknowledged_is_lost() {
@@ -49,14 +58,42 @@ fn a_failed_fsync_stops_the_node_and_nothing_acknowledged_is_lost() {
         ("FAILSYNC_TRIGGER", trigger.as_path()),
     ];
     let mut acknowledged: Vec<(String, u64)> = Vec::new();
-    for skip in FAIL_AT {
-        let mut server = TestServer::start_with_env(&data, addr, &env);
-        let lock = format!("before-{skip}");
-        let out = acquire(&endpoint, &lock);
-        assert!(out.status.success(), "{out:?}");
-        acknowledged.push((lock, granted_token(&out)));
-
-        std::fs::write(&trigger, skip.to_string()).unwrap();
+    for (when, skip) in [When::AfterAGrant, When::Starting]
+        .into_iter()
+        .flat_map(|when| FAIL_AT.map(move |skip| (when, skip)))
+    {
+        let fail = || std::fs::write(&trigger, skip.to_string()).unwrap();
+        if when == When::Starting {
+            fail();
+        }
+        let mut server = match TestServer::try_start_with_env(&data, addr, &env) {
+            Ok(server) => server,
+            Err(exit) => {
+                // Stopped before it served: refused, and said why.
+                assert_eq!(when, When::Starting, "{exit}");
+                assert!(!trigger.exists(), "no fsync failed: {exit}");
+                assert!(
+                    exit.contains("exited with exit status: 1")
+                        && exit.contains("Input/output error (os error 5)"),
+                    "the node did not say why it stopped: {exit}"
+                );
+                // A failed write is the disk's fault, not damage: the advice
+                // for damage (rebuild the node, or start afresh) would throw
+                // a sound directory away. It said so before this test.
+                assert!(
+                    exit.contains("cannot write") && !exit.contains("is damaged"),
+                    "{exit}"
+                );
+                continue;
+            }
+        };
+        if when == When::AfterAGrant {
+            let lock = format!("before-{skip}");
+            let out = acquire(&endpoint, &lock);
+            assert!(out.status.success(), "{out:?}");
+            acknowledged.push((lock, granted_token(&out)));
+            fail();
+        }
         let (started, mut calls) = (Instant::now(), 0);
         let exited = loop {
             if let Some(status) = server.exit_within(Duration::ZERO) {
@@ -64,13 +101,13 @@ fn a_failed_fsync_stops_the_node_and_nothing_acknowledged_is_lost() {
             }
             assert!(
                 started.elapsed() < Duration::from_secs(20),
-                "the node went on serving after its fsync failed ({calls} acquires since; \
-                 an fsync failed: {}): {}",
+                "the node went on serving after its fsync failed ({when:?}, {skip} let \
+                 through; {calls} acquires since; an fsync failed: {}): {}",
                 !trigger.exists(),
                 server.log_text()
             );
             calls += 1;
-            let lock = format!("after-{skip}-{calls}");
+            let lock = format!("after-{when:?}-{skip}-{calls}");
             let out = acquire(&endpoint, &lock);
             if out.status.success() {
                 acknowledged.push((lock, granted_token(&out)));

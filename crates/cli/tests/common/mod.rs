@@ -77,13 +77,15 @@ impl TestServer {
     }
 
     /// Like `start_on`, with extra environment variables (say, an
-    /// `LD_PRELOAD` library that fails an fsync).
-    pub fn start_with_env(data_dir: &Path, addr: SocketAddr, env: &[(&str, &Path)]) -> TestServer {
+    /// `LD_PRELOAD` library that fails an fsync): the server once it serves,
+    /// or how it exited before.
+    pub fn try_start_with_env(
+        data_dir: &Path,
+        addr: SocketAddr,
+        env: &[(&str, &Path)],
+    ) -> Result<TestServer, String> {
         let mut server = Self::spawn_with_env(data_dir, addr, &[], env);
-        if let Err(exit) = server.wait_ready() {
-            panic!("{exit}");
-        }
-        server
+        server.wait_ready().map(|()| server)
     }
 
     fn spawn(data_dir: &Path, addr: SocketAddr, flags: &[&str]) -> TestServer {

@@ -89,6 +89,17 @@ pub enum DataDirError {
     WitnessMissing { path: PathBuf },
     #[error("{path} is damaged ({reason}). {RECOVERY}")]
     Damaged { path: PathBuf, reason: String },
+    /// A write or fsync that failed once every check had passed: the disk's
+    /// fault, not the data's. Told apart from [`DataDirError::Damaged`],
+    /// whose advice (rebuild the node, or start it afresh) would throw away
+    /// a directory that is sound (found by `tests/fsync_errors.rs`).
+    #[error(
+        "cannot write {path} ({reason}), although every check of the directory passed: the disk \
+         failed a write or an fsync, and a failed fsync is never retried. Nothing acknowledged is \
+         lost (a write that failed was never acknowledged): check the disk (dmesg, free space), \
+         then start the node again"
+    )]
+    WriteFailed { path: PathBuf, reason: String },
     #[error(
         "cannot open {path}: {source}; check its permissions and that its file system is mounted"
     )]
@@ -408,7 +419,8 @@ fn open(disk: &dyn Disk, node_id: NodeId) -> Result<OpenedData, DataDirError> {
 /// Creates the databases of a new directory, under its witness.
 fn create(disk: &dyn Disk, witness: WitnessFile) -> Result<OpenedData, DataDirError> {
     let opened = open_for_writing(disk, witness, None)?;
-    disk.sync_names().map_err(|e| damaged(disk, e))?;
+    disk.sync_names()
+        .map_err(|e| write_failed(disk, Db::Log, e))?;
     Ok(opened)
 }
 
@@ -421,18 +433,20 @@ fn open_for_writing(
     let instance = witness.current().instance;
     let mut snapshots = disk
         .open_db(Db::Snapshots)
-        .map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
+        .map_err(|e| write_failed(disk, Db::Snapshots, e))?;
     prepare_snapshots(&snapshots, instance, disk)?;
     let mut db = disk
         .open_db(Db::Log)
-        .map_err(|e| damaged_db(disk, Db::Log, e))?;
+        .map_err(|e| write_failed(disk, Db::Log, e))?;
     let log_in_database = prepare(&db, &mut snapshots, instance, disk)?;
     let segments = disk.segments(true);
     if log_in_database {
         move_log_into_segments(&mut db, segments.clone()).map_err(|e| damaged(disk, e))?;
     }
     let purged = read_meta(&db, PURGED_KEY, ErrorSubject::Logs).map_err(|e| damaged(disk, e))?;
-    let log = LogFile::open(segments, purged).map_err(|e| damaged(disk, e))?;
+    // Every record was read by the checks; what fails here is creating the
+    // next segment, or its fsync.
+    let log = LogFile::open(segments, purged).map_err(|e| write_failed(disk, Db::Log, e))?;
     Ok(OpenedData {
         db,
         log,
@@ -564,6 +578,13 @@ fn damaged_db(disk: &dyn Disk, which: Db, err: impl std::fmt::Display) -> DataDi
     }
 }
 
+fn write_failed(disk: &dyn Disk, which: Db, err: impl std::fmt::Display) -> DataDirError {
+    DataDirError::WriteFailed {
+        path: disk.name(which),
+        reason: err.to_string(),
+    }
+}
+
 /// A directory about to be initialized must hold nothing of anyone else's.
 fn refuse_foreign(dir: &Path) -> Result<(), DataDirError> {
     let found = std::fs::read_dir(dir)
@@ -597,17 +618,17 @@ fn prepare(
     instance: u128,
     disk: &dyn Disk,
 ) -> Result<bool, DataDirError> {
-    let unreadable = |reason: String| damaged(disk, reason);
+    // Every check has passed: what fails from here is a write (or its
+    // fsync), except a snapshot of an old format that does not decode.
+    let failed = |reason: String| write_failed(disk, Db::Log, reason);
     let at = At(ErrorSubject::Store, ErrorVerb::Write);
-    let txn = db.begin_write().map_err(|e| unreadable(e.to_string()))?;
+    let txn = db.begin_write().map_err(|e| failed(e.to_string()))?;
     let mut log_in_database = false;
     {
-        let mut meta = txn
-            .open_table(META)
-            .map_err(|e| unreadable(e.to_string()))?;
+        let mut meta = txn.open_table(META).map_err(|e| failed(e.to_string()))?;
         let found = meta
             .get(FORMAT_KEY)
-            .map_err(|e| unreadable(e.to_string()))?
+            .map_err(|e| failed(e.to_string()))?
             .map(|v| v.value().to_vec());
         match found {
             Some(found) if found == FORMAT => {}
@@ -616,23 +637,23 @@ fn prepare(
                 log_in_database = true;
                 let snapshot = meta
                     .remove(SNAPSHOT_KEY)
-                    .map_err(|e| unreadable(e.to_string()))?
+                    .map_err(|e| failed(e.to_string()))?
                     .map(|v| v.value().to_vec());
                 if let Some(snapshot) = snapshot {
                     // Format 9's table had no limits: re-encoded on the way.
                     let snapshot = upgrade_format_9(&snapshot)
-                        .map_err(|e| unreadable(format!("its snapshot: {e}")))?;
+                        .map_err(|e| damaged(disk, format!("its snapshot: {e}")))?;
                     snapshot_chunks::write(snapshots, &snapshot)
-                        .map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
+                        .map_err(|e| write_failed(disk, Db::Snapshots, e))?;
                 }
                 meta.insert(FORMAT_KEY, FORMAT_LOG_IN_DATABASE)
-                    .map_err(|e| unreadable(e.to_string()))?;
+                    .map_err(|e| failed(e.to_string()))?;
             }
             Some(found) if found == FORMAT_SNAPSHOT_IN_ONE_VALUE => {
                 log_in_database = true;
                 cut_into_chunks(snapshots).map_err(|e| damaged_db(disk, Db::Snapshots, e))?;
                 meta.insert(FORMAT_KEY, FORMAT_LOG_IN_DATABASE)
-                    .map_err(|e| unreadable(e.to_string()))?;
+                    .map_err(|e| failed(e.to_string()))?;
             }
             Some(found) => {
                 return Err(DataDirError::WrongFormat {
@@ -641,17 +662,17 @@ fn prepare(
                     expected: String::from_utf8_lossy(FORMAT).into_owned(),
                 })
             }
-            None if meta.len().map_err(|e| unreadable(e.to_string()))? == 0 => {
+            None if meta.len().map_err(|e| failed(e.to_string()))? == 0 => {
                 meta.insert(FORMAT_KEY, FORMAT)
-                    .map_err(|e| unreadable(e.to_string()))?;
-                let instance = encode(&instance, &at).map_err(|e| unreadable(e.to_string()))?;
+                    .map_err(|e| failed(e.to_string()))?;
+                let instance = encode(&instance, &at).map_err(|e| failed(e.to_string()))?;
                 meta.insert(INSTANCE_KEY, instance.as_slice())
-                    .map_err(|e| unreadable(e.to_string()))?;
+                    .map_err(|e| failed(e.to_string()))?;
             }
-            None => return Err(unreadable("no format marker".into())),
+            None => return Err(damaged(disk, "no format marker")),
         }
     }
-    txn.commit().map_err(|e| unreadable(e.to_string()))?;
+    txn.commit().map_err(|e| failed(e.to_string()))?;
     Ok(log_in_database)
 }
 
@@ -670,24 +691,22 @@ fn cut_into_chunks(snapshots: &mut Database) -> Result<(), redb::Error> {
 /// Checks the snapshot database's instance id (writing it into a new
 /// one) and creates its table.
 fn prepare_snapshots(db: &Database, instance: u128, disk: &dyn Disk) -> Result<(), DataDirError> {
-    let unreadable = |reason: String| damaged_db(disk, Db::Snapshots, reason);
+    let failed = |reason: String| write_failed(disk, Db::Snapshots, reason);
     let at = At(ErrorSubject::Store, ErrorVerb::Write);
-    let txn = db.begin_write().map_err(|e| unreadable(e.to_string()))?;
+    let txn = db.begin_write().map_err(|e| failed(e.to_string()))?;
     {
-        let mut meta = txn
-            .open_table(META)
-            .map_err(|e| unreadable(e.to_string()))?;
+        let mut meta = txn.open_table(META).map_err(|e| failed(e.to_string()))?;
         if meta
             .get(INSTANCE_KEY)
-            .map_err(|e| unreadable(e.to_string()))?
+            .map_err(|e| failed(e.to_string()))?
             .is_none()
         {
-            let instance = encode(&instance, &at).map_err(|e| unreadable(e.to_string()))?;
+            let instance = encode(&instance, &at).map_err(|e| failed(e.to_string()))?;
             meta.insert(INSTANCE_KEY, instance.as_slice())
-                .map_err(|e| unreadable(e.to_string()))?;
+                .map_err(|e| failed(e.to_string()))?;
         }
     }
-    txn.commit().map_err(|e| unreadable(e.to_string()))
+    txn.commit().map_err(|e| failed(e.to_string()))
 }
 
 #[cfg(test)]
