@@ -233,19 +233,20 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         metrics: metrics.clone(),
         history: history.clone(),
     });
+    let state_machine = StateMachineStore::open(data.snapshots, io, observers, feature_level)
+        .context("cannot load the snapshot from the data directory")?;
     let mut log_store = LogStore::new(
         db.clone(),
         data.log,
         data.witness,
         io,
         metrics.log_append_seconds(),
+        state_machine.snapshot_on_disk(),
     );
     let appended = log_store.appended();
     let startup_log = node::StartupLog::read(&mut log_store)
         .await
         .context("cannot read the raft log")?;
-    let state_machine = StateMachineStore::open(data.snapshots, io, observers, feature_level)
-        .context("cannot load the snapshot from the data directory")?;
     let table = state_machine.shared();
     let raft = openraft::Raft::new(id, raft_config, network, log_store, state_machine)
         .await

@@ -244,6 +244,48 @@ impl SimCluster {
         }
     }
 
+    /// Arms a failing sync on one of running node `id`'s disks (its log's
+    /// newest segment half the time: the disk it syncs most); says which.
+    pub fn fail_next_sync(&mut self, id: NodeId, rng: &mut StdRng) -> String {
+        let slot = self.slots.get_mut(&id).expect("known node");
+        assert!(slot.running.is_some(), "node {id} is down");
+        let newest_segment = slot.disks.log.each().pop();
+        let (what, disk) = match newest_segment {
+            Some((number, segment)) if rng.gen_bool(0.5) => {
+                (format!("its log segment {number}"), segment)
+            }
+            _ => match rng.gen_range(0..3) {
+                0 => ("its database".to_owned(), slot.disks.db.clone()),
+                1 => ("its witness".to_owned(), slot.disks.witness.clone()),
+                _ => (
+                    "its snapshot database".to_owned(),
+                    slot.disks.snapshots.clone(),
+                ),
+            },
+        };
+        disk.fail_next_sync(rng);
+        what
+    }
+
+    /// How many syncs of node `id`'s disks failed.
+    pub fn failed_syncs(&self, id: NodeId) -> u32 {
+        let disks = &self.slots[&id].disks;
+        let segments = disks.log.each();
+        [&disks.db, &disks.witness, &disks.snapshots]
+            .into_iter()
+            .chain(segments.iter().map(|(_, segment)| segment))
+            .map(SimDisk::failed_syncs)
+            .sum()
+    }
+
+    /// Why running node `id`'s Raft stopped, if it did: what makes a real
+    /// node exit.
+    pub fn stopped(&self, id: NodeId) -> Option<String> {
+        let running = self.slots[&id].running.as_ref()?;
+        let metrics = running.node.raft().metrics().borrow().clone();
+        metrics.running_state.err().map(|fatal| fatal.to_string())
+    }
+
     /// A hash of every disk the crashes so far left. Two runs of one seed
     /// write the same bytes, so this tells a run that went its own way on
     /// disk before anything else shows it.

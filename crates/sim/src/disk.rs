@@ -2,7 +2,9 @@
 //! remembers which writes were synced. A simulated crash keeps everything
 //! synced and, of the writes since the last sync, a random subset: the
 //! kernel may have written any of them back, in any order, before power was
-//! lost.
+//! lost, and a write of several sectors may be torn, only some of them
+//! written. A sync can be made to fail ([`SimDisk::fail_next_sync`]), as a
+//! disk that could not write back does.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -24,6 +26,12 @@ struct DiskState {
     synced: Vec<u8>,
     /// Writes since the last sync, oldest first.
     unsynced: Vec<Write>,
+    /// Armed by [`SimDisk::fail_next_sync`]: the draw that decides which
+    /// writes the failing sync loses.
+    failing: Option<u64>,
+    /// Syncs that failed. After one, what reads see may differ from what
+    /// the disk holds for good.
+    failed_syncs: u32,
 }
 
 #[derive(Debug, Hash)]
@@ -49,16 +57,40 @@ impl Write {
         }
     }
 
-    /// Whether the crash drawn as `crash` keeps this write: with
-    /// probability `keep`, decided by the write itself (where, what), not
-    /// by its place among the unsynced writes.
-    fn kept(&self, crash: u64, keep: f64) -> bool {
+    /// Lands what the crash (or failed sync) drawn as `draw` keeps of
+    /// this write on `bytes`: all of it with probability `keep`, except that
+    /// one in [`TORN`] of those is torn, only some of its sectors landing;
+    /// else nothing. Decided by the write itself (where, what), not by its
+    /// place among the unsynced writes.
+    fn land(&self, draw: u64, keep: f64, bytes: &mut Vec<u8>) {
         let mut hasher = DefaultHasher::new();
-        crash.hash(&mut hasher);
+        draw.hash(&mut hasher);
         self.hash(&mut hasher);
-        StdRng::seed_from_u64(hasher.finish()).gen_bool(keep)
+        let mut rng = StdRng::seed_from_u64(hasher.finish());
+        if !rng.gen_bool(keep) {
+            return;
+        }
+        match self {
+            Write::Bytes { offset, data } if data.len() > SECTOR && rng.gen_bool(TORN) => {
+                for (at, sector) in data.chunks(SECTOR).enumerate() {
+                    if rng.gen_bool(0.5) {
+                        let sector = Write::Bytes {
+                            offset: offset + at * SECTOR,
+                            data: sector.to_vec(),
+                        };
+                        sector.apply(bytes);
+                    }
+                }
+            }
+            _ => self.apply(bytes),
+        }
     }
 }
+
+/// What a disk writes whole or not at all, when power is lost.
+const SECTOR: usize = 512;
+/// The share of the unsynced writes a crash keeps that it tears.
+const TORN: f64 = 0.2;
 
 fn out_of_range() -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, "beyond the end of the disk")
@@ -83,9 +115,7 @@ impl SimDisk {
         let crash = rng.gen();
         let mut bytes = state.synced.clone();
         for write in &state.unsynced {
-            if write.kept(crash, keep) {
-                write.apply(&mut bytes);
-            }
+            write.land(crash, keep, &mut bytes);
         }
         SimDisk::holding(bytes)
     }
@@ -96,9 +126,25 @@ impl SimDisk {
             state: Arc::new(Mutex::new(DiskState {
                 current: bytes.clone(),
                 synced: bytes,
-                unsynced: Vec::new(),
+                ..DiskState::default()
             })),
         }
+    }
+
+    /// Makes the next sync fail with an I/O error, as Linux reports a
+    /// failed write-back: it then marks the pages clean, so each write
+    /// since the last sync reaches the disk or is gone for good (here, each
+    /// with even odds), while reads still see all of them. A later sync
+    /// succeeds and makes nothing of the lost writes durable: a server that
+    /// retries a failed fsync and trusts it (PostgreSQL's fsync bug) loses
+    /// what it acknowledged, and the next crash shows it.
+    pub fn fail_next_sync(&self, rng: &mut impl Rng) {
+        self.state().failing = Some(rng.gen());
+    }
+
+    /// How many syncs of this disk failed.
+    pub fn failed_syncs(&self) -> u32 {
+        self.state().failed_syncs
     }
 
     /// Feeds what reads see into `hasher`.
@@ -157,13 +203,26 @@ impl StorageBackend for SimDisk {
 
     fn sync_data(&self, _eventual: bool) -> io::Result<()> {
         let mut state = self.state();
+        let failing = state.failing.take();
         let DiskState {
             synced, unsynced, ..
         } = &mut *state;
         for write in unsynced.drain(..) {
-            write.apply(synced);
+            match failing {
+                Some(draw) => write.land(draw, 0.5, synced),
+                None => write.apply(synced),
+            }
         }
-        debug_assert!(state.synced == state.current, "a sync makes the disk whole");
+        if failing.is_some() {
+            state.failed_syncs += 1;
+            return Err(io::Error::other(
+                "simulated I/O error: the disk could not write back (EIO)",
+            ));
+        }
+        debug_assert!(
+            state.failed_syncs > 0 || state.synced == state.current,
+            "a sync makes the disk whole"
+        );
         Ok(())
     }
 
@@ -234,6 +293,56 @@ mod tests {
             bytes.contains(&0) && bytes.iter().any(|&byte| byte != 0),
             "a crash keeps some of the writes, not all: {bytes:?}"
         );
+    }
+
+    #[test]
+    fn a_failed_sync_may_lose_writes_that_a_later_sync_does_not_bring_back() {
+        let disk = SimDisk::default();
+        disk.set_len(64).unwrap();
+        disk.sync_data(false).unwrap();
+        for page in 0..16u8 {
+            disk.write(u64::from(page) * 4, &[page + 1; 4]).unwrap();
+        }
+        disk.fail_next_sync(&mut StdRng::seed_from_u64(3));
+        assert!(disk.sync_data(false).is_err(), "the armed sync fails");
+        assert_eq!(disk.failed_syncs(), 1);
+        // Reads still see every write, and the next sync succeeds...
+        let seen = disk.read(0, 64).unwrap();
+        assert!(seen.iter().all(|&byte| byte != 0), "{seen:?}");
+        disk.sync_data(false).unwrap();
+        // ...yet a crash shows that some of them never reached the disk.
+        let after = disk.after_crash(1.0, &mut StdRng::seed_from_u64(4));
+        let kept = after.read(0, 64).unwrap();
+        assert!(kept.contains(&0), "some writes were lost: {kept:?}");
+        assert!(
+            kept.iter().any(|&byte| byte != 0),
+            "some were kept: {kept:?}"
+        );
+    }
+
+    #[test]
+    fn a_crash_tears_some_writes_of_several_sectors() {
+        let disk = SimDisk::default();
+        disk.set_len(64 * SECTOR as u64).unwrap();
+        disk.sync_data(false).unwrap();
+        for write in 0..16u8 {
+            let data = vec![write + 1; 4 * SECTOR];
+            disk.write(u64::from(write) * 4 * SECTOR as u64, &data)
+                .unwrap();
+        }
+        let crashed = disk.after_crash(1.0, &mut StdRng::seed_from_u64(5));
+        let bytes = crashed.read(0, 64 * SECTOR).unwrap();
+        let torn = bytes
+            .chunks(4 * SECTOR)
+            .filter(|write| write.contains(&0) && write.iter().any(|&byte| byte != 0))
+            .count();
+        assert!(torn > 0, "some writes are torn");
+        for sector in bytes.chunks(SECTOR) {
+            assert!(
+                sector.iter().all(|&byte| byte == sector[0]),
+                "a sector lands whole or not at all"
+            );
+        }
     }
 
     #[test]

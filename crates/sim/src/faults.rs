@@ -16,11 +16,17 @@
 //!   database, the database or its witness lost, the database rolled back to
 //!   an older image): it must refuse to start or serve what it held, and a
 //!   refused node is rebuilt from its peers as the refusal tells the
-//!   operator to.
+//!   operator to;
+//! - a node pauses (a GC, a VM stall) for up to three session TTLs: it
+//!   sends and handles nothing meanwhile, then handles what waited for it
+//!   (`network.rs`);
+//! - a sync of one of a node's disks fails, and the disk keeps only part of
+//!   what it was asked to write: the node must stop (as a real one exits),
+//!   never retry the sync and trust it; it is then restarted from its disk.
 
 use crate::cluster::{DiskDamage, SimCluster};
 use crate::network::{address, LinkQuality};
-use crate::workload::{Failure, Router};
+use crate::workload::{Failure, Router, SESSION_TTL};
 use deadbolt_proto::v1::{AddMemberRequest, RemoveMemberRequest};
 use deadbolt_proto::ErrorKind;
 use deadbolt_server::embedded::{Credentials, NodeId};
@@ -83,9 +89,18 @@ pub async fn inject(
             _ => *ids.choose(rng).expect("nodes"),
         };
         faults += 1;
-        match rng.gen_range(0..12) {
+        match rng.gen_range(0..14) {
             10 => replace(cluster, router, victim, rng, log).await?,
             11 => damage_disk(cluster, router, victim, hold, rng, log).await?,
+            12 => fail_a_sync(cluster, victim, hold, rng, log).await?,
+            13 => {
+                let pause = SESSION_TTL.mul_f64(rng.gen_range(0.2..3.0));
+                log.push(format!("{} pause node {victim} for {pause:?}", at()));
+                cluster.fabric.pause(victim);
+                tokio::time::sleep(pause).await;
+                log.push(format!("{} resume node {victim}", at()));
+                cluster.fabric.resume(victim);
+            }
             0..=3 => {
                 log.push(format!("{} crash node {victim} (leader: {leader:?})", at()));
                 cluster.crash(victim, rng);
@@ -187,6 +202,56 @@ async fn damage_disk(
             rebuild(cluster, router, victim, rng, log).await
         }
     }
+}
+
+/// How long a node may go on after a sync of its disks failed: its Raft
+/// stops at the storage error, within the write that met it.
+const STOP_AFTER_FAILED_SYNC: Duration = Duration::from_secs(2);
+
+/// One sync of node `victim`'s disks fails. The node must stop without
+/// syncing again (a crash of a node that went on would show the writes the
+/// failed sync lost); it is then restarted from its disk, as an operator
+/// would once the disk is checked.
+async fn fail_a_sync(
+    cluster: &mut SimCluster,
+    victim: NodeId,
+    hold: Duration,
+    rng: &mut StdRng,
+    log: &mut FaultLog,
+) -> Result<(), String> {
+    let failed_before = cluster.failed_syncs(victim);
+    let what = cluster.fail_next_sync(victim, rng);
+    log.push(format!(
+        "{} node {victim}: the next sync of {what} fails",
+        at()
+    ));
+    let give_up = Instant::now() + hold;
+    while cluster.failed_syncs(victim) == failed_before {
+        if Instant::now() >= give_up {
+            // Nothing synced that disk meanwhile; the armed failure waits
+            // for its next sync, which the crash below makes moot.
+            log.push(format!("{} no sync of {what} came", at()));
+            cluster.crash(victim, rng);
+            return restart(cluster, victim, rng, log).await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let failed_at = Instant::now();
+    let stopped = loop {
+        if let Some(why) = cluster.stopped(victim) {
+            break why;
+        }
+        if failed_at.elapsed() > STOP_AFTER_FAILED_SYNC {
+            return Err(format!(
+                "node {victim} still runs {STOP_AFTER_FAILED_SYNC:?} after a sync of {what} failed"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    log.push(format!("{} node {victim} stopped: {stopped}", at()));
+    cluster.crash(victim, rng);
+    tokio::time::sleep(hold).await;
+    restart(cluster, victim, rng, log).await
 }
 
 /// Node `lost`, down with its data gone or refused, comes back as a new

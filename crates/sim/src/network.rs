@@ -5,6 +5,14 @@
 //! Raft messages are bincode-encoded and decoded on the way, as on the real
 //! wire. Delays are drawn per message, so messages overtake each other.
 //! A node that crashes while handling a call never answers it.
+//!
+//! A paused node (a process stopped by a GC or a VM stall) sends nothing
+//! and handles nothing until it resumes. Requests sent to it wait in its
+//! "socket" and are handled when it resumes, those between nodes even if
+//! their sender has given up by then: stale messages arriving late are
+//! what a pause adds to a partition. Its own timers still run meanwhile,
+//! as if they all fired at the moment it resumed, before it read its
+//! socket: nothing they do reaches anyone earlier.
 
 use deadbolt_server::embedded::{Api, NodeId, Raft, TypeConfig};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
@@ -73,6 +81,8 @@ pub enum Lost {
 
 pub struct Fabric {
     state: Mutex<FabricState>,
+    /// The nodes paused now.
+    paused: watch::Sender<BTreeSet<NodeId>>,
 }
 
 struct FabricState {
@@ -103,7 +113,29 @@ impl Fabric {
                 cut: BTreeSet::new(),
                 quality: LinkQuality::GOOD,
             }),
+            paused: watch::Sender::new(BTreeSet::new()),
         })
+    }
+
+    /// Pauses node `id` until [`Fabric::resume`].
+    pub fn pause(&self, id: NodeId) {
+        self.paused.send_modify(|paused| {
+            paused.insert(id);
+        });
+    }
+
+    pub fn resume(&self, id: NodeId) {
+        self.paused.send_modify(|paused| {
+            paused.remove(&id);
+        });
+    }
+
+    /// Returns once node `id` is not paused.
+    fn running(&self, id: NodeId) -> impl Future<Output = ()> + Send + 'static {
+        let mut paused = self.paused.subscribe();
+        async move {
+            let _ = paused.wait_for(|paused| !paused.contains(&id)).await;
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, FabricState> {
@@ -174,6 +206,9 @@ impl Fabric {
     where
         Fut: Future<Output = T>,
     {
+        if let Sender::Node { id, .. } = from {
+            self.running(id).await;
+        }
         if Self::route(&self.state(), from, to).is_none() {
             tokio::time::sleep(self.draw_leg().0).await;
             return Err(Lost::Refused);
@@ -185,12 +220,16 @@ impl Fabric {
             tokio::time::sleep(NO_ANSWER_WAIT).await;
             return Err(Lost::NoAnswer);
         };
+        // A paused node handles it once it resumes.
+        self.running(to).await;
         let mut crashed = target.crashed.clone();
         let answer = tokio::select! {
             biased;
             _ = crashed.wait_for(|crashed| *crashed) => None,
             answer = handle(target.clone()) => Some(answer),
         };
+        // A node paused while it handled the call answers once it resumes.
+        self.running(to).await;
         let (delay, lost) = self.draw_leg();
         tokio::time::sleep(delay).await;
         // The answer travels back on the same link (cuts are symmetric),
@@ -208,6 +247,28 @@ impl Fabric {
 }
 
 impl Fabric {
+    /// [`Fabric::call`] for a message between nodes, which is delivered
+    /// even if its sender gives up on the answer (openraft's timeouts drop
+    /// the call): a request written to a socket arrives. Late requests that
+    /// waited for a paused node to resume are handled this way.
+    pub async fn send_detached<T, Fut>(
+        self: &Arc<Self>,
+        from: Sender,
+        to: NodeId,
+        handle: impl FnOnce(Reachable) -> Fut + Send + 'static,
+    ) -> Result<T, Lost>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        let (answered, answer) = tokio::sync::oneshot::channel();
+        let fabric = self.clone();
+        tokio::spawn(async move {
+            let _ = answered.send(fabric.call(from, to, handle).await);
+        });
+        answer.await.unwrap_or(Err(Lost::NoAnswer))
+    }
+
     /// A request to the resource, which is always up and never cut off: it
     /// is delayed both ways, and either leg may be lost.
     pub async fn reach<T>(&self, handle: impl FnOnce() -> T) -> Result<T, Lost> {
@@ -270,18 +331,18 @@ impl SimConnection {
     async fn send<Req, Resp, E, Fut>(
         &self,
         request: Req,
-        handle: impl FnOnce(Raft, Req) -> Fut,
+        handle: impl FnOnce(Raft, Req) -> Fut + Send + 'static,
     ) -> RpcResult<Resp, E>
     where
-        Req: Serialize + DeserializeOwned,
-        Resp: Serialize + DeserializeOwned,
-        E: std::error::Error + Serialize + DeserializeOwned,
-        Fut: Future<Output = Result<Resp, E>>,
+        Req: Serialize + DeserializeOwned + Send + 'static,
+        Resp: Serialize + DeserializeOwned + Send + 'static,
+        E: std::error::Error + Serialize + DeserializeOwned + Send + 'static,
+        Fut: Future<Output = Result<Resp, E>> + Send + 'static,
     {
         let request = over_the_wire(&request);
         let answer = self
             .fabric
-            .call(self.from, self.target, |node| async move {
+            .send_detached(self.from, self.target, |node| async move {
                 over_the_wire(&handle(node.raft, request).await)
             })
             .await;

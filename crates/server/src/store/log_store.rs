@@ -22,6 +22,7 @@
 //! happens on the calling task instead: another thread would make the order
 //! of events depend on the host's scheduler.
 
+use super::durable_snapshot::SnapshotOnDisk;
 use super::log_file::{LogFile, LogIndex};
 use super::witness::WitnessFile;
 use super::{read_meta, write_meta, At, OrStorageError, PURGED_KEY, VOTE_KEY};
@@ -82,6 +83,8 @@ pub struct LogStore {
     append_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Appends made durable so far, for the proposer's pacing.
     appended: Arc<tokio::sync::watch::Sender<u64>>,
+    /// How far the snapshot on disk reaches: purges wait for it.
+    snapshot_on_disk: SnapshotOnDisk,
 }
 
 impl LogStore {
@@ -91,6 +94,7 @@ impl LogStore {
         witness: WitnessFile,
         io: StorageIo,
         append_seconds: prometheus_client::metrics::histogram::Histogram,
+        snapshot_on_disk: SnapshotOnDisk,
     ) -> Self {
         let witness = Arc::new(LazyWitness {
             file: Mutex::new(witness),
@@ -107,6 +111,7 @@ impl LogStore {
             witness,
             io,
             db,
+            snapshot_on_disk,
         }
     }
 
@@ -363,6 +368,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
+        // Never past the snapshot on disk: openraft asks before a snapshot
+        // from the leader is written (durable_snapshot.rs).
+        self.snapshot_on_disk.covers(&log_id).await?;
         // Durable before returning: from now on `get_log_state` reports the
         // entries up to here as gone, whether or not their segments are.
         write_meta(&self.db, PURGED_KEY, &log_id, ErrorSubject::Logs)?;

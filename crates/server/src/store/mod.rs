@@ -15,6 +15,7 @@
 
 pub(crate) mod codec;
 mod data_dir;
+mod durable_snapshot;
 mod log_file;
 mod log_store;
 mod overlay;

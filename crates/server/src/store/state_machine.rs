@@ -11,6 +11,7 @@
 //! see `LockTable`), and the encoding and the write happen on the blocking
 //! pool, in a database the log's appends never wait for.
 
+use super::durable_snapshot::{SnapshotOnDisk, SnapshotWritten};
 use super::table_image::{self, ImageError};
 use super::{snapshot_chunks, At, OrStorageError, StorageIo};
 use crate::raft_types::{Batch, BatchOutcome, NodeId, StorageError, TypeConfig};
@@ -71,6 +72,8 @@ pub struct StateMachineStore {
     /// The highest cluster version this node applies (see
     /// [`AboveSupported`]).
     feature_level: FeatureLevel,
+    /// How far the snapshot on disk reaches, for the log's purges.
+    written: SnapshotWritten,
 }
 
 impl StateMachineStore {
@@ -82,14 +85,16 @@ impl StateMachineStore {
         sink: Arc<dyn EventSink>,
         feature_level: FeatureLevel,
     ) -> Result<Self, StorageError> {
-        let store = StateMachineStore {
+        let mut store = StateMachineStore {
             state: SharedTable::default(),
             snapshots: Arc::new(snapshots),
             io,
             sink,
             feature_level,
+            written: SnapshotWritten::new(None),
         };
         if let Some(stored) = store.read_snapshot()? {
+            store.written = SnapshotWritten::new(stored.meta.last_log_id.map(|id| id.index));
             let at = reading(&stored);
             let table = decode_table(&stored).at(&at)?;
             check_supported(&table, feature_level).at(&at)?;
@@ -106,6 +111,12 @@ impl StateMachineStore {
 
     pub fn shared(&self) -> SharedTable {
         self.state.clone()
+    }
+
+    /// How far the snapshot on disk reaches: the log store purges no
+    /// further (see `durable_snapshot.rs`).
+    pub fn snapshot_on_disk(&self) -> SnapshotOnDisk {
+        self.written.on_disk()
     }
 
     fn read_snapshot(&self) -> Result<Option<StoredSnapshot>, StorageError> {
@@ -127,7 +138,8 @@ impl StateMachineStore {
         let snapshots = self.snapshots.clone();
         let subject = ErrorSubject::Snapshot(Some(meta.signature()));
         let on_panic = subject.clone();
-        self.io
+        let persisted = self
+            .io
             .run(
                 move || {
                     let stored = StoredSnapshot {
@@ -147,7 +159,14 @@ impl StateMachineStore {
                     .into()
                 },
             )
-            .await
+            .await;
+        match &persisted {
+            Ok(stored) => self
+                .written
+                .reached(stored.meta.last_log_id.map(|id| id.index)),
+            Err(err) => self.written.failed(err),
+        }
+        persisted
     }
 }
 

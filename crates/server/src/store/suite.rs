@@ -24,6 +24,7 @@
 //! than the one that decided it; the table's half is tested in
 //! `crates/core/tests/regressions.rs`).
 
+use super::durable_snapshot::SnapshotOnDisk;
 use super::{
     open_data_dir, open_simulated_disk, LogStore, SimulatedDisks, StateMachineStore, StorageIo,
 };
@@ -83,19 +84,20 @@ fn stores(
     io: StorageIo,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
     let metrics = Arc::new(Metrics::new());
-    let log = LogStore::new(
-        Arc::new(data.db),
-        data.log,
-        data.witness,
-        io,
-        metrics.log_append_seconds(),
-    );
     let state_machine = StateMachineStore::open(
         data.snapshots,
         io,
         observers(&metrics),
         deadbolt_core::FeatureLevel::NEWEST,
     )?;
+    let log = LogStore::new(
+        Arc::new(data.db),
+        data.log,
+        data.witness,
+        io,
+        metrics.log_append_seconds(),
+        SnapshotOnDisk::covering_everything(),
+    );
     Ok((log, state_machine))
 }
 
