@@ -219,3 +219,62 @@ async fn seed_100605_a_checkpoint_that_waited_through_a_leader_change_changes_no
         acknowledged.elapsed()
     );
 }
+
+/// Seed 224: openraft 0.9 purges the log that a snapshot from the leader
+/// covers as soon as it hands the snapshot to the state machine, before
+/// the snapshot is written. A follower whose write of that snapshot failed
+/// stopped (right), with its purge marker durable and its snapshot not:
+/// every later start refused its directory as damaged ("the log was
+/// compacted up to index N but the snapshot only reaches ..."), and it had
+/// to be rebuilt from its peers. The purge must wait for the snapshot.
+#[tokio::test(start_paused = true)]
+async fn seed_224_a_follower_whose_snapshot_install_failed_starts_again() {
+    let mut cluster = Cluster::form(3).await;
+    let leader = cluster.leader().await;
+    let follower = if leader == 1 { 2 } else { 1 };
+    let other = 6 - leader - follower;
+    // The follower falls behind a snapshot and a purged log.
+    cluster.net.cut_all(&[follower, leader]);
+    cluster.net.cut_all(&[follower, other]);
+    let api = cluster.api(leader);
+    let session = open_session(&api, Duration::from_secs(60)).await;
+    for round in 0..5 {
+        let token = acquire(&api, &session, "job", false, round).await.unwrap();
+        release(&api, &session, "job", token).await;
+    }
+    let raft = cluster.raft(leader);
+    raft.trigger().snapshot().await.unwrap();
+    let applied = raft.metrics().borrow().last_applied.unwrap();
+    raft.wait(Some(Duration::from_secs(5)))
+        .snapshot(applied, "the leader's snapshot")
+        .await
+        .unwrap();
+    raft.trigger().purge_log(applied.index).await.unwrap();
+    raft.wait(Some(Duration::from_secs(5)))
+        .purged(Some(applied), "the leader's log purged")
+        .await
+        .unwrap();
+
+    // Its write of the snapshot the leader sends it fails.
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(224);
+    cluster.disks(follower).snapshots.fail_next_sync(&mut rng);
+    cluster.net.heal();
+    let stopped = cluster.raft(follower);
+    let give_up = Instant::now() + Duration::from_secs(10);
+    while stopped.metrics().borrow().running_state.is_ok() {
+        assert!(
+            Instant::now() < give_up,
+            "the follower went on after a failed write"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // Started again, it catches up (the harness's start fails on a refused
+    // directory).
+    cluster.restart(follower).await;
+    let raft = cluster.raft(follower);
+    raft.wait(Some(Duration::from_secs(10)))
+        .applied_index_at_least(Some(applied.index), "caught up after the restart")
+        .await
+        .unwrap();
+}

@@ -302,6 +302,12 @@ impl Cluster {
         self.running(id).1.clone()
     }
 
+    /// Node `id`'s disks, shared with it (a fault armed on one reaches the
+    /// running node).
+    pub fn disks(&self, id: NodeId) -> SimulatedDisks<SimDisk> {
+        self.slots[&id].disks.clone()
+    }
+
     pub fn raft(&self, id: NodeId) -> Raft {
         self.running(id).0.raft().clone()
     }
