@@ -15,14 +15,15 @@ fn short(fenced_resource: bool) -> SimOptions {
 
 #[test]
 fn a_seed_replays_exactly_and_passes_the_checker() {
-    let first = simulate(11, &short(true));
-    let again = simulate(11, &short(true));
+    // The first seed from 11 on whose short run crashes a node, so that the
+    // digest covers the disks a crash left (which seed that is moves with
+    // every change to the fault schedule).
+    let (seed, first) = (11..31)
+        .map(|seed| (seed, simulate(seed, &short(true))))
+        .find(|(_, run)| run.fault_log.iter().any(|fault| fault.contains("crash")))
+        .expect("one of seeds 11..31 crashes a node in its short run");
+    let again = simulate(seed, &short(true));
     assert!(first.faults > 0, "faults were injected");
-    assert!(
-        first.fault_log.iter().any(|fault| fault.contains("crash")),
-        "a node crashed, so the digest covers the disks it left: {:#?}",
-        first.fault_log
-    );
     assert!(first.ops > 50, "clients made progress: {} ops", first.ops);
     assert!(
         first.violations.is_empty(),
@@ -31,7 +32,7 @@ fn a_seed_replays_exactly_and_passes_the_checker() {
     );
     assert_eq!(first.history, again.history, "the same seed, the same run");
     assert_eq!(first.digest, again.digest);
-    let other = simulate(12, &short(true));
+    let other = simulate(seed + 1, &short(true));
     assert_ne!(first.digest, other.digest, "another seed, another run");
 }
 
