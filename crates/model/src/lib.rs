@@ -19,29 +19,30 @@
 //!   clients, server and resource;
 //! - a resource that fences writes by token.
 //!
-//! Time advances in discrete ticks, up to a bound. Properties: no two
+//! Time advances in discrete ticks, up to a bound; the clients open at
+//! most `max_opens` sessions and send at most `max_acquires` acquires in
+//! all, which bounds the states between two ticks. Properties: no two
 //! clients inside their "I hold it" window at once; the resource never
 //! accepts a write with a smaller token than one it accepted before; grant
-//! tokens strictly increase. [`Rules`] can break each rule the protocol
-//! rests on in turn (the drift margin, the checkpoint rule, the term check
-//! on timer commands, refusing renewals once an expiry is decided, the
-//! fence compare), and the tests show the checker finds a counterexample
-//! for each. (The first version of this model lacked the renewal rule, and
-//! the checker found two holders within seconds: the server has had the
-//! rule all along, as the `session_expiring` error.)
+//! tokens strictly increase.
 //!
-//! Where it stands (issue 31): the sound protocol holds every property for
-//! one tick (tests/protocol.rs; 2 and 3 ticks were explored by hand);
-//! breaking the drift margin gives a counterexample at that bound. The other broken rules need
-//! scenarios deeper than the bounds this state space reaches today (a
-//! client sends one request per tick, so a renewal, a grant and a write
-//! take three ticks): their counterexamples are the next step, with a
-//! smaller state space (symmetry between the clients, a send budget per
-//! tick). Not modelled yet: blocking acquires and their FIFO queue,
-//! lock-delay, the new primitives, liveness.
+//! [`Rules`] can break each rule the protocol rests on in turn, and the
+//! tests (tests/protocol.rs) show the checker's counterexample for each:
+//! the drift margin, the fence compare, the checkpoint rule, the client's
+//! claim on a lock name until its release is answered, and the client's
+//! final watchdog. With the watchdog final, a late renewal cannot revive a
+//! session, so the server's renewal and term checks only matter to clients
+//! without one: the model breaks them alongside it. Two rules were found
+//! missing from the model by the checker, not from the code: the server's
+//! refusal of renewals once an expiry is decided (`session_expiring`) and
+//! the client's claim on a lock name.
+//!
+//! Not modelled yet: blocking acquires and their FIFO queue, lock-delay,
+//! the new primitives, liveness; a client's keepalives run one at a time
+//! with its other requests, where the real client renews concurrently.
 
 use deadbolt_core::{AcquireOutcome, Command, LockTable, Outcome, SecretHash, SessionId, Token};
-use stateright::{Model, Property};
+use stateright::{Model, Path, Property};
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 
@@ -73,6 +74,19 @@ pub struct Rules {
     /// keepalives (`session_expiring`): acknowledging one would promise a
     /// lease the expiry on its way to the log is about to end.
     pub refuse_renewal_while_expiring: bool,
+    /// A client does not acquire a lock again through the same session
+    /// until its release has been answered (or is lost): the client's
+    /// claim on a lock name (`crates/client/src/session.rs`, `Claim`).
+    /// Broken, an acquire overtakes the release before it: the server
+    /// answers it with the grant the session still holds (acquire is
+    /// idempotent), and the release then frees the lock under the client.
+    pub claim_until_released: bool,
+    /// The client's watchdog: at its deadline the client gives the session
+    /// up for good, and a renewal answered later does not bring it back
+    /// (`crates/client/src/session.rs`, `watchdog`). Broken, the client
+    /// may carry on past its deadline and trusts a late renewal: then the
+    /// server's own rules (the renewal and term checks) must hold alone.
+    pub watchdog_final: bool,
 }
 
 impl Rules {
@@ -83,6 +97,8 @@ impl Rules {
         term_check: true,
         fence: true,
         refuse_renewal_while_expiring: true,
+        claim_until_released: true,
+        watchdog_final: true,
     };
 }
 
@@ -95,6 +111,11 @@ pub struct LockModel {
     /// Time stops here.
     pub max_time: u64,
     pub leader_changes: u64,
+    /// How many sessions the clients may open, and acquires they may send,
+    /// in the whole run: each open and each grant moves a counter of the
+    /// table, so these bound the state space between two ticks.
+    pub max_opens: u64,
+    pub max_acquires: u64,
     pub rules: Rules,
 }
 
@@ -160,6 +181,7 @@ pub enum Message {
         sent: u64,
     },
     Release {
+        client: usize,
         session: u64,
         token: u64,
     },
@@ -180,14 +202,10 @@ pub enum Message {
         session: u64,
         token: u64,
     },
-    /// Busy, or the session is gone.
-    Refused {
-        client: usize,
-    },
+    /// A release's answer; or busy, or the session is gone.
+    Answered { client: usize },
     /// Client → resource.
-    Write {
-        token: u64,
-    },
+    Write { token: u64 },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -199,9 +217,6 @@ pub struct Client {
     pub waiting: bool,
     /// Whether it wrote under its current grant.
     pub wrote: bool,
-    /// The tick of its last request: one per tick at most, which keeps
-    /// the state space finite between ticks.
-    pub last_sent: Option<u64>,
 }
 
 impl Client {
@@ -224,6 +239,9 @@ pub struct State {
     /// The session and token of the latest grant.
     pub highest_grant: (u64, u64),
     pub token_went_back: bool,
+    /// Opens and acquires sent so far (see [`LockModel::max_opens`]).
+    pub opens: u64,
+    pub acquires: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,7 +252,7 @@ pub enum Action {
     Release(usize),
     /// The client's deadline passed: it drops the session.
     Lose(usize),
-    /// It gives up waiting for an answer (lost, or too slow).
+    /// Its request or the answer is lost, and it gives up waiting.
     GiveUp(usize),
     Deliver(usize),
     Drop(usize),
@@ -252,8 +270,9 @@ impl Message {
             | Message::Opened { client, .. }
             | Message::Renewed { client, .. }
             | Message::Granted { client, .. }
-            | Message::Refused { client } => Some(client),
-            Message::Release { .. } | Message::Write { .. } => None,
+            | Message::Answered { client } => Some(client),
+            Message::Release { client, .. } => Some(client),
+            Message::Write { .. } => None,
         }
     }
 }
@@ -327,7 +346,7 @@ impl LockModel {
                         },
                     );
                 } else {
-                    Self::send(state, Message::Refused { client });
+                    Self::send(state, Message::Answered { client });
                 }
             }
             Message::Request {
@@ -361,16 +380,26 @@ impl LockModel {
                             },
                         );
                     }
-                    _ => Self::send(state, Message::Refused { client }),
+                    _ => Self::send(state, Message::Answered { client }),
                 }
             }
-            Message::Release { session, token } => {
+            Message::Release {
+                client,
+                session,
+                token,
+            } => {
                 let command = Command::Release {
                     session: SessionId(session),
                     lock: LOCK.to_owned(),
                     token: Token(token),
                 };
                 let _ = self.apply(state, &command, term);
+                // Broken, the rule has the client go on without waiting for
+                // this answer, so none is sent (a late one would end the wait
+                // of the client's next request).
+                if self.rules.claim_until_released {
+                    Self::send(state, Message::Answered { client });
+                }
             }
             Message::Write { token } => {
                 if !self.rules.fence || token >= state.fence {
@@ -397,9 +426,12 @@ impl LockModel {
                 session,
                 sent,
             } => {
+                let now = state.now;
                 let me = &mut state.clients[client];
                 me.waiting = false;
-                if me.session == session {
+                // Past its deadline the client has given the session up,
+                // whatever answer comes late.
+                if me.session == session && (now < me.deadline || !self.rules.watchdog_final) {
                     let renewed = sent + self.ttl - self.rules.client_margin;
                     me.deadline = me.deadline.max(renewed);
                 }
@@ -416,8 +448,55 @@ impl LockModel {
                     me.wrote = false;
                 }
             }
-            Message::Refused { client } => state.clients[client].waiting = false,
+            Message::Answered { client } => state.clients[client].waiting = false,
         }
+    }
+
+    /// A counterexample as one line per step: the action (a delivered or
+    /// lost message spelt out), then what the clients believe and what the
+    /// leader and the table hold after it.
+    pub fn explain(&self, path: Path<State, Action>) -> Vec<String> {
+        let steps = path.into_vec();
+        let mut lines = Vec::with_capacity(steps.len());
+        for pair in steps.windows(2) {
+            let [(before, Some(action)), (after, _)] = pair else {
+                continue;
+            };
+            let what = match *action {
+                Action::Deliver(i) => format!("deliver {:?}", before.network[i]),
+                Action::Drop(i) => format!("lose {:?}", before.network[i]),
+                ref other => format!("{other:?}"),
+            };
+            let clients: Vec<String> = after
+                .clients
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let holds = match c.holding {
+                        Some(token) if c.believes_it_holds(after.now) => {
+                            format!(" HOLDS token {token}")
+                        }
+                        Some(token) => format!(" (token {token}, past its deadline)"),
+                        None => String::new(),
+                    };
+                    format!(
+                        "client {i}: session {} until {}{holds}",
+                        c.session, c.deadline
+                    )
+                })
+                .collect();
+            let lock = after.server.table.0.lock(LOCK);
+            let holder = lock.map(|l| format!("session {} token {}", l.holder.0, l.token.0));
+            lines.push(format!(
+                "t={} {what}\n    {}; leader term {} leases {:?} lock {}",
+                after.now,
+                clients.join(", "),
+                after.server.term,
+                after.server.expiry,
+                holder.as_deref().unwrap_or("free"),
+            ));
+        }
+        lines
     }
 
     fn live_sessions(state: &State) -> Vec<u64> {
@@ -446,6 +525,8 @@ impl Model for LockModel {
             stale_write_accepted: false,
             highest_grant: (0, 0),
             token_went_back: false,
+            opens: 0,
+            acquires: 0,
         }]
     }
 
@@ -455,25 +536,36 @@ impl Model for LockModel {
         }
         for (i, client) in state.clients.iter().enumerate() {
             if client.waiting {
-                // Only once nothing of its exchange is left in flight (lost).
-                if !state.network.iter().any(|m| m.client() == Some(i)) {
-                    actions.push(Action::GiveUp(i));
-                }
+                actions.push(Action::GiveUp(i));
                 continue;
             }
-            if client.last_sent == Some(state.now) || state.network.len() >= MAX_IN_FLIGHT {
+            if client.session != 0 && state.now >= client.deadline {
+                // The client's watchdog: at its deadline it stops acting
+                // and drops the session, before anything else it would do.
+                actions.push(Action::Lose(i));
+                if self.rules.watchdog_final {
+                    continue;
+                }
+            }
+            if state.network.len() >= MAX_IN_FLIGHT {
                 continue;
             }
             if client.session == 0 {
-                actions.push(Action::Send(i, Request::Open));
+                if state.opens < self.max_opens {
+                    actions.push(Action::Send(i, Request::Open));
+                }
                 continue;
             }
-            if state.now >= client.deadline {
-                actions.push(Action::Lose(i));
+            // A keepalive that cannot move its deadline (sent in the tick
+            // of the open or keepalive before it) would only split states.
+            if state.now + self.ttl - self.rules.client_margin > client.deadline {
+                actions.push(Action::Send(i, Request::KeepAlive));
             }
-            actions.push(Action::Send(i, Request::KeepAlive));
             match client.holding {
-                None => actions.push(Action::Send(i, Request::Acquire)),
+                None if state.acquires < self.max_acquires => {
+                    actions.push(Action::Send(i, Request::Acquire))
+                }
+                None => {}
                 Some(_) => {
                     if client.believes_it_holds(state.now) && !client.wrote {
                         actions.push(Action::Write(i));
@@ -487,7 +579,13 @@ impl Model for LockModel {
                 continue;
             }
             actions.push(Action::Deliver(i));
-            actions.push(Action::Drop(i));
+            // A lost request or answer is the client's to give up on.
+            let exchange = state.network[i]
+                .client()
+                .filter(|&c| state.clients[c].waiting);
+            if exchange.is_none() {
+                actions.push(Action::Drop(i));
+            }
         }
         for session in Self::live_sessions(state) {
             if state.now >= state.server.expiry[&session]
@@ -517,9 +615,13 @@ impl Model for LockModel {
         match action {
             Action::Tick => state.now += 1,
             Action::Send(i, request) => {
+                match request {
+                    Request::Open => state.opens += 1,
+                    Request::Acquire => state.acquires += 1,
+                    Request::KeepAlive => {}
+                }
                 let client = &mut state.clients[i];
                 client.waiting = true;
-                client.last_sent = Some(now);
                 let session = client.session;
                 // Only an open's and a keepalive's send time counts (the
                 // deadline starts there); an acquire's would only split
@@ -547,11 +649,22 @@ impl Model for LockModel {
             Action::Release(i) => {
                 let client = &mut state.clients[i];
                 let token = client.holding.take().expect("holding");
+                client.waiting = self.rules.claim_until_released;
                 let session = client.session;
-                Self::send(&mut state, Message::Release { session, token });
+                Self::send(
+                    &mut state,
+                    Message::Release {
+                        client: i,
+                        session,
+                        token,
+                    },
+                );
             }
             Action::Lose(i) => state.clients[i] = Client::default(),
-            Action::GiveUp(i) => state.clients[i].waiting = false,
+            Action::GiveUp(i) => {
+                state.clients[i].waiting = false;
+                state.network.retain(|m| m.client() != Some(i));
+            }
             Action::Deliver(i) => {
                 let message = state.network.remove(i);
                 self.deliver(&mut state, message);
