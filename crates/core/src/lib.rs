@@ -44,7 +44,10 @@ pub use semaphore::{
     ElectionInfo, Permit, Rule, RwLockInfo, RwMode, SemaphoreInfo, Semaphores, Want,
     MAX_ELECTION_VALUE, MAX_PERMITS,
 };
-pub use table::{LockInfo, LockTable, LockTableV9, SessionInfo, SessionLease, SessionSecret};
+pub use table::{
+    token_floor_ms, LockInfo, LockTable, LockTableV9, SessionInfo, SessionLease, SessionSecret,
+    LATEST_TOKEN_FLOOR_MS, TOKENS_AFTER_THE_LATEST_FLOOR,
+};
 pub use watch::{WatchEvent, WatchKind};
 
 use serde::{Deserialize, Serialize};

@@ -1056,7 +1056,9 @@ impl LockTable {
     /// token an earlier incarnation issued, as long as the wall clock moved
     /// forward since and grants came slower than one per microsecond (this
     /// service does tens of thousands a second at most). Tokens still stay
-    /// below 2^53 until the year 2255, so JSON readers lose no digit.
+    /// below 2^53 until the year 2255, so JSON readers lose no digit; the
+    /// leader passes its clock through [`token_floor_ms`] first, so that a
+    /// clock that jumps centuries ahead cannot take them past it.
     pub fn raise_token_floor(&mut self, at_ms: u64) {
         let floor = at_ms.saturating_mul(1_000);
         if floor > self.next_token {
@@ -1346,6 +1348,28 @@ impl LockTable {
             }
         }
     }
+}
+
+/// The latest wall clock, in milliseconds since 1970, that may raise the
+/// token counter: the start of the year 2200.
+///
+/// Why: a leader whose clock jumps years ahead raises every later token to
+/// that time, for good (the counter never goes back). Past 2^53 readers of
+/// JSON numbers (JavaScript's, jq) lose digits, and near 2^64 the counter
+/// would run out and grants stop. Raised at most to 2200's clock, tokens
+/// stay below 2^53 for the next [`TOKENS_AFTER_THE_LATEST_FLOOR`] grants,
+/// centuries at the service's peak.
+pub const LATEST_TOKEN_FLOOR_MS: u64 = 7_258_118_400_000;
+
+/// How many grants after a floor at [`LATEST_TOKEN_FLOOR_MS`] still carry
+/// tokens below 2^53 (about 1.7 × 10^15).
+pub const TOKENS_AFTER_THE_LATEST_FLOOR: u64 = (1 << 53) - LATEST_TOKEN_FLOOR_MS * 1_000;
+
+/// The wall clock `unix_ms`, as far as it may raise the token counter (see
+/// [`LATEST_TOKEN_FLOOR_MS`]). A clock that jumps back needs no bound: the
+/// counter only ever rises.
+pub fn token_floor_ms(unix_ms: u64) -> u64 {
+    unix_ms.min(LATEST_TOKEN_FLOOR_MS)
 }
 
 /// The only place a token is minted.

@@ -283,9 +283,11 @@ impl Backup {
         token_margin: Duration,
     ) -> anyhow::Result<DataReport> {
         let margin_ms = u64::try_from(token_margin.as_millis()).unwrap_or(u64::MAX);
-        let floor_ms = now_ms()
-            .max(self.contents.saved_at_ms)
-            .saturating_add(margin_ms);
+        let floor_ms = deadbolt_core::token_floor_ms(
+            now_ms()
+                .max(self.contents.saved_at_ms)
+                .saturating_add(margin_ms),
+        );
         self.contents.table.raise_token_floor(floor_ms);
         seed_data_dir(dir, node_id, address, &self.contents.table)
     }

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::raft_types::{Batch, Raft, TypeConfig};
 use deadbolt_core::{Command, LockError, Outcome};
 use openraft::error::ClientWriteError;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -421,13 +421,31 @@ async fn send(raft: &Raft, clock: Clock, batch: Vec<Pending>) -> Sent {
         batch.into_iter().map(|p| (p.command, p.reply)).unzip();
     let batch = Batch {
         commands,
-        at_ms: clock.unix_ms(),
+        at_ms: batch_clock(&clock),
     };
     let written = raft
         .client_write_ff(batch)
         .await
         .map_err(|fatal| ProposeError::Fatal(fatal.to_string()));
     Sent { replies, written }
+}
+
+/// The wall clock a batch carries (and raises the token counter to): the
+/// leader's, but no later than `LATEST_TOKEN_FLOOR_MS`, so that a clock
+/// that jumps centuries ahead cannot take tokens past what JSON readers
+/// keep exact. Said once per process when it happens.
+fn batch_clock(clock: &Clock) -> u64 {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let now = clock.unix_ms();
+    let bounded = deadbolt_core::token_floor_ms(now);
+    if bounded < now && !SAID.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            unix_ms = now,
+            "this node's wall clock reads later than the year 2200; its log entries carry \
+             the start of 2200 instead, which keeps tokens below 2^53. Check its clock (NTP)"
+        );
+    }
+    bounded
 }
 
 /// Waits for a sent batch to commit and answers each of its callers.

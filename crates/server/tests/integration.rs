@@ -6,6 +6,7 @@
 //! cost a cold CI build about 110 s of CPU; one compiles and links it once.
 
 mod abandoned_calls;
+mod clock_jumps;
 mod common;
 mod expiry;
 mod membership;

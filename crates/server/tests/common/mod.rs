@@ -208,6 +208,8 @@ impl RaftNetwork<TypeConfig> for Connection {
 struct Slot {
     disks: SimulatedDisks<SimDisk>,
     running: Option<(EmbeddedNode, Api)>,
+    /// What its wall clock reads when it next starts, if not true time.
+    wall_clock_ms: Option<u64>,
 }
 
 /// A cluster of embedded nodes on the paused clock. Every node snapshots
@@ -241,6 +243,7 @@ impl Cluster {
         let slot = Slot {
             disks: SimulatedDisks::default(),
             running: None,
+            wall_clock_ms: None,
         };
         assert!(self.slots.insert(id, slot).is_none(), "node {id} is known");
         self.start(id).await;
@@ -254,7 +257,8 @@ impl Cluster {
     pub async fn start(&mut self, id: NodeId) {
         let slot = self.slots.get_mut(&id).expect("known node");
         assert!(slot.running.is_none(), "node {id} is already running");
-        let clock = Clock::simulated(1.0, EPOCH_MS + elapsed_ms());
+        let wall_clock_ms = slot.wall_clock_ms.unwrap_or(EPOCH_MS + elapsed_ms());
+        let clock = Clock::simulated(1.0, wall_clock_ms);
         let link = Link {
             from: id,
             net: self.net.clone(),
@@ -291,6 +295,12 @@ impl Cluster {
         node.crash().await;
         let mut rng = StdRng::seed_from_u64(0);
         slot.disks = slot.disks.map(|disk| disk.after_crash(0.0, &mut rng));
+    }
+
+    /// Node `id`'s wall clock reads `unix_ms` from its next start on (its
+    /// monotonic clock is untouched): a clock set wrong, or jumped.
+    pub fn set_wall_clock(&mut self, id: NodeId, unix_ms: u64) {
+        self.slots.get_mut(&id).expect("known node").wall_clock_ms = Some(unix_ms);
     }
 
     pub async fn restart(&mut self, id: NodeId) {
