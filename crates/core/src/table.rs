@@ -1364,6 +1364,7 @@ pub const LATEST_TOKEN_FLOOR_MS: u64 = 7_258_118_400_000;
 /// How many grants after a floor at [`LATEST_TOKEN_FLOOR_MS`] still carry
 /// tokens below 2^53 (about 1.7 × 10^15).
 pub const TOKENS_AFTER_THE_LATEST_FLOOR: u64 = (1 << 53) - LATEST_TOKEN_FLOOR_MS * 1_000;
+const _: () = assert!(TOKENS_AFTER_THE_LATEST_FLOOR > 1_000_000_000_000_000);
 
 /// The wall clock `unix_ms`, as far as it may raise the token counter (see
 /// [`LATEST_TOKEN_FLOOR_MS`]). A clock that jumps back needs no bound: the
