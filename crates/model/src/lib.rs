@@ -24,7 +24,7 @@
 //! all, which bounds the states between two ticks. Properties: no two
 //! clients inside their "I hold it" window at once; the resource never
 //! accepts a write with a smaller token than one it accepted before; grant
-//! tokens strictly increase.
+//! tokens strictly increase; waiters are granted in FIFO order.
 //!
 //! [`Rules`] can break each rule the protocol rests on in turn, and the
 //! tests (tests/protocol.rs) show the checker's counterexample for each:
@@ -37,11 +37,18 @@
 //! refusal of renewals once an expiry is decided (`session_expiring`) and
 //! the client's claim on a lock name.
 //!
-//! Not modelled yet: blocking acquires and their FIFO queue, lock-delay,
-//! the new primitives, liveness; a client's keepalives run one at a time
-//! with its other requests, where the real client renews concurrently.
+//! With [`LockModel::blocking`], the clients' acquires wait in the lock's
+//! queue, and a fourth property holds: waiters are granted in the order
+//! they joined it (three clients; a table that served its queue last in,
+//! first out was caught at once).
+//!
+//! Not modelled yet: lock-delay, the new primitives, liveness; a client's
+//! keepalives run one at a time with its other requests, where the real
+//! client renews concurrently.
 
-use deadbolt_core::{AcquireOutcome, Command, LockTable, Outcome, SecretHash, SessionId, Token};
+use deadbolt_core::{
+    AcquireOutcome, Command, Event, LockTable, Outcome, SecretHash, SessionId, Token,
+};
 use stateright::{Model, Path, Property};
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -116,6 +123,8 @@ pub struct LockModel {
     /// table, so these bound the state space between two ticks.
     pub max_opens: u64,
     pub max_acquires: u64,
+    /// The clients' acquires wait in the lock's queue (else they do not).
+    pub blocking: bool,
     pub rules: Rules,
 }
 
@@ -162,13 +171,21 @@ pub struct Server {
     pub checkpoint: BTreeMap<u64, (u64, bool)>,
     /// Expiries decided by a leader, with its term, not yet committed.
     pub pending_expiries: Vec<(u64, u64)>,
+    /// The blocking acquires waiting in the queue: session → client. They
+    /// survive a leader change, as the client's retry (which keeps its
+    /// queue place) would.
+    pub blocked: BTreeMap<u64, usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Request {
     Open,
     KeepAlive,
+    /// An acquire that does not wait.
     Acquire,
+    /// A blocking acquire: queued behind the holder, answered when granted
+    /// or when its wait ends.
+    Wait,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -242,6 +259,10 @@ pub struct State {
     /// Opens and acquires sent so far (see [`LockModel::max_opens`]).
     pub opens: u64,
     pub acquires: u64,
+    /// The sessions queued for the lock, in the order they joined.
+    pub queue: Vec<u64>,
+    /// A grant went to a session other than the first in the queue.
+    pub fifo_broken: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,13 +305,48 @@ impl LockModel {
     }
 
     fn apply(&self, state: &mut State, command: &Command, term: u64) -> Result<Outcome, ()> {
-        state
-            .server
-            .table
-            .0
-            .apply_in_term(command, 0, term)
-            .outcome
-            .map_err(drop)
+        let applied = state.server.table.0.apply_in_term(command, 0, term);
+        for event in &applied.events {
+            Self::observe(state, event);
+        }
+        applied.outcome.map_err(drop)
+    }
+
+    /// What the properties track of each grant and queue change, and the
+    /// answers to blocked calls that a change brings.
+    fn observe(state: &mut State, event: &Event) {
+        match *event {
+            Event::Granted { session, token, .. } => {
+                let (session, token) = (session.0, token.0);
+                state.token_went_back |= token <= state.highest_grant.1;
+                state.highest_grant = (session, token);
+                match state.queue.iter().position(|&queued| queued == session) {
+                    Some(place) => {
+                        state.fifo_broken |= place != 0;
+                        state.queue.remove(place);
+                    }
+                    None => state.fifo_broken |= !state.queue.is_empty(),
+                }
+                if let Some(client) = state.server.blocked.remove(&session) {
+                    Self::send(
+                        state,
+                        Message::Granted {
+                            client,
+                            session,
+                            token,
+                        },
+                    );
+                }
+            }
+            Event::Queued { session, .. } => state.queue.push(session.0),
+            Event::WaitEnded { session, .. } => {
+                state.queue.retain(|&queued| queued != session.0);
+                if let Some(client) = state.server.blocked.remove(&session.0) {
+                    Self::send(state, Message::Answered { client });
+                }
+            }
+            _ => {}
+        }
     }
 
     /// A message arrives: at the server (a request, a release), the
@@ -351,34 +407,30 @@ impl LockModel {
             }
             Message::Request {
                 client,
-                request: Request::Acquire,
+                request: request @ (Request::Acquire | Request::Wait),
                 session,
                 ..
             } => {
                 let command = Command::Acquire {
                     session: SessionId(session),
                     lock: LOCK.to_owned(),
-                    wait: false,
+                    wait: request == Request::Wait,
                     attempt: 0,
                     lock_delay_ms: 0,
                 };
                 match self.apply(state, &command, term) {
-                    Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) => {
-                        // Acquire is idempotent: a session told again of
-                        // the grant it holds is not a second grant.
-                        let again = (session, token.0) == state.highest_grant;
-                        state.token_went_back |= token.0 <= state.highest_grant.1 && !again;
-                        if token.0 > state.highest_grant.1 {
-                            state.highest_grant = (session, token.0);
-                        }
-                        Self::send(
-                            state,
-                            Message::Granted {
-                                client,
-                                session,
-                                token: token.0,
-                            },
-                        );
+                    // A grant at once (or, acquire being idempotent, the
+                    // grant the session already holds).
+                    Ok(Outcome::Acquire(AcquireOutcome::Granted { token })) => Self::send(
+                        state,
+                        Message::Granted {
+                            client,
+                            session,
+                            token: token.0,
+                        },
+                    ),
+                    Ok(Outcome::Acquire(AcquireOutcome::Queued { .. })) => {
+                        state.server.blocked.insert(session, client);
                     }
                     _ => Self::send(state, Message::Answered { client }),
                 }
@@ -488,12 +540,13 @@ impl LockModel {
             let lock = after.server.table.0.lock(LOCK);
             let holder = lock.map(|l| format!("session {} token {}", l.holder.0, l.token.0));
             lines.push(format!(
-                "t={} {what}\n    {}; leader term {} leases {:?} lock {}",
+                "t={} {what}\n    {}; leader term {} leases {:?} lock {} queue {:?}",
                 after.now,
                 clients.join(", "),
                 after.server.term,
                 after.server.expiry,
                 holder.as_deref().unwrap_or("free"),
+                after.queue,
             ));
         }
         lines
@@ -518,6 +571,7 @@ impl Model for LockModel {
                 expiry: BTreeMap::new(),
                 checkpoint: BTreeMap::new(),
                 pending_expiries: Vec::new(),
+                blocked: BTreeMap::new(),
             },
             clients: vec![Client::default(); self.clients],
             network: Vec::new(),
@@ -527,6 +581,8 @@ impl Model for LockModel {
             token_went_back: false,
             opens: 0,
             acquires: 0,
+            queue: Vec::new(),
+            fifo_broken: false,
         }]
     }
 
@@ -536,7 +592,11 @@ impl Model for LockModel {
         }
         for (i, client) in state.clients.iter().enumerate() {
             if client.waiting {
-                actions.push(Action::GiveUp(i));
+                // Once its request or the answer is lost; a blocking acquire
+                // in the queue waits for its answer.
+                if state.network.iter().any(|m| m.client() == Some(i)) {
+                    actions.push(Action::GiveUp(i));
+                }
                 continue;
             }
             if client.session != 0 && state.now >= client.deadline {
@@ -563,7 +623,12 @@ impl Model for LockModel {
             }
             match client.holding {
                 None if state.acquires < self.max_acquires => {
-                    actions.push(Action::Send(i, Request::Acquire))
+                    let acquire = if self.blocking {
+                        Request::Wait
+                    } else {
+                        Request::Acquire
+                    };
+                    actions.push(Action::Send(i, acquire));
                 }
                 None => {}
                 Some(_) => {
@@ -617,7 +682,7 @@ impl Model for LockModel {
             Action::Send(i, request) => {
                 match request {
                     Request::Open => state.opens += 1,
-                    Request::Acquire => state.acquires += 1,
+                    Request::Acquire | Request::Wait => state.acquires += 1,
                     Request::KeepAlive => {}
                 }
                 let client = &mut state.clients[i];
@@ -627,7 +692,7 @@ impl Model for LockModel {
                 // deadline starts there); an acquire's would only split
                 // states.
                 let sent = match request {
-                    Request::Acquire => 0,
+                    Request::Acquire | Request::Wait => 0,
                     Request::Open | Request::KeepAlive => now,
                 };
                 Self::send(
@@ -727,6 +792,9 @@ impl Model for LockModel {
             }),
             Property::always("grant tokens strictly increase", |_, state: &State| {
                 !state.token_went_back
+            }),
+            Property::always("waiters are granted in FIFO order", |_, state: &State| {
+                !state.fifo_broken
             }),
         ]
     }

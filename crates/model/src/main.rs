@@ -33,6 +33,10 @@ struct Args {
     /// counterexample.
     #[arg(long = "break", value_enum)]
     broken: Vec<Broken>,
+    /// The clients' acquires wait in the lock's queue (blocking acquires,
+    /// and the FIFO property with them: take 3 clients).
+    #[arg(long)]
+    blocking: bool,
     /// Search depth first (less memory, longer traces) instead of breadth first.
     #[arg(long)]
     dfs: bool,
@@ -98,6 +102,7 @@ fn main() {
         leader_changes: args.leader_changes,
         max_opens: args.opens,
         max_acquires: args.acquires,
+        blocking: args.blocking,
         rules: args
             .broken
             .iter()
