@@ -24,13 +24,14 @@
 //! all, which bounds the states between two ticks. Properties: no two
 //! clients inside their "I hold it" window at once; the resource never
 //! accepts a write with a smaller token than one it accepted before; grant
-//! tokens strictly increase; waiters are granted in FIFO order.
+//! tokens strictly increase; waiters are granted in FIFO order; no grant
+//! during a lock-delay.
 //!
 //! [`Rules`] can break each rule the protocol rests on in turn, and the
 //! tests (tests/protocol.rs) show the checker's counterexample for each:
 //! the drift margin, the fence compare, the checkpoint rule, the client's
-//! claim on a lock name until its release is answered, and the client's
-//! final watchdog. With the watchdog final, a late renewal cannot revive a
+//! claim on a lock name until its release is answered, a new leader's
+//! re-timing of lock-delays, and the client's final watchdog. With the watchdog final, a late renewal cannot revive a
 //! session, so the server's renewal and term checks only matter to clients
 //! without one: the model breaks them alongside it. Two rules were found
 //! missing from the model by the checker, not from the code: the server's
@@ -42,7 +43,12 @@
 //! they joined it (three clients; a table that served its queue last in,
 //! first out was caught at once).
 //!
-//! Not modelled yet: lock-delay, the new primitives, liveness; a client's
+//! With [`LockModel::lock_delay`], an expired holder's lock stays
+//! unavailable that long, timed by the leader (afresh by a new one), and a
+//! fifth property holds: no grant comes before the delay has run, less the
+//! leader's drift.
+//!
+//! Not modelled yet: the new primitives, liveness; a client's
 //! keepalives run one at a time with its other requests, where the real
 //! client renews concurrently.
 
@@ -94,6 +100,10 @@ pub struct Rules {
     /// may carry on past its deadline and trusts a late renewal: then the
     /// server's own rules (the renewal and term checks) must hold alone.
     pub watchdog_final: bool,
+    /// A new leader times every lock-delay afresh from when it takes over
+    /// (`start_leading` in `crates/server/src/leases.rs`). Broken, it ends
+    /// them as it takes over.
+    pub rearm_lock_delays: bool,
 }
 
 impl Rules {
@@ -106,6 +116,7 @@ impl Rules {
         refuse_renewal_while_expiring: true,
         claim_until_released: true,
         watchdog_final: true,
+        rearm_lock_delays: true,
     };
 }
 
@@ -125,6 +136,9 @@ pub struct LockModel {
     pub max_acquires: u64,
     /// The clients' acquires wait in the lock's queue (else they do not).
     pub blocking: bool,
+    /// The lock-delay the clients ask for, in ticks (0: none): when a
+    /// holder's session expires, nobody gets the lock for this long.
+    pub lock_delay: u64,
     pub rules: Rules,
 }
 
@@ -175,6 +189,8 @@ pub struct Server {
     /// survive a leader change, as the client's retry (which keeps its
     /// queue place) would.
     pub blocked: BTreeMap<u64, usize>,
+    /// The tick at which the leader ends each lock-delay, by token.
+    pub delays: BTreeMap<u64, u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -263,6 +279,11 @@ pub struct State {
     pub queue: Vec<u64>,
     /// A grant went to a session other than the first in the queue.
     pub fifo_broken: bool,
+    /// When the latest lock-delay began (by true time).
+    pub delay_began: Option<u64>,
+    /// A grant came before the lock-delay in force had run (less the
+    /// leader's drift).
+    pub granted_in_delay: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -280,6 +301,9 @@ pub enum Action {
     DecideExpiry(u64),
     CommitExpiry(usize),
     Checkpoint(u64),
+    /// The leader's timer for the lock-delay of a token ran out: it
+    /// proposes its end (committed in the same step).
+    EndLockDelay(u64),
     ChangeLeader,
 }
 
@@ -307,17 +331,21 @@ impl LockModel {
     fn apply(&self, state: &mut State, command: &Command, term: u64) -> Result<Outcome, ()> {
         let applied = state.server.table.0.apply_in_term(command, 0, term);
         for event in &applied.events {
-            Self::observe(state, event);
+            self.observe(state, event);
         }
         applied.outcome.map_err(drop)
     }
 
     /// What the properties track of each grant and queue change, and the
     /// answers to blocked calls that a change brings.
-    fn observe(state: &mut State, event: &Event) {
+    fn observe(&self, state: &mut State, event: &Event) {
         match *event {
             Event::Granted { session, token, .. } => {
                 let (session, token) = (session.0, token.0);
+                if let Some(began) = state.delay_began.take() {
+                    let ran = (began + self.lock_delay).saturating_sub(self.rules.drift);
+                    state.granted_in_delay |= state.now < ran;
+                }
                 state.token_went_back |= token <= state.highest_grant.1;
                 state.highest_grant = (session, token);
                 match state.queue.iter().position(|&queued| queued == session) {
@@ -339,6 +367,11 @@ impl LockModel {
                 }
             }
             Event::Queued { session, .. } => state.queue.push(session.0),
+            Event::LockDelayed { token, .. } => {
+                let ends = (state.now + self.lock_delay).saturating_sub(self.rules.drift);
+                state.server.delays.insert(token.0, ends);
+                state.delay_began = Some(state.now);
+            }
             Event::WaitEnded { session, .. } => {
                 state.queue.retain(|&queued| queued != session.0);
                 if let Some(client) = state.server.blocked.remove(&session.0) {
@@ -416,7 +449,7 @@ impl LockModel {
                     lock: LOCK.to_owned(),
                     wait: request == Request::Wait,
                     attempt: 0,
-                    lock_delay_ms: 0,
+                    lock_delay_ms: self.lock_delay * 1000,
                 };
                 match self.apply(state, &command, term) {
                     // A grant at once (or, acquire being idempotent, the
@@ -572,6 +605,7 @@ impl Model for LockModel {
                 checkpoint: BTreeMap::new(),
                 pending_expiries: Vec::new(),
                 blocked: BTreeMap::new(),
+                delays: BTreeMap::new(),
             },
             clients: vec![Client::default(); self.clients],
             network: Vec::new(),
@@ -583,6 +617,8 @@ impl Model for LockModel {
             acquires: 0,
             queue: Vec::new(),
             fifo_broken: false,
+            delay_began: None,
+            granted_in_delay: false,
         }]
     }
 
@@ -668,6 +704,11 @@ impl Model for LockModel {
         }
         for i in 0..state.server.pending_expiries.len() {
             actions.push(Action::CommitExpiry(i));
+        }
+        for (&token, &ends) in &state.server.delays {
+            if state.now >= ends {
+                actions.push(Action::EndLockDelay(token));
+            }
         }
         if state.server.leader_changes < self.leader_changes {
             actions.push(Action::ChangeLeader);
@@ -763,10 +804,37 @@ impl Model for LockModel {
                 let left = state.server.expiry[&session].saturating_sub(now);
                 state.server.checkpoint.insert(session, (left, false));
             }
+            Action::EndLockDelay(token) => {
+                state.server.delays.remove(&token);
+                let term = state.server.term;
+                let command = Command::EndLockDelay {
+                    lock: LOCK.to_owned(),
+                    token: Token(token),
+                    term,
+                };
+                let _ = self.apply(&mut state, &command, term);
+            }
             Action::ChangeLeader => {
                 let server = &mut state.server;
                 server.term += 1;
                 server.leader_changes += 1;
+                let rearmed = (now + self.lock_delay).saturating_sub(self.rules.drift);
+                let ended: Vec<u64> = if self.rules.rearm_lock_delays {
+                    server.delays.values_mut().for_each(|ends| *ends = rearmed);
+                    Vec::new()
+                } else {
+                    std::mem::take(&mut server.delays).into_keys().collect()
+                };
+                let term = server.term;
+                for token in ended {
+                    let command = Command::EndLockDelay {
+                        lock: LOCK.to_owned(),
+                        token: Token(token),
+                        term,
+                    };
+                    let _ = self.apply(&mut state, &command, term);
+                }
+                let server = &mut state.server;
                 for (session, expiry) in server.expiry.iter_mut() {
                     let fresh = now + self.ttl - self.rules.drift;
                     *expiry = match server.checkpoint.get(session) {
@@ -795,6 +863,9 @@ impl Model for LockModel {
             }),
             Property::always("waiters are granted in FIFO order", |_, state: &State| {
                 !state.fifo_broken
+            }),
+            Property::always("no grant during a lock-delay", |_, state: &State| {
+                !state.granted_in_delay
             }),
         ]
     }

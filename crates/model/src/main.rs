@@ -37,6 +37,9 @@ struct Args {
     /// and the FIFO property with them: take 3 clients).
     #[arg(long)]
     blocking: bool,
+    /// The lock-delay the clients ask for, in ticks (0: none).
+    #[arg(long, default_value_t = 2)]
+    lock_delay: u64,
     /// Search depth first (less memory, longer traces) instead of breadth first.
     #[arg(long)]
     dfs: bool,
@@ -56,6 +59,8 @@ enum Broken {
     /// The client's watchdog (with it, the server's renewal and term
     /// checks are defence in depth: break one of them as well).
     Watchdog,
+    /// A new leader times lock-delays afresh.
+    LockDelay,
 }
 
 impl Broken {
@@ -89,6 +94,10 @@ impl Broken {
                 watchdog_final: false,
                 ..sound
             },
+            Broken::LockDelay => Rules {
+                rearm_lock_delays: false,
+                ..sound
+            },
         }
     }
 }
@@ -103,6 +112,7 @@ fn main() {
         max_opens: args.opens,
         max_acquires: args.acquires,
         blocking: args.blocking,
+        lock_delay: args.lock_delay,
         rules: args
             .broken
             .iter()

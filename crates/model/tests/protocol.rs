@@ -5,7 +5,8 @@
 use deadbolt_model::{LockModel, Rules};
 use stateright::{Checker, HasDiscoveries, Model};
 
-/// Two clients and one leader change; a TTL of `ttl` ticks (the leader's
+/// Two clients and one leader change, acquires without a lock-delay (the
+/// client's default); a TTL of `ttl` ticks (the leader's
 /// clock may end a lease a tick early, and the client stops a tick before
 /// its deadline), time up to `ticks`, and `opens` sessions and `acquires`
 /// acquires in all.
@@ -29,6 +30,7 @@ fn model_of(
         max_opens: opens,
         max_acquires: acquires,
         blocking: false,
+        lock_delay: 0,
         rules,
     }
 }
@@ -85,12 +87,23 @@ fn last(steps: &[String], what: &str) -> usize {
 
 #[test]
 fn the_protocol_keeps_every_property_for_one_tick() {
-    let checked = small(Rules::SOUND).checker().spawn_bfs().join();
-    eprintln!("{} states", checked.unique_state_count());
-    checked.assert_properties();
-    // The bound reaches the scenarios the tests below break: both clients
-    // granted in turn, a leader change, an expiry.
-    assert!(checked.unique_state_count() > 500_000);
+    // Without a lock-delay, and with one of two ticks (which must hold off
+    // every grant after an expiry that long, less the drift).
+    for lock_delay in [0, 2] {
+        let model = LockModel {
+            lock_delay,
+            ..small(Rules::SOUND)
+        };
+        let checked = model.checker().spawn_bfs().join();
+        eprintln!(
+            "lock-delay {lock_delay}: {} states",
+            checked.unique_state_count()
+        );
+        checked.assert_properties();
+        // The bound reaches the scenarios the tests below break: both
+        // clients granted in turn, a leader change, an expiry.
+        assert!(checked.unique_state_count() > 500_000);
+    }
 }
 
 #[test]
@@ -163,6 +176,22 @@ fn a_new_leader_that_trusts_an_overtaken_checkpoint_ends_a_renewed_lease_early()
     let renewed = last(&steps, "deliver Renewed");
     let changed = first(&steps, "ChangeLeader");
     assert!(checkpoint < renewed && renewed < changed);
+}
+
+#[test]
+fn a_new_leader_that_ends_lock_delays_as_it_takes_over_grants_the_lock_during_one() {
+    let rules = Rules {
+        rearm_lock_delays: false,
+        ..Rules::SOUND
+    };
+    let model = LockModel {
+        lock_delay: 2,
+        ..small(rules)
+    };
+    let steps = counterexample(model, "no grant during a lock-delay");
+    let expired = first(&steps, "CommitExpiry");
+    let changed = first(&steps, "ChangeLeader");
+    assert!(expired < changed);
 }
 
 /// With the client's watchdog final, a late renewal cannot revive a
