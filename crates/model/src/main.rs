@@ -37,8 +37,9 @@ struct Args {
     /// and the FIFO property with them: take 3 clients).
     #[arg(long)]
     blocking: bool,
-    /// The lock-delay the clients ask for, in ticks (0: none).
-    #[arg(long, default_value_t = 2)]
+    /// The lock-delay the clients ask for, in ticks (0: none, the
+    /// client's default).
+    #[arg(long, default_value_t = 0)]
     lock_delay: u64,
     /// Search depth first (less memory, longer traces) instead of breadth first.
     #[arg(long)]
