@@ -48,12 +48,19 @@
 //! fifth property holds: no grant comes before the delay has run, less the
 //! leader's drift.
 //!
-//! Not modelled yet: the new primitives, liveness; a client's
+//! With [`LockModel::primitive`], the clients contend for a read/write
+//! lock (shared holds may overlap each other, never an exclusive one), a
+//! semaphore of one permit, or an election instead, each through the
+//! table's own commands.
+//!
+//! Not modelled yet: semaphores of several permits, proclaiming an
+//! election's value, liveness; a client's
 //! keepalives run one at a time with its other requests, where the real
 //! client renews concurrently.
 
 use deadbolt_core::{
-    AcquireOutcome, Command, Event, LockTable, Outcome, SecretHash, SessionId, Token,
+    AcquireOutcome, Command, Event, FeatureLevel, LockTable, Outcome, RwMode, SecretHash,
+    SessionId, Token,
 };
 use stateright::{Model, Path, Property};
 use std::collections::BTreeMap;
@@ -120,6 +127,19 @@ impl Rules {
     };
 }
 
+/// What the clients contend for: each is the table's own, with its own
+/// commands; the name is [`LOCK`] for all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Primitive {
+    Lock,
+    /// A read/write lock: each acquire asks for shared or exclusive.
+    RwLock,
+    /// A semaphore of one permit.
+    Semaphore,
+    /// An election: campaigning is acquiring, resigning is releasing.
+    Election,
+}
+
 /// The bounds and rules of one check.
 #[derive(Debug, Clone)]
 pub struct LockModel {
@@ -136,6 +156,7 @@ pub struct LockModel {
     pub max_acquires: u64,
     /// The clients' acquires wait in the lock's queue (else they do not).
     pub blocking: bool,
+    pub primitive: Primitive,
     /// The lock-delay the clients ask for, in ticks (0: none): when a
     /// holder's session expires, nobody gets the lock for this long.
     pub lock_delay: u64,
@@ -151,11 +172,31 @@ pub struct LockModel {
 pub struct Table(pub LockTable);
 
 impl Table {
-    fn essence(&self) -> (Vec<u64>, Option<(u64, u64)>, u64) {
+    #[allow(clippy::type_complexity)]
+    fn essence(
+        &self,
+    ) -> (
+        Vec<u64>,
+        Option<(u64, u64, Vec<u64>, bool)>,
+        Option<String>,
+        u64,
+    ) {
         let table = &self.0;
         let sessions = table.sessions().map(|(id, _)| id.0).collect();
-        let lock = table.lock(LOCK).map(|info| (info.holder.0, info.token.0));
-        (sessions, lock, table.next_token().0)
+        let lock = table.lock(LOCK).map(|info| {
+            let waiters = info.waiters.iter().map(|session| session.0).collect();
+            (info.holder.0, info.token.0, waiters, info.delayed)
+        });
+        // The other primitives' holders and queues, only when there is one.
+        let shared = table.semaphores();
+        let (rw, semaphore, election) = (
+            shared.rw_lock(LOCK),
+            shared.semaphore(LOCK),
+            shared.election(LOCK),
+        );
+        let other = (rw.is_some() || semaphore.is_some() || election.is_some())
+            .then(|| format!("{rw:?}{semaphore:?}{election:?}"));
+        (sessions, lock, other, table.next_token().0)
     }
 }
 
@@ -202,6 +243,15 @@ pub enum Request {
     /// A blocking acquire: queued behind the holder, answered when granted
     /// or when its wait ends.
     Wait,
+    /// The same two, for a shared hold of a read/write lock.
+    AcquireShared,
+    WaitShared,
+}
+
+impl Request {
+    fn acquires(self) -> bool {
+        !matches!(self, Request::Open | Request::KeepAlive)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -247,6 +297,8 @@ pub struct Client {
     /// The end of the lease by this client's account.
     pub deadline: u64,
     pub holding: Option<u64>,
+    /// Its grant (or the acquire it waits for) is a shared hold.
+    pub shared: bool,
     pub waiting: bool,
     /// Whether it wrote under its current grant.
     pub wrote: bool,
@@ -440,17 +492,15 @@ impl LockModel {
             }
             Message::Request {
                 client,
-                request: request @ (Request::Acquire | Request::Wait),
+                request:
+                    request @ (Request::Acquire
+                    | Request::Wait
+                    | Request::AcquireShared
+                    | Request::WaitShared),
                 session,
                 ..
             } => {
-                let command = Command::Acquire {
-                    session: SessionId(session),
-                    lock: LOCK.to_owned(),
-                    wait: request == Request::Wait,
-                    attempt: 0,
-                    lock_delay_ms: self.lock_delay * 1000,
-                };
+                let command = self.acquire(session, request);
                 match self.apply(state, &command, term) {
                     // A grant at once (or, acquire being idempotent, the
                     // grant the session already holds).
@@ -537,6 +587,47 @@ impl LockModel {
         }
     }
 
+    /// The table's command for an acquire of the model's primitive.
+    fn acquire(&self, session: u64, request: Request) -> Command {
+        let (session, lock) = (SessionId(session), LOCK.to_owned());
+        let wait = matches!(request, Request::Wait | Request::WaitShared);
+        match self.primitive {
+            Primitive::Lock => Command::Acquire {
+                session,
+                lock,
+                wait,
+                attempt: 0,
+                lock_delay_ms: self.lock_delay * 1000,
+            },
+            Primitive::RwLock => Command::AcquireRw {
+                session,
+                lock,
+                mode: if matches!(request, Request::AcquireShared | Request::WaitShared) {
+                    RwMode::Shared
+                } else {
+                    RwMode::Exclusive
+                },
+                wait,
+                attempt: 0,
+            },
+            Primitive::Semaphore => Command::AcquirePermits {
+                session,
+                semaphore: lock,
+                capacity: 1,
+                count: 1,
+                wait,
+                attempt: 0,
+            },
+            Primitive::Election => Command::Campaign {
+                session,
+                election: lock,
+                value: String::new(),
+                wait,
+                attempt: 0,
+            },
+        }
+    }
+
     /// A counterexample as one line per step: the action (a delivered or
     /// lost message spelt out), then what the clients believe and what the
     /// leader and the table hold after it.
@@ -598,7 +689,8 @@ impl Model for LockModel {
         vec![State {
             now: 0,
             server: Server {
-                table: Table(LockTable::default()),
+                // Every primitive allowed, as a cluster of this release.
+                table: Table(LockTable::default().with_cluster_version(FeatureLevel::NEWEST)),
                 term: 1,
                 leader_changes: 0,
                 expiry: BTreeMap::new(),
@@ -659,16 +751,20 @@ impl Model for LockModel {
             }
             match client.holding {
                 None if state.acquires < self.max_acquires => {
-                    let acquire = if self.blocking {
-                        Request::Wait
+                    let (exclusive, shared) = if self.blocking {
+                        (Request::Wait, Request::WaitShared)
                     } else {
-                        Request::Acquire
+                        (Request::Acquire, Request::AcquireShared)
                     };
-                    actions.push(Action::Send(i, acquire));
+                    actions.push(Action::Send(i, exclusive));
+                    if self.primitive == Primitive::RwLock {
+                        actions.push(Action::Send(i, shared));
+                    }
                 }
                 None => {}
                 Some(_) => {
-                    if client.believes_it_holds(state.now) && !client.wrote {
+                    // Only an exclusive holder writes to the resource.
+                    if client.believes_it_holds(state.now) && !client.wrote && !client.shared {
                         actions.push(Action::Write(i));
                     }
                     actions.push(Action::Release(i));
@@ -723,19 +819,19 @@ impl Model for LockModel {
             Action::Send(i, request) => {
                 match request {
                     Request::Open => state.opens += 1,
-                    Request::Acquire | Request::Wait => state.acquires += 1,
                     Request::KeepAlive => {}
+                    _ => state.acquires += 1,
                 }
                 let client = &mut state.clients[i];
                 client.waiting = true;
+                if request.acquires() {
+                    client.shared = matches!(request, Request::AcquireShared | Request::WaitShared);
+                }
                 let session = client.session;
                 // Only an open's and a keepalive's send time counts (the
                 // deadline starts there); an acquire's would only split
                 // states.
-                let sent = match request {
-                    Request::Acquire | Request::Wait => 0,
-                    Request::Open | Request::KeepAlive => now,
-                };
+                let sent = if request.acquires() { 0 } else { now };
                 Self::send(
                     &mut state,
                     Message::Request {
@@ -852,8 +948,12 @@ impl Model for LockModel {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always("one holder at a time", |_, state: &State| {
-                let holding = state.clients.iter();
-                holding.filter(|c| c.believes_it_holds(state.now)).count() <= 1
+                let mut holding = state
+                    .clients
+                    .iter()
+                    .filter(|c| c.believes_it_holds(state.now));
+                // Shared holds of a read/write lock may overlap each other.
+                holding.clone().count() <= 1 || holding.all(|c| c.shared)
             }),
             Property::always("the resource's tokens never go back", |_, state: &State| {
                 !state.stale_write_accepted

@@ -3,7 +3,7 @@
 //! explored and any counterexample (docs/safety.md, "Model checking").
 
 use clap::{Parser, ValueEnum};
-use deadbolt_model::{LockModel, Rules};
+use deadbolt_model::{LockModel, Primitive, Rules};
 use stateright::{Checker, HasDiscoveries, Model};
 use std::time::Instant;
 
@@ -37,6 +37,9 @@ struct Args {
     /// and the FIFO property with them: take 3 clients).
     #[arg(long)]
     blocking: bool,
+    /// What the clients contend for.
+    #[arg(long, value_enum, default_value = "lock")]
+    primitive: Kind,
     /// The lock-delay the clients ask for, in ticks (0: none, the
     /// client's default).
     #[arg(long, default_value_t = 0)]
@@ -47,6 +50,14 @@ struct Args {
     /// Stop after this many states (a partial check: say so when quoting it).
     #[arg(long)]
     max_states: Option<usize>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Kind {
+    Lock,
+    RwLock,
+    Semaphore,
+    Election,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -113,6 +124,12 @@ fn main() {
         max_opens: args.opens,
         max_acquires: args.acquires,
         blocking: args.blocking,
+        primitive: match args.primitive {
+            Kind::Lock => Primitive::Lock,
+            Kind::RwLock => Primitive::RwLock,
+            Kind::Semaphore => Primitive::Semaphore,
+            Kind::Election => Primitive::Election,
+        },
         lock_delay: args.lock_delay,
         rules: args
             .broken

@@ -2,7 +2,7 @@
 //! rests on broken in turn: the checker must find a counterexample, which
 //! the test prints (run with `--nocapture` to read it).
 
-use deadbolt_model::{LockModel, Rules};
+use deadbolt_model::{LockModel, Primitive, Rules};
 use stateright::{Checker, HasDiscoveries, Model};
 
 /// Two clients and one leader change, acquires without a lock-delay (the
@@ -30,6 +30,7 @@ fn model_of(
         max_opens: opens,
         max_acquires: acquires,
         blocking: false,
+        primitive: Primitive::Lock,
         lock_delay: 0,
         rules,
     }
@@ -104,6 +105,37 @@ fn the_protocol_keeps_every_property_for_one_tick() {
         // clients granted in turn, a leader change, an expiry.
         assert!(checked.unique_state_count() > 500_000);
     }
+}
+
+#[test]
+fn every_other_primitive_keeps_every_property_for_one_tick() {
+    // The table's own commands for each (a semaphore of one permit; an
+    // election, where resigning is releasing; a read/write lock whose
+    // clients ask for shared or exclusive holds, and shared holds may
+    // overlap).
+    for primitive in [Primitive::RwLock, Primitive::Semaphore, Primitive::Election] {
+        let model = LockModel {
+            primitive,
+            ..small(Rules::SOUND)
+        };
+        let checked = model.checker().spawn_bfs().join();
+        eprintln!("{primitive:?}: {} states", checked.unique_state_count());
+        checked.assert_properties();
+        assert!(checked.unique_state_count() > 500_000);
+    }
+}
+
+#[test]
+fn a_client_margin_below_the_drift_bound_lets_a_writer_and_another_holder_overlap() {
+    let model = LockModel {
+        primitive: Primitive::RwLock,
+        ..small(Rules {
+            client_margin: 0,
+            ..Rules::SOUND
+        })
+    };
+    let steps = counterexample(model, ONE_HOLDER);
+    first(&steps, "DecideExpiry");
 }
 
 #[test]
