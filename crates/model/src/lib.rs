@@ -661,8 +661,12 @@ impl LockModel {
                     )
                 })
                 .collect();
-            let lock = after.server.table.0.lock(LOCK);
-            let holder = lock.map(|l| format!("session {} token {}", l.holder.0, l.token.0));
+            let table = &after.server.table;
+            let holder = match table.0.lock(LOCK) {
+                Some(l) => Some(format!("session {} token {}", l.holder.0, l.token.0)),
+                // A read/write lock, semaphore or election: as the table has it.
+                None => table.essence().2,
+            };
             lines.push(format!(
                 "t={} {what}\n    {}; leader term {} leases {:?} lock {} queue {:?}",
                 after.now,
