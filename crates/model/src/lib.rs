@@ -189,13 +189,12 @@ impl Table {
         });
         // The other primitives' holders and queues, only when there is one.
         let shared = table.semaphores();
-        let (rw, semaphore, election) = (
-            shared.rw_lock(LOCK),
-            shared.semaphore(LOCK),
-            shared.election(LOCK),
-        );
-        let other = (rw.is_some() || semaphore.is_some() || election.is_some())
-            .then(|| format!("{rw:?}{semaphore:?}{election:?}"));
+        let other = [
+            shared.rw_lock(LOCK).map(|info| format!("{info:?}")),
+            shared.semaphore(LOCK).map(|info| format!("{info:?}")),
+            shared.election(LOCK).map(|info| format!("{info:?}")),
+        ];
+        let other = other.into_iter().flatten().reduce(|all, one| all + &one);
         (sessions, lock, other, table.next_token().0)
     }
 }
