@@ -24,10 +24,10 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     leader_changes: u64,
     /// Sessions the clients may open in all.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 2)]
     opens: u64,
     /// Acquires the clients may send in all.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 2)]
     acquires: u64,
     /// Break a rule (repeat to break several), and stop at the first
     /// counterexample.
