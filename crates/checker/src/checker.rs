@@ -41,6 +41,10 @@ pub struct Finals {
     pub semaphores: BTreeMap<String, u32>,
 }
 
+/// The largest token every JSON reader keeps exact (JavaScript's
+/// `Number.MAX_SAFE_INTEGER`).
+const JSON_SAFE_TOKEN: u64 = (1 << 53) - 1;
+
 #[derive(Debug)]
 pub struct Violation {
     pub what: String,
@@ -166,6 +170,18 @@ pub fn check_scoped(
             }
         } else {
             owners.insert(key, &grant.done);
+        }
+    }
+
+    // Tokens stay exact as JSON numbers: below 2^53 (docs/safety.md, rule
+    // 1; a leader's clock raises them at most to the year 2200's floor).
+    for grant in &grants {
+        match grant.done.token {
+            Some(token) if token > JSON_SAFE_TOKEN => violations.push(Violation {
+                what: format!("token {token} is past 2^53, where JSON readers lose digits"),
+                records: vec![show(&grant.done)],
+            }),
+            _ => {}
         }
     }
 
@@ -461,6 +477,21 @@ pub(crate) mod tests {
             violations
                 .iter()
                 .any(|v| v.what.contains("after a grant with token")),
+            "{violations:?}"
+        );
+    }
+
+    #[test]
+    fn a_token_past_2_pow_53_is_caught() {
+        let mut history = clean_history();
+        let last_grant = history
+            .iter()
+            .rposition(|r| r.op == Op::Acquire && r.phase == Phase::Ok)
+            .unwrap();
+        history[last_grant].token = Some(1 << 53);
+        let violations = check(&history, &[], &finals(2, 2), 0, 1_000);
+        assert!(
+            violations.iter().any(|v| v.what.contains("past 2^53")),
             "{violations:?}"
         );
     }
