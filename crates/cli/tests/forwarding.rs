@@ -65,9 +65,23 @@ fn cli(cluster: &TestCluster, endpoint: &str, token: Option<&str>, args: &[&str]
     as_token(endpoint, token, &all)
 }
 
-/// [`cli`] of a command with `--json`, which must succeed: its answer.
+/// [`cli`] of a read with `--json`, which must succeed: its answer. Run
+/// again while it exits 69 (EX_UNAVAILABLE: try again), at most three
+/// times, as an operator would: an election that outlasts the client's
+/// leader search (two cores shared with other tests can starve a heartbeat)
+/// leaves the follower knowing no leader to forward to. A CI run's history
+/// read ended so (stop 42).
 fn cli_json(cluster: &TestCluster, endpoint: &str, token: Option<&str>, args: &[&str]) -> Value {
-    serde_json::from_str(&stdout(&cli(cluster, endpoint, token, args))).unwrap()
+    let mut attempts = 1;
+    let output = loop {
+        let output = cli(cluster, endpoint, token, args);
+        if output.status.code() != Some(69) || attempts == 3 {
+            break output;
+        }
+        attempts += 1;
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    serde_json::from_str(&stdout(&output)).unwrap()
 }
 
 /// `curl` over TLS with the cluster's client certificate (the server asks
