@@ -153,6 +153,7 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         .ok()
         .and_then(|answer| answer.limits);
     let (operator, attempts) = operator::spawn(&router, seed, stopped.clone());
+    let until = Instant::now() + options.fault_time;
     let workers = workload::spawn_clients(
         clients,
         &locks,
@@ -160,11 +161,13 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
         &history,
         &resource,
         rng.gen(),
-        &stopped,
+        &workload::Schedule {
+            faults_until: until,
+            stop: stopped.clone(),
+        },
     );
 
     let mut fault_log = Vec::new();
-    let until = Instant::now() + options.fault_time;
     let mut violations = Vec::new();
     let mut nemesis_router = Router::new(fabric.clone(), cluster.ids(), 1);
     let injected = faults::inject(

@@ -5,7 +5,8 @@
 //! [`SimResource`] (fenced with `deadbolt_fence`), release; every operation
 //! goes into the history the checker reads. Now and then a client pauses
 //! while holding its lock for longer than its lease (a GC pause, the seeds'
-//! scenario), keepalives included, and writes with its old token afterwards.
+//! scenario), keepalives included, and writes with its old token afterwards;
+//! only while the faults last, as a pause is one.
 
 use crate::network::{node_at, Fabric, Lost, Sender};
 use deadbolt_checker::history::{Accepted, Op, Phase, Record};
@@ -325,6 +326,12 @@ struct Client {
     resource: Arc<SimResource>,
     /// Until when this client is paused (its keepalives too).
     paused_until: Arc<Mutex<Instant>>,
+    /// When the faults stop. A pause is a fault: none begins later, so
+    /// that every lock can be taken within the liveness bound after it.
+    /// Regression: seed 1,000,176 of the soak, where both clients that
+    /// write a read/write lock paused through the 10 s after the faults
+    /// stopped.
+    faults_until: Instant,
     /// Acquire attempts so far; each acquire is a new attempt.
     attempts: u64,
     /// Sessions the clients opened lately, as if their secrets had leaked.
@@ -607,7 +614,7 @@ impl Client {
         acquire.token = Some(token);
         acquire.ok(slot);
 
-        if self.rng.gen_bool(PAUSE_CHANCE) {
+        if Instant::now() < self.faults_until && self.rng.gen_bool(PAUSE_CHANCE) {
             let pause = SESSION_TTL.mul_f64(self.rng.gen_range(1.5..3.0));
             *self.paused_until.lock().expect("pause poisoned") = Instant::now() + pause;
             tokio::time::sleep(pause).await;
@@ -785,6 +792,13 @@ async fn keep_alive(
     lost.store(true, Ordering::Relaxed);
 }
 
+/// The clients' time line: when their pauses (faults) end, and the
+/// signal that stops them.
+pub struct Schedule {
+    pub faults_until: Instant,
+    pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
 /// Starts `count` clients on `locks`, each with its own random stream.
 pub fn spawn_clients(
     count: usize,
@@ -793,7 +807,7 @@ pub fn spawn_clients(
     history: &History,
     resource: &Arc<SimResource>,
     seed: u64,
-    stop: &tokio::sync::watch::Receiver<bool>,
+    schedule: &Schedule,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let leaked = Leaked::default();
     (0..count)
@@ -810,10 +824,11 @@ pub fn spawn_clients(
                 history: history.clone(),
                 resource: resource.clone(),
                 paused_until: Arc::new(Mutex::new(Instant::now())),
+                faults_until: schedule.faults_until,
                 attempts: 0,
                 leaked: leaked.clone(),
             };
-            tokio::spawn(client.run(stop.clone()))
+            tokio::spawn(client.run(schedule.stop.clone()))
         })
         .collect()
 }
