@@ -4,6 +4,7 @@
 //! Why ignored: it needs the previous release's binary, which
 //! `scripts/previous-release.sh` builds from its pinned commit (a second
 //! build of the workspace, 6-8 minutes of CI's two cores). Run it with
+//! `scripts/upgrade-check.sh`, next to the nemesis's upgrade run, or alone with
 //!
 //! ```sh
 //! DEADBOLT_PREVIOUS_BIN=$(scripts/previous-release.sh) \
@@ -35,28 +36,6 @@ fn previous_bin() -> PathBuf {
         "DEADBOLT_PREVIOUS_BIN: the previous release's deadbolt (scripts/previous-release.sh)",
     );
     PathBuf::from(bin)
-}
-
-/// Restarts node `id` on `bin`, with `env`, and waits until the cluster
-/// has a leader again and the node answers as a member that knows it.
-async fn restart(cluster: &mut TestCluster, id: u64, bin: &Path, env: &[(&str, &str)]) {
-    cluster.terminate(id);
-    cluster.set_bin(bin);
-    cluster.start_node_with_env(id, env);
-    cluster.leader_within(Duration::from_secs(30)).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let client = deadbolt_client::Client::connect([cluster.node(id).endpoint()]).await;
-        if let Ok(client) = client {
-            if let Ok(status) = client.cluster_status().await {
-                if status.leader_id.is_some() && status.applied_index > 0 {
-                    return;
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "node {id} did not come back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Every node's release and cluster version (a node of the previous
@@ -110,7 +89,7 @@ async fn a_cluster_of_the_previous_release_upgrades_one_node_at_a_time() {
     let leader = cluster.leader_within(Duration::from_secs(30)).await;
     let order: Vec<u64> = (1..=3).filter(|id| *id != leader).chain([leader]).collect();
     for id in &order {
-        restart(&mut cluster, *id, current, &[HELD_BACK]).await;
+        cluster.restart_on(*id, current, &[HELD_BACK]).await;
         let token = take_one().await;
         assert!(token > highest, "token {token} after {highest}");
         highest = token;
@@ -120,15 +99,15 @@ async fn a_cluster_of_the_previous_release_upgrades_one_node_at_a_time() {
 
     // One node rolled back to the previous release, and upgraded again.
     let rolled = order[0];
-    restart(&mut cluster, rolled, &previous, &[]).await;
+    cluster.restart_on(rolled, &previous, &[]).await;
     let token = take_one().await;
     assert!(token > highest, "token {token} after {highest}");
     highest = token;
-    restart(&mut cluster, rolled, current, &[]).await;
+    cluster.restart_on(rolled, current, &[]).await;
 
     // The flag dropped node by node: the version moves once all run free.
     for id in &order[1..] {
-        restart(&mut cluster, *id, current, &[]).await;
+        cluster.restart_on(*id, current, &[]).await;
     }
     let upgraded = vec![(release, FeatureLevel::NEWEST.0); 3];
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -4,12 +4,15 @@
 //! `run` starts everything and injects faults; `worker` and `resource` are
 //! the client and resource processes it starts (hidden subcommands of this
 //! same binary). See docs/safety.md; `run --backend` runs the same against
-//! Redis, Redlock, etcd or PostgreSQL (docs/backends.md).
+//! Redis, Redlock, etcd or PostgreSQL (docs/backends.md), and
+//! `run --upgrade-from` a rolling upgrade from the previous release
+//! (docs/upgrading.md).
 
 mod backend_run;
 mod resource;
 mod run;
 mod servers;
+mod upgrade;
 mod worker;
 
 use clap::{Parser, Subcommand};

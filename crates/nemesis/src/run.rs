@@ -50,6 +50,13 @@ pub struct RunArgs {
     /// change must keep working after it).
     #[arg(long, conflicts_with = "backend")]
     pub(crate) secure: bool,
+    /// A rolling upgrade, and a rollback, instead of random faults: the
+    /// cluster starts on this `deadbolt`, the previous release
+    /// (`scripts/previous-release.sh` builds it), and is upgraded to
+    /// `--deadbolt` one node at a time as docs/upgrading.md says. The
+    /// watch's check is left out: the previous release has no watches.
+    #[arg(long, conflicts_with_all = ["backend", "secure"])]
+    pub(crate) upgrade_from: Option<PathBuf>,
     #[command(flatten)]
     pub backend: crate::backend_run::BackendArgs,
 }
@@ -89,8 +96,9 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     let pki = args
         .secure
         .then(|| TestPki::create(&deadbolt, &out.join("certs"), "nemesis"));
+    let first_bin = args.upgrade_from.as_deref().unwrap_or(&deadbolt);
     let mut cluster =
-        TestCluster::start_with(&deadbolt, &out.join("cluster"), args.nodes, pki).await;
+        TestCluster::start_with(first_bin, &out.join("cluster"), args.nodes, pki).await;
     let mut locks: Vec<String> = (0..args.locks).map(|i| format!("lock-{i}")).collect();
     // A read/write lock, an election and a semaphore too, under the same
     // checks (the semaphore's with its permits and slots).
@@ -106,10 +114,11 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     };
     let resource = Resource::start(&me, &out, false).await?;
     let resource_addr = resource.address;
-    let watch = RunWatch::start(&match &access {
-        Some(access) => access.admin.clone(),
-        None => cluster.client().await,
-    });
+    let watch = match (&args.upgrade_from, &access) {
+        (Some(_), _) => None,
+        (None, Some(access)) => Some(RunWatch::start(&access.admin)),
+        (None, None) => Some(RunWatch::start(&cluster.client().await)),
+    };
 
     let history = Arc::new(Mutex::new(Vec::<Record>::new()));
     // How workers reach the cluster: its endpoints, and under --secure
@@ -118,13 +127,21 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     if let Some(access) = &access {
         connect.extend(access.worker_flags.iter().cloned());
     }
+    // During an upgrade the workers take plain locks only, as operators
+    // are told (docs/upgrading.md): the other kinds are new features, for
+    // once the cluster version has moved. Then as many workers again join
+    // on every kind.
+    let first_locks: Vec<String> = match args.upgrade_from {
+        Some(_) => locks.iter().filter(|l| is_plain_lock(l)).cloned().collect(),
+        None => locks.clone(),
+    };
     let mut workers = Vec::new();
     for id in 0..args.clients {
         workers.push(spawn_worker(
             &me,
             id,
             &connect,
-            &locks,
+            &first_locks,
             resource_addr,
             &args,
             history.clone(),
@@ -135,7 +152,23 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(args.seed);
     let mut faults = 0u64;
-    while started.elapsed() < args.duration {
+    if let Some(previous) = &args.upgrade_from {
+        faults =
+            crate::upgrade::upgrade(&mut cluster, previous, &deadbolt, &mut rng, started).await?;
+        for id in args.clients..2 * args.clients {
+            workers.push(spawn_worker(
+                &me,
+                id,
+                &connect,
+                &locks,
+                resource_addr,
+                &args,
+                history.clone(),
+                None,
+            )?);
+        }
+    }
+    while args.upgrade_from.is_none() && started.elapsed() < args.duration {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1200))).await;
         faults += 1;
         let holding = holding_clients(&history.lock().expect("poisoned"));
@@ -196,9 +229,11 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         LIVENESS_BOUND.as_nanos() as u64,
     );
     violations.extend(check_linearizable(&history, &finals));
-    let (watched, ended) = watch.finish(&finals.audit).await;
-    println!("watch: {} events received across the faults", watched.len());
-    violations.extend(check_watched(&finals.audit, &watched, ended.as_deref()));
+    if let Some(watch) = watch {
+        let (watched, ended) = watch.finish(&finals.audit).await;
+        println!("watch: {} events received across the faults", watched.len());
+        violations.extend(check_watched(&finals.audit, &watched, ended.as_deref()));
+    }
     for violation in &violations {
         print!("{violation}");
     }
@@ -215,6 +250,15 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     }
     println!("ops={ops} faults={faults} violations={}", violations.len());
     Ok(violations.is_empty())
+}
+
+/// Whether `lock` is a plain lock of the run, not a read/write lock, an
+/// election or a semaphore.
+fn is_plain_lock(lock: &str) -> bool {
+    use crate::worker::{ELECTION_PREFIX, RW_LOCK_PREFIX, SEMAPHORE_PREFIX};
+    ![RW_LOCK_PREFIX, ELECTION_PREFIX, SEMAPHORE_PREFIX]
+        .iter()
+        .any(|prefix| lock.starts_with(prefix))
 }
 
 /// One watch of every lock of the run, from the log's start and through

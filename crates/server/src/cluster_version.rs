@@ -144,17 +144,30 @@ impl Node {
 
     /// Refuses a call that needs `level` (for `feature`) while the cluster
     /// version is below it, naming the members that hold it back as this
-    /// node last heard them. Only the leader refuses: a follower's view of
-    /// the version may lag, and it answers `not_leader` to the proposal
-    /// anyway.
+    /// node last heard them. Below the level only a leader decides: a
+    /// follower's view of the version may lag, so it answers `not_leader`
+    /// and the client asks the leader.
+    ///
+    /// A node that does not lead must refuse, not let the call through to
+    /// a proposal that Raft would refuse: right after an election Raft takes
+    /// proposals before this node's leases lead, and a call let through
+    /// then put a read/write lock into the log of a cluster at level 1,
+    /// which stopped a node rolled back to 0.1.0 (found by the nemesis's
+    /// rolling upgrade, `scripts/upgrade-check.sh --seed 1`).
     pub(crate) fn check_cluster_version_allows(
         &self,
         level: FeatureLevel,
         feature: &str,
     ) -> Result<(), ApiError> {
         let current = self.cluster_version();
-        if current >= level || !self.leases.is_leading() {
+        if current >= level {
             return Ok(());
+        }
+        if !self.leases.is_leading() {
+            return Err(self.not_leader(&format!(
+                "{feature} need cluster version {level}, which this node has not applied; \
+                 the leader decides"
+            )));
         }
         let mut behind = Vec::new();
         if self.feature_level < level {

@@ -334,6 +334,35 @@ impl TestCluster {
         self.exit_within(id, within).await
     }
 
+    /// Restarts node `id` on `bin` with `env`, as a rolling upgrade (or a
+    /// rollback) does: SIGTERM, start it again, and wait until the cluster
+    /// has a leader and the node answers as a member that knows it and has
+    /// applied the log.
+    pub async fn restart_on(&mut self, id: u64, bin: &Path, env: &[(&str, &str)]) {
+        self.terminate_within(id, Duration::from_secs(15)).await;
+        self.set_bin(bin);
+        self.start_node_with_env(id, env);
+        self.leader_within(Duration::from_secs(30)).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let rejoined = self.node(id).status().is_some_and(|status| {
+                status["leader_id"].as_u64().is_some()
+                    && status["applied_index"]
+                        .as_u64()
+                        .is_some_and(|index| index > 0)
+            });
+            if rejoined {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not come back; its log:\n{}",
+                self.node(id).log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// [`wait_for_leader`](Self::wait_for_leader) for async tests: polls on
     /// tokio's timer instead of blocking a worker thread, which would also
     /// hold up the proxies that run on the test's runtime.
