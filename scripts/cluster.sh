@@ -78,12 +78,22 @@ start() {
 }
 
 stop() {
+    local pids=()
     for id in 1 2 3; do
         if running "$id"; then
-            kill "$(cat "$dir/node$id.pid")"
+            pids+=("$(cat "$dir/node$id.pid")")
+            kill "${pids[-1]}"
             echo "stopped node $id"
         fi
         rm -f "$dir/node$id.pid"
+    done
+    # A graceful stop (a leader's handover, connections draining) takes a
+    # moment; a `start` right after needs the ports free.
+    for pid in "${pids[@]}"; do
+        for _ in $(seq 100); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
     done
 }
 

@@ -61,9 +61,10 @@ const TERMS_AHEAD: u64 = 10;
 /// Where the forged vote and snapshot say the attacker's log ends.
 const FORGED_INDEX: u64 = 1_000_000;
 
-/// The three forged messages, from a made-up leader `TERMS_AHEAD` terms
-/// past `term`, bincode-encoded as peers send them.
-fn forged_messages(term: u64) -> [(&'static str, Vec<u8>); 3] {
+/// The forged messages, from a made-up leader `TERMS_AHEAD` terms past
+/// `term`, bincode-encoded as peers send them: the three of Raft, and the
+/// request to stand for election that a stopping leader sends.
+fn forged_messages(term: u64) -> [(&'static str, Vec<u8>); 4] {
     let term = term + TERMS_AHEAD;
     let leader = CommittedLeaderId::new(term, ATTACKER);
     let log_id = LogId::new(leader, FORGED_INDEX);
@@ -97,6 +98,10 @@ fn forged_messages(term: u64) -> [(&'static str, Vec<u8>); 3] {
         ("vote", bincode::serialize(&vote).unwrap()),
         ("append_entries", bincode::serialize(&append).unwrap()),
         ("install_snapshot", bincode::serialize(&snapshot).unwrap()),
+        (
+            "timeout_now",
+            bincode::serialize(&Vote::new_committed(term, ATTACKER)).unwrap(),
+        ),
     ]
 }
 
@@ -129,6 +134,7 @@ async fn attack(addr: SocketAddr, term: u64, reach: &Reach) {
         let answer = match call {
             "vote" => client.vote(request).await,
             "append_entries" => client.append_entries(request).await,
+            "timeout_now" => client.timeout_now(request).await,
             _ => client.install_snapshot(request).await,
         };
         let status = answer.expect_err(&format!("{addr} answered a forged {call}"));
@@ -241,7 +247,7 @@ async fn a_plain_text_single_node_with_access_control_on_refuses_forged_raft_mes
         .expect("curl is installed");
     let metrics = String::from_utf8_lossy(&scrape.stdout);
     assert!(
-        metrics.contains("deadbolt_peer_calls_refused_total{reason=\"no_peers\"} 3"),
+        metrics.contains("deadbolt_peer_calls_refused_total{reason=\"no_peers\"} 4"),
         "{metrics}"
     );
     // Logged with where the call came from.

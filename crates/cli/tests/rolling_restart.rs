@@ -7,10 +7,9 @@
 //! acquire latency is printed, for the closing note.
 //!
 //! Why a test of its own: every other failover test kills a node. A
-//! planned restart goes through the graceful path instead (calls in flight
-//! answered, streams ended, the listener closed), and a leader stopped this
-//! way still leaves the cluster without one for an election (openraft 0.9
-//! cannot hand leadership over, docs/operations.md).
+//! planned restart goes through the graceful path instead: a leader hands
+//! leadership to an up-to-date follower (`handover.rs`), then calls in
+//! flight are answered, streams ended, the listener closed.
 
 mod common;
 
@@ -107,4 +106,31 @@ async fn a_rolling_restart_goes_unnoticed_by_the_bench_and_the_holders() {
             String::from_utf8_lossy(&held.stderr)
         );
     }
+}
+
+/// A leader stopped with SIGTERM names the follower it handed leadership
+/// to, and that follower leads: the cluster did not wait for an election
+/// timeout (`bench failover` measures how long it takes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_leader_hands_leadership_to_a_follower() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = start_cluster(dir.path(), 3).await;
+    let leader = cluster.leader_within(Duration::from_secs(30)).await;
+    // openraft's vote rules let a leader vote for another only once it has
+    // led for longer than its lease (300 ms by default).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped = cluster
+        .terminate_within(leader, Duration::from_secs(20))
+        .await;
+    assert!(stopped.success(), "node {leader} stopped with {stopped:?}");
+    let said = cluster.node(leader).log_text();
+    let handed_to: u64 = said
+        .lines()
+        .find_map(|line| line.split("handed leadership over leader=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("node {leader} did not hand leadership over:\n{said}"));
+    assert_ne!(handed_to, leader);
+    let now_leading = cluster.leader_within(Duration::from_secs(30)).await;
+    assert_eq!(now_leading, handed_to, "{}", cluster.logs());
 }

@@ -22,6 +22,7 @@ mod dashboard;
 pub mod embedded;
 mod forward;
 mod grpc;
+mod handover;
 mod http;
 mod leases;
 mod limits;
@@ -600,9 +601,14 @@ impl Server {
         let waits = node.waits.clone();
         let history = node.history.clone();
         let mut stopping = stop.subscribe();
+        let leaving = node.clone();
         let serving = listener::serve(listener, app, limits, node.tls.clone(), async move {
             shutdown.await;
             tracing::info!("shutting down");
+            // First, while this node still serves its clients and peers
+            // (the new leader needs its vote), and then forwards calls to
+            // the new leader.
+            handover::hand_over(&leaving).await.report();
             let _ = stop.send(true);
             // Blocked acquires and watches would hold the graceful shutdown
             // open forever.

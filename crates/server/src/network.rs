@@ -22,7 +22,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::BasicNode;
+use openraft::{BasicNode, ServerState, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -196,13 +196,7 @@ impl PeerConnection {
         };
         let data = bincode::serialize(request)
             .map_err(|err| RPCError::Network(NetworkError::new(&err)))?;
-        let mut payload = tonic::Request::new(RaftPayload { data });
-        // Over TLS the certificate speaks for this node.
-        if let (Some(secrets), None) = (&self.secrets, &self.tls) {
-            payload
-                .metadata_mut()
-                .insert(SECRET_HEADER, secrets.sending());
-        }
+        let payload = peer_request(data, self.tls.as_deref(), self.secrets.as_deref());
         let reply = tokio::time::timeout(option.hard_ttl(), call(client, payload)).await;
         let Ok(reply) = reply else {
             self.redial_unless_connecting();
@@ -239,6 +233,41 @@ impl PeerConnection {
             ))
         })
     }
+}
+
+/// A payload to send a peer, carrying the cluster secret when there is no
+/// TLS (over TLS the certificate speaks for this node).
+fn peer_request(
+    data: Vec<u8>,
+    tls: Option<&NodeTls>,
+    secrets: Option<&PeerSecrets>,
+) -> tonic::Request<RaftPayload> {
+    let mut request = tonic::Request::new(RaftPayload { data });
+    if let (Some(secrets), None) = (secrets, tls) {
+        request
+            .metadata_mut()
+            .insert(SECRET_HEADER, secrets.sending());
+    }
+    request
+}
+
+/// Asks the follower at `address` to stand for election at once (the
+/// `TimeoutNow` call), as the leader whose vote is `leader_vote`: see
+/// `handover.rs`. Waits at most `wait` for its answer.
+pub async fn ask_to_stand(
+    address: &str,
+    tls: Option<&NodeTls>,
+    secrets: Option<&PeerSecrets>,
+    leader_vote: &Vote<NodeId>,
+    wait: Duration,
+) -> Result<(), String> {
+    let endpoint = peer_endpoint(address, tls)?.timeout(wait);
+    let data = bincode::serialize(leader_vote).map_err(|err| err.to_string())?;
+    peer_client(endpoint.connect_lazy())
+        .timeout_now(peer_request(data, tls, secrets))
+        .await
+        .map(drop)
+        .map_err(|status| format!("{address}: {} ({:?})", status.message(), status.code()))
 }
 
 fn unreachable<E: std::error::Error>(
@@ -359,6 +388,35 @@ impl RaftPeer for PeerService {
     ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
         self.check_taking_part()?;
         encode(&self.raft.install_snapshot(decode(request)?).await)
+    }
+
+    /// Stands for election at once, when asked by the leader this node
+    /// follows (the vote it sends is the one this node holds). A stale or
+    /// stray request changes nothing; an election it starts is an
+    /// ordinary one, which Raft's vote rules keep safe.
+    async fn timeout_now(
+        &self,
+        request: tonic::Request<RaftPayload>,
+    ) -> Result<tonic::Response<RaftPayload>, tonic::Status> {
+        self.check_taking_part()?;
+        let leader_vote: Vote<NodeId> = decode(request)?;
+        let (state, vote) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            (metrics.state, metrics.vote)
+        };
+        if state != ServerState::Follower || vote != leader_vote {
+            return Err(tonic::Status::failed_precondition(format!(
+                "not standing for election: this node is a {state:?} with vote {vote}, and the \
+                 request came with vote {leader_vote}"
+            )));
+        }
+        self.raft
+            .trigger()
+            .elect()
+            .await
+            .map_err(|fatal| tonic::Status::unavailable(fatal.to_string()))?;
+        encode(&())
     }
 }
 

@@ -20,7 +20,7 @@ use openraft::error::ClientWriteError;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, OwnedRwLockWriteGuard, RwLock};
 use tokio::time::Instant;
 
 /// Commands per log entry. Bounds the apply pause.
@@ -202,6 +202,14 @@ pub struct Proposer {
     // Unbounded as a channel; bounded by `load`, which it is never ahead of.
     queue: mpsc::UnboundedSender<Pending>,
     load: Arc<Load>,
+    /// Shared by every [`batch_loop`] from sending a batch until the
+    /// leader's log has it; taken alone by [`Proposer::hold`].
+    sending: Arc<RwLock<()>>,
+}
+
+/// While alive, nothing new is proposed: batches wait to be sent.
+pub struct ProposalsHeld {
+    _sending: OwnedRwLockWriteGuard<()>,
 }
 
 /// What waits in the queue, against its limits.
@@ -251,17 +259,34 @@ impl Proposer {
             bytes: AtomicUsize::new(0),
         });
         let pending = Arc::new(tokio::sync::Mutex::new(pending));
+        let sending = Arc::new(RwLock::new(()));
         for _ in 0..BATCHES_IN_FLIGHT {
             tokio::spawn(batch_loop(
                 raft.clone(),
                 clock,
                 metrics.clone(),
                 load.clone(),
-                pending.clone(),
+                Queue {
+                    pending: pending.clone(),
+                    sending: sending.clone(),
+                },
                 appended.clone(),
             ));
         }
-        Proposer { queue, load }
+        Proposer {
+            queue,
+            load,
+            sending,
+        }
+    }
+
+    /// Holds every new proposal back until the guard is dropped. Returns
+    /// once every batch already sent is in the leader's log (or answered),
+    /// so that, held, the log does not grow.
+    pub async fn hold(&self) -> ProposalsHeld {
+        ProposalsHeld {
+            _sending: self.sending.clone().write_owned().await,
+        }
     }
 
     /// Commands waiting to be proposed (for the metrics).
@@ -333,17 +358,18 @@ async fn batch_loop(
     clock: Clock,
     metrics: Arc<Metrics>,
     load: Arc<Load>,
-    pending: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Pending>>>,
+    queue: Queue,
     mut appended: watch::Receiver<u64>,
 ) {
     loop {
-        let mut pending = pending.lock().await;
+        let mut pending = queue.pending.lock().await;
         let Some(batch) = take_batch(&mut pending, &load).await else {
             return;
         };
         if batch.is_empty() {
             continue;
         }
+        let sending = queue.sending.clone().read_owned().await;
         metrics.batch_proposed(batch.len());
         let started = Instant::now();
         appended.borrow_and_update();
@@ -359,7 +385,7 @@ async fn batch_loop(
             // appended first, something just as recent).
             _ = appended.changed() => None,
         };
-        drop(pending);
+        drop((pending, sending));
         let committed = match answered_first {
             Some(committed) => committed,
             None => answered.await,
@@ -368,6 +394,14 @@ async fn batch_loop(
             metrics.batch_committed(started.elapsed());
         }
     }
+}
+
+/// What the [`batch_loop`]s share: the queue's receiving end, which one
+/// holds while it takes a batch and until the leader's log has it, and
+/// [`Proposer::sending`].
+struct Queue {
+    pending: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Pending>>>,
+    sending: Arc<RwLock<()>>,
 }
 
 /// The next batch: the first command to arrive, and what queued behind it,
