@@ -9,6 +9,7 @@
 //! (docs/upgrading.md).
 
 mod backend_run;
+mod full_disk;
 mod resource;
 mod run;
 mod servers;

@@ -3,7 +3,8 @@
 //! stop, the clients must make progress again, and the checker reads the
 //! history. The last line printed is `ops=N faults=N violations=N`.
 
-use crate::checker::{check, Finals};
+use crate::checker::{check, Finals, Violation};
+use crate::full_disk::FullDisk;
 use crate::history::{now, Accepted, Line, Op, Phase, Record};
 use crate::linearizable::check_linearizable;
 use crate::watched::check_watched;
@@ -152,6 +153,10 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(args.seed);
     let mut faults = 0u64;
+    let full_disk = FullDisk::new(&out);
+    // What the faults themselves found (a node that stopped without
+    // saying why), with the checkers' findings at the end.
+    let mut fault_violations = Vec::new();
     if let Some(previous) = &args.upgrade_from {
         faults =
             crate::upgrade::upgrade(&mut cluster, previous, &deadbolt, &mut rng, started).await?;
@@ -172,7 +177,15 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1200))).await;
         faults += 1;
         let holding = holding_clients(&history.lock().expect("poisoned"));
-        let fault = inject(&mut cluster, &mut workers, &holding, &mut rng, args.ttl).await;
+        let fault = inject(
+            &mut cluster,
+            &mut workers,
+            &holding,
+            &mut rng,
+            args.ttl,
+            (&full_disk, &mut fault_violations),
+        )
+        .await;
         println!("[{:>5.1}s] {fault}", started.elapsed().as_secs_f64());
     }
 
@@ -229,6 +242,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         LIVENESS_BOUND.as_nanos() as u64,
     );
     violations.extend(check_linearizable(&history, &finals));
+    violations.extend(fault_violations);
     if let Some(watch) = watch {
         let (watched, ended) = watch.finish(&finals.audit).await;
         println!("watch: {} events received across the faults", watched.len());
@@ -517,6 +531,7 @@ async fn inject(
     holding: &[usize],
     rng: &mut StdRng,
     ttl: Duration,
+    (full_disk, violations): (&FullDisk, &mut Vec<Violation>),
 ) -> String {
     let nodes: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
     let leader = tokio::task::block_in_place(|| cluster.agreed_leader());
@@ -530,7 +545,7 @@ async fn inject(
     } else {
         ""
     };
-    match rng.gen_range(0..5) {
+    match rng.gen_range(0..6) {
         0 => {
             cluster.kill9(victim);
             let down = Duration::from_millis(rng.gen_range(300..2000));
@@ -569,6 +584,11 @@ async fn inject(
             cluster.kill9(victim);
             cluster.start_node(victim);
             format!("clock: node {victim}{role} restarted with its clocks running {rate:.2}x fast for {fast:?}")
+        }
+        4 => {
+            full_disk
+                .inject(cluster, victim, role, rng, violations)
+                .await
         }
         _ => pause_client(workers, holding, rng, ttl).await,
     }

@@ -117,14 +117,27 @@ fn parse_response(response: &[u8]) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
-/// Builds the `LD_PRELOAD` library of `c/failsync.c` into `dir` with the
-/// system's C compiler (the one Rust links with) and returns its path: in
-/// a process started with it, once the file its `FAILSYNC_TRIGGER` names
-/// exists holding a number N, the next N fsync and fdatasync calls succeed
-/// and the one after fails with EIO; only that one.
+/// Builds the `LD_PRELOAD` library of `c/failsync.c` into `dir` and returns
+/// its path: in a process started with it, once the file its
+/// `FAILSYNC_TRIGGER` names exists holding a number N, the next N fsync and
+/// fdatasync calls succeed and the one after fails with EIO; only that one.
 pub fn failsync_library(dir: &std::path::Path) -> std::path::PathBuf {
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c/failsync.c");
-    let library = dir.join("libfailsync.so");
+    preload_library(dir, "failsync")
+}
+
+/// Builds the `LD_PRELOAD` library of `c/fulldisk.c` into `dir` and returns
+/// its path: in a process started with it, while the file its
+/// `FULLDISK_TRIGGER` names exists, holding a directory's path, every write
+/// to a file under that directory fails with ENOSPC.
+pub fn fulldisk_library(dir: &std::path::Path) -> std::path::PathBuf {
+    preload_library(dir, "fulldisk")
+}
+
+/// Builds `c/NAME.c` into `dir` as `libNAME.so` with the system's C compiler
+/// (the one Rust links with).
+fn preload_library(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("c/{name}.c"));
+    let library = dir.join(format!("lib{name}.so"));
     let out = std::process::Command::new("cc")
         .args(["-shared", "-fPIC", "-O2", "-o"])
         .arg(&library)
@@ -132,7 +145,7 @@ pub fn failsync_library(dir: &std::path::Path) -> std::path::PathBuf {
         .arg("-ldl")
         .output()
         .expect("run cc (the C compiler Rust links with)");
-    assert!(out.status.success(), "cc failsync.c: {out:?}");
+    assert!(out.status.success(), "cc {name}.c: {out:?}");
     library
 }
 
