@@ -568,3 +568,59 @@ async fn the_cluster_secret_rotates_without_downtime() {
         assert_eq!(answer.is_ok(), accepted, "{answer:?}");
     }
 }
+
+/// A request to stand for election (`TimeoutNow`, sent by a stopping
+/// leader, `handover.rs`) that comes with the cluster's secret but not
+/// with the vote the node holds, or that reaches the leader itself, is
+/// refused and starts no election: a stale or stray one cannot unseat a
+/// leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_to_stand_for_election_that_names_another_vote_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = TestCluster::start(Path::new(BIN), dir.path(), 3).await;
+    let leader = cluster.leader_within(Duration::from_secs(30)).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let secret_file = std::fs::read_to_string(cluster.peer_secret().unwrap()).unwrap();
+    let secret = secret_file
+        .lines()
+        .find(|line| !line.starts_with('#') && !line.is_empty())
+        .unwrap()
+        .to_owned();
+    let term = |id: u64| cluster.node(id).status().unwrap()["term"].as_u64().unwrap();
+    let before = term(follower);
+    let ask = |id: u64, vote: Vote<NodeId>| {
+        let addr = cluster.node(id).listen;
+        let secret = secret.clone();
+        async move {
+            let channel = Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut request = tonic::Request::new(RaftPayload {
+                data: bincode::serialize(&vote).unwrap(),
+            });
+            request
+                .metadata_mut()
+                .insert("deadbolt-peer-secret", secret.parse().unwrap());
+            RaftPeerClient::new(channel).timeout_now(request).await
+        }
+    };
+    let refusals = [
+        (follower, Vote::new_committed(before - 1, leader)),
+        (follower, Vote::new_committed(before, ATTACKER)),
+        (leader, Vote::new_committed(before, leader)),
+    ];
+    for (id, vote) in refusals {
+        let status = ask(id, vote).await.expect_err("a stray request was taken");
+        assert_eq!(
+            status.code(),
+            tonic::Code::FailedPrecondition,
+            "node {id}, vote {vote}: {status:?}"
+        );
+    }
+    // Well past an election timeout: no election was started.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(term(follower), before);
+    assert_eq!(cluster.leader_within(Duration::from_secs(5)).await, leader);
+}
