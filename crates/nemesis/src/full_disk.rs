@@ -1,5 +1,6 @@
-//! The full-disk fault (issue 31 §3): one node's data directory stops
-//! taking writes while the node runs, and takes them again later.
+//! The full-disk fault (issue 31 §3): one node's data directory, or every
+//! node's, stops taking writes while the nodes run, and takes them again
+//! later.
 //!
 //! Why a fault of its own: a full disk is the storage failure operators
 //! meet most, and the one a server is most tempted to paper over (retry,
@@ -37,68 +38,85 @@ impl FullDisk {
         }
     }
 
-    /// Restarts `victim` with the library, fills its disk after a moment,
-    /// and after one to four seconds frees it again and starts the node as
-    /// usual. A node that stopped without saying why is a violation.
-    /// Returns what happened.
+    /// Restarts `victims` with the library, fills their disks after a
+    /// moment, and after one to four seconds frees them again and starts
+    /// the nodes as usual. A node that stopped without saying why is a
+    /// violation. Returns what happened.
     pub async fn inject(
         &self,
         cluster: &mut TestCluster,
-        victim: u64,
-        role: &str,
+        (victims, label): (&[u64], &str),
         rng: &mut StdRng,
         violations: &mut Vec<Violation>,
     ) -> String {
-        // Only what the node says from now on counts: an earlier fault's
-        // words are in the same log.
-        let said_before = cluster.node(victim).log_text().len();
         let library = self.library.display().to_string();
         let trigger = self.trigger.display().to_string();
-        cluster.kill9(victim);
-        cluster.start_node_with_env(
-            victim,
-            &[("LD_PRELOAD", &library), ("FULLDISK_TRIGGER", &trigger)],
-        );
+        // Only what a node says from now on counts: an earlier fault's
+        // words are in the same log.
+        let mut said_before = Vec::new();
+        for &victim in victims {
+            said_before.push(cluster.node(victim).log_text().len());
+            cluster.kill9(victim);
+            cluster.start_node_with_env(
+                victim,
+                &[("LD_PRELOAD", &library), ("FULLDISK_TRIGGER", &trigger)],
+            );
+        }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1500))).await;
-        // With the slash: the node's log file sits next to its data
+        // With the slash: a node's log file sits next to its data
         // directory, with the same name and `.log`.
-        let data_dir = format!("{}/", cluster.node(victim).data_dir.display());
-        std::fs::write(&self.trigger, &data_dir).expect("write the full-disk trigger");
+        let data_dirs: String = victims
+            .iter()
+            .map(|victim| format!("{}/\n", cluster.node(*victim).data_dir.display()))
+            .collect();
+        std::fs::write(&self.trigger, data_dirs).expect("write the full-disk trigger");
         let full_for = Duration::from_millis(rng.gen_range(1000..4000));
         tokio::time::sleep(full_for).await;
-        let stopped = cluster.exited(victim);
+        let outcomes: Vec<String> = victims
+            .iter()
+            .zip(said_before)
+            .map(|(&victim, said_before)| {
+                let outcome = Self::outcome(cluster, victim, said_before, violations);
+                format!("node {victim} {outcome}")
+            })
+            .collect();
         std::fs::remove_file(&self.trigger).expect("remove the full-disk trigger");
-        let outcome = match stopped {
-            Some(status) => {
-                let whole = cluster.node(victim).log_text();
-                let log = whole.get(said_before..).unwrap_or_default();
-                let said = log
-                    .lines()
-                    .find(|line| line.contains(ENOSPC))
-                    .map(str::to_owned);
-                match said {
-                    Some(line) => format!("it stopped ({status}), saying: {}", last_words(&line)),
-                    None => {
-                        violations.push(Violation {
-                            what: format!(
-                                "node {victim} stopped on a full disk ({status}) without saying \
-                                 so: no line names it"
-                            ),
-                            records: log.lines().rev().take(5).map(str::to_owned).collect(),
-                        });
-                        format!("it stopped ({status}) WITHOUT SAYING WHY")
-                    }
-                }
-            }
-            None => {
-                cluster.kill9(victim);
-                "it was still running (killed)".to_owned()
-            }
-        };
-        cluster.start_node(victim);
+        for &victim in victims {
+            cluster.start_node(victim);
+        }
         format!(
-            "full disk: node {victim}{role} for {full_for:?}; {outcome}; restarted with space back"
+            "full disk on {label} for {full_for:?}: {}; restarted with space back",
+            outcomes.join(", ")
         )
+    }
+
+    /// Whether `victim` stopped, and with what words; a node that still
+    /// runs is killed, to start again without the library.
+    fn outcome(
+        cluster: &mut TestCluster,
+        victim: u64,
+        said_before: usize,
+        violations: &mut Vec<Violation>,
+    ) -> String {
+        let Some(status) = cluster.exited(victim) else {
+            cluster.kill9(victim);
+            return "was still running (killed)".to_owned();
+        };
+        let whole = cluster.node(victim).log_text();
+        let log = whole.get(said_before..).unwrap_or_default();
+        match log.lines().find(|line| line.contains(ENOSPC)) {
+            Some(line) => format!("stopped ({status}), saying: {}", last_words(line)),
+            None => {
+                violations.push(Violation {
+                    what: format!(
+                        "node {victim} stopped on a full disk ({status}) without saying so: no \
+                         line names it"
+                    ),
+                    records: log.lines().rev().take(5).map(str::to_owned).collect(),
+                });
+                format!("stopped ({status}) WITHOUT SAYING WHY")
+            }
+        }
     }
 }
 

@@ -586,8 +586,15 @@ async fn inject(
             format!("clock: node {victim}{role} restarted with its clocks running {rate:.2}x fast for {fast:?}")
         }
         4 => {
+            // Every node's disk a quarter of the time: then no node can
+            // write, and service must come back with the space.
+            let (victims, label) = if rng.gen_bool(0.25) {
+                (nodes, "every node".to_owned())
+            } else {
+                (vec![victim], format!("node {victim}{role}"))
+            };
             full_disk
-                .inject(cluster, victim, role, rng, violations)
+                .inject(cluster, (&victims, &label), rng, violations)
                 .await
         }
         _ => pause_client(workers, holding, rng, ttl).await,

@@ -1,8 +1,8 @@
 /* A disk that fills up and empties again, for tests (LD_PRELOAD; testkit's
  * `fulldisk_library` builds it). While the file named by FULLDISK_TRIGGER
- * exists, every write to a file whose path starts with what the trigger
- * holds (a data directory, ending in '/') fails with ENOSPC, as on a full
- * file system;
+ * exists, every write to a file whose path starts with a line of the
+ * trigger (a data directory, ending in '/') fails with ENOSPC, as on a
+ * full file system;
  * once it is removed, writes go through again (space came back). Other
  * files (the node's own log on stderr) are untouched.
  *
@@ -27,8 +27,8 @@
 #define CHECK_EVERY_NS 2000000L
 
 static atomic_long next_check_ns = 0;
-/* The data directory while the disk is full; empty otherwise. */
-static char full_under[PATH_MAX];
+/* The data directories while their disks are full, one per line. */
+static char full_under[4 * PATH_MAX];
 static atomic_int full = 0;
 
 static long now_ns(void) {
@@ -47,11 +47,11 @@ static int disk_full(void) {
         if (file == NULL) {
             atomic_store(&full, 0);
         } else {
-            char prefix[PATH_MAX] = {0};
-            if (fgets(prefix, sizeof prefix, file) != NULL) {
-                prefix[strcspn(prefix, "\n")] = 0;
-                memcpy(full_under, prefix, sizeof prefix);
-                atomic_store(&full, prefix[0] != 0);
+            char prefixes[sizeof full_under] = {0};
+            size_t n = fread(prefixes, 1, sizeof prefixes - 1, file);
+            if (n > 0) {
+                memcpy(full_under, prefixes, sizeof prefixes);
+                atomic_store(&full, 1);
             }
             fclose(file);
         }
@@ -59,7 +59,7 @@ static int disk_full(void) {
     return atomic_load(&full);
 }
 
-/* Whether `fd` is a file under the full data directory. */
+/* Whether `fd` is a file under one of the full data directories. */
 static int refused(int fd) {
     if (!disk_full()) return 0;
     char link[64], path[PATH_MAX];
@@ -67,9 +67,16 @@ static int refused(int fd) {
     ssize_t n = readlink(link, path, sizeof path - 1);
     if (n <= 0) return 0;
     path[n] = 0;
-    if (strncmp(path, full_under, strlen(full_under)) != 0) return 0;
-    errno = ENOSPC;
-    return 1;
+    for (const char *line = full_under; *line != 0;) {
+        size_t length = strcspn(line, "\n");
+        if (length > 0 && strncmp(path, line, length) == 0) {
+            errno = ENOSPC;
+            return 1;
+        }
+        line += length;
+        if (*line == '\n') line++;
+    }
+    return 0;
 }
 
 typedef ssize_t (*write_fn)(int, const void *, size_t);
