@@ -31,6 +31,12 @@ use std::time::Duration;
 const PEER_QUERY_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a membership change waits for an earlier one to finish.
 const MEMBERSHIP_WAIT: Duration = Duration::from_secs(10);
+/// How long one attempt at a membership change may wait to be committed.
+/// openraft answers it when its entries are applied, or refused when a new
+/// leader's log replaces them; a leader that lost its leadership in
+/// between can leave it unanswered, and a simulated seed (1,011,477) waited
+/// out 500 s of simulated time on it.
+const MEMBERSHIP_COMMIT_WAIT: Duration = Duration::from_secs(10);
 /// How long `cluster add` waits for the new node to hold the whole log
 /// before giving up on it. Lock tables are small: a reachable node catches
 /// up (snapshot included) in well under a second.
@@ -489,7 +495,17 @@ impl Node {
         // pauses it).
         let give_up = tokio::time::Instant::now() + MEMBERSHIP_WAIT;
         loop {
-            match change().await {
+            let Ok(changed) = tokio::time::timeout(MEMBERSHIP_COMMIT_WAIT, change()).await else {
+                return Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "the membership change was not committed within \
+                         {MEMBERSHIP_COMMIT_WAIT:?} (no quorum answers, or leadership moved); \
+                         it may still take effect: check `deadbolt cluster status`, then retry"
+                    ),
+                ));
+            };
+            match changed {
                 Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
                     ChangeMembershipError::InProgress(_),
                 ))) if tokio::time::Instant::now() < give_up => {

@@ -51,3 +51,28 @@ fn without_the_fence_the_checker_finds_stale_writes() {
         "paused clients wrote with stale tokens, and nothing refused them: the checker must see it"
     );
 }
+
+/// Regression (soak seed 1,011,477, 2026-12-05): node 2, the leader, lost
+/// its data while a `cluster remove` of it went to node 3, which led for a
+/// moment and lost leadership with the change in flight. openraft left
+/// that change unanswered, and the server waited on it with no bound: the
+/// fault never ended, and the seed ran on for 500 s of simulated time and
+/// 5.8 GB before the soak was stopped. The server now gives up after
+/// `MEMBERSHIP_COMMIT_WAIT` with `unavailable`, and the caller retries at
+/// the leader. A hang here fails the test rather than the CI job.
+#[test]
+fn a_membership_change_left_unanswered_by_a_lost_leadership_ends() {
+    const SEED: u64 = 1_011_477;
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(simulate(SEED, &SimOptions::default()));
+    });
+    let report = finished
+        .recv_timeout(Duration::from_secs(120))
+        .expect("seed 1,011,477 still runs after 120 s");
+    assert!(
+        report.violations.is_empty(),
+        "{:?}",
+        report.violations.first()
+    );
+}
