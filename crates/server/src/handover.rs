@@ -64,7 +64,9 @@ impl Handover {
 }
 
 /// Hands leadership over if this node leads, waiting at most
-/// [`HANDOVER_WAIT`] in all. Proposals are held meanwhile, so that the
+/// [`HANDOVER_WAIT`] once new proposals are held (holding them first waits
+/// for the batches already sent to reach the log, which the proposer's
+/// commit wait bounds). Proposals are held meanwhile, so that the
 /// log the chosen follower has caught up with is still the whole log when
 /// this node grants it its vote; once another node leads, they are refused
 /// with its address (nothing was appended), and their callers go there.
