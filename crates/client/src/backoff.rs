@@ -68,8 +68,8 @@ where
             Err(error) if retryable(&error) => error,
             result => return result,
         };
-        let delay = backoff.next_delay(&mut rand::thread_rng());
-        if give_up.is_some_and(|give_up| Instant::now() + delay >= give_up) {
+        let delay = crate::simulation::with_rng(|mut rng| backoff.next_delay(&mut rng));
+        if give_up.is_some_and(|give_up| crate::clock::now() + delay >= give_up) {
             return Err(error);
         }
         tracing::debug!(session, %error, ?delay, "{what} failed; retrying");

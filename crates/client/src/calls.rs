@@ -24,7 +24,7 @@ use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{CallRequest, CallResponse, CancelCall};
 use deadbolt_proto::{ErrorKind, MAX_CALLS_PER_STREAM};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -45,8 +45,10 @@ pub(crate) struct Calls {
 #[derive(Debug, Default)]
 struct State {
     next_id: u64,
-    /// Where each call in flight wants its answer.
-    waiting: HashMap<u64, oneshot::Sender<Result<Answer, Status>>>,
+    /// Where each call in flight wants its answer. Ordered, so that when
+    /// the stream ends its callers learn it in one order every time (the
+    /// simulation replays runs exactly).
+    waiting: BTreeMap<u64, oneshot::Sender<Result<Answer, Status>>>,
     /// Why the stream ended, once it has.
     ended: Option<Status>,
 }

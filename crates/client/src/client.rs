@@ -15,6 +15,7 @@
 
 use crate::calls::Calls;
 use crate::error::describe_chain;
+use crate::simulation::Dial;
 use crate::{Error, ErrorKind, HealthResponse, LockState, RwMode, Session, SessionHandle};
 use deadbolt_proto::v1::access_client::AccessClient;
 use deadbolt_proto::v1::call_request::Call;
@@ -94,6 +95,8 @@ struct Shared {
     /// successful answer (see [`Client::follow_hint`]): until a leader
     /// reached that way could not be connected to.
     follow_hints: AtomicBool,
+    /// Connections through the simulation's network instead of TCP.
+    dial: Option<Dial>,
 }
 
 /// A connection to one endpoint, with the caller's token (if any) on every
@@ -275,6 +278,26 @@ impl Client {
         tls: &TlsOptions,
         token: Option<&str>,
     ) -> Result<Client, Error> {
+        Self::connect_dialling(endpoints, tls, token, None).await
+    }
+
+    /// [`Client::connect`] over the deterministic simulation's network:
+    /// every connection, to the endpoints given and to leaders they name,
+    /// is opened by `dial` (see `deadbolt_client::simulation`).
+    #[doc(hidden)]
+    pub async fn connect_through(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        dial: Dial,
+    ) -> Result<Client, Error> {
+        Self::connect_dialling(endpoints, &TlsOptions::default(), None, Some(dial)).await
+    }
+
+    async fn connect_dialling(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        tls: &TlsOptions,
+        token: Option<&str>,
+        dial: Option<Dial>,
+    ) -> Result<Client, Error> {
         let authorization = Authorization::bearer(token)?;
         let targets = endpoints
             .into_iter()
@@ -288,7 +311,7 @@ impl Client {
         }
         let mut failures = Vec::new();
         for (index, target) in targets.iter().enumerate() {
-            match target.endpoint.connect().await {
+            match target.connect(dial.as_ref()).await {
                 Ok(channel) => {
                     tracing::debug!(endpoint = %target.address, "connected");
                     let current =
@@ -300,6 +323,7 @@ impl Client {
                             tls: tls.clone(),
                             authorization,
                             follow_hints: AtomicBool::new(true),
+                            dial,
                         }),
                     });
                 }
@@ -1067,7 +1091,7 @@ impl Client {
         Req: Clone,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
-        let searching_since = std::time::Instant::now();
+        let searching_since = crate::clock::now();
         loop {
             let (address, generation, hinted, link) = {
                 let mut current = self.current();
@@ -1092,7 +1116,10 @@ impl Client {
             // client moved to, or to the leader once one is elected.
             let elsewhere = moved || error.kind() == ErrorKind::NotLeader;
             let repeatable = error.had_no_effect() || repeat == Repeat::Freely;
-            if !repeatable || !elsewhere || searching_since.elapsed() > LEADER_SEARCH {
+            if !repeatable
+                || !elsewhere
+                || crate::clock::now().saturating_duration_since(searching_since) > LEADER_SEARCH
+            {
                 return Err(error);
             }
             if error.leader().is_none() {
@@ -1151,7 +1178,8 @@ impl Client {
         };
         // Lazy: dialling happens on the next call, which reports failure the
         // same way as any other call.
-        let channel = (self.shared.authorization).link(target.endpoint.connect_lazy());
+        let channel =
+            (self.shared.authorization).link(target.connect_lazy(self.shared.dial.as_ref()));
         *current = Current::new(index, &target.address, current.generation + 1, channel);
         current.hinted = hinted;
         tracing::debug!(endpoint = %target.address, hinted, "switched endpoint");
@@ -1211,6 +1239,20 @@ fn authority(address: &str) -> &str {
 }
 
 impl Target {
+    async fn connect(&self, dial: Option<&Dial>) -> Result<Channel, tonic::transport::Error> {
+        match dial {
+            None => self.endpoint.connect().await,
+            Some(dial) => self.endpoint.connect_with_connector(dial.connector()).await,
+        }
+    }
+
+    fn connect_lazy(&self, dial: Option<&Dial>) -> Channel {
+        match dial {
+            None => self.endpoint.connect_lazy(),
+            Some(dial) => self.endpoint.connect_with_connector_lazy(dial.connector()),
+        }
+    }
+
     fn parse(raw: String, tls: &TlsOptions) -> Result<Target, Error> {
         let mut address = normalize_endpoint(&raw);
         let invalid = |why: String| Error::new(ErrorKind::InvalidArgument, why);
@@ -1289,6 +1331,9 @@ fn millis(duration: Duration) -> u64 {
 /// server can tell a retry from the older request it replaces.
 fn next_attempt() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
+    if let Some(simulated) = crate::simulation::next_attempt() {
+        return simulated;
+    }
     static LAST: AtomicU64 = AtomicU64::new(0);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1365,6 +1410,7 @@ mod tests {
                 tls,
                 authorization,
                 follow_hints: AtomicBool::new(true),
+                dial: None,
             }),
         }
     }

@@ -15,6 +15,9 @@ pub(crate) struct BootInstant(Duration);
 
 impl BootInstant {
     pub(crate) fn now() -> BootInstant {
+        if let Some(simulated) = crate::simulation::boot_time() {
+            return BootInstant(simulated);
+        }
         let mut now = libc::timespec {
             tv_sec: 0,
             tv_nsec: 0,
@@ -36,12 +39,19 @@ impl BootInstant {
     /// nemesis's double-grant count caught a client paused past its lease
     /// whose `lease_deadline()` said the lease lasted until it woke.
     pub(crate) fn to_instant(self) -> Instant {
-        let (boot_now, now) = (BootInstant::now(), Instant::now());
+        let (boot_now, now) = (BootInstant::now(), now());
         match self.0.checked_sub(boot_now.0) {
             Some(ahead) => now + ahead,
             None => now.checked_sub(boot_now.0 - self.0).unwrap_or(now),
         }
     }
+}
+
+/// Now on the monotonic clock, as tokio reads it: the same as
+/// `Instant::now()`, except in a simulation, where tokio's clock is paused
+/// and moves only when every task waits.
+pub(crate) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 impl Add<Duration> for BootInstant {

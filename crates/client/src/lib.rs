@@ -118,6 +118,8 @@ mod handle;
 mod http_get;
 mod lock;
 mod session;
+#[doc(hidden)]
+pub mod simulation;
 mod watch;
 
 pub use backoff::Backoff;

@@ -315,7 +315,7 @@ impl Session {
                 }
                 // Wake at the alarm, and now and then before it: a suspend
                 // delays tokio's timers but not the lease.
-                let wake = alarm.to_instant().min(Instant::now() + SUSPEND_CHECK);
+                let wake = alarm.to_instant().min(crate::clock::now() + SUSPEND_CHECK);
                 tokio::select! {
                     () = tokio::time::sleep_until(wake.into()) => {
                         // A renewal that landed as the alarm went off still
@@ -360,7 +360,7 @@ impl Session {
         // A server that accepts connections but never answers (frozen, or
         // partitioned mid-stream) must not hold the caller past the point
         // where the session ends by itself.
-        let started = Instant::now();
+        let started = crate::clock::now();
         let give_up = deadline.max(started + CLOSE_AT_LEAST);
         let result = match tokio::time::timeout_at(give_up.into(), attempts).await {
             Ok(result) => result,
@@ -614,7 +614,7 @@ impl Session {
             claim: Some(self.claim(lock).await?),
         };
         // A timeout too long to represent is no timeout at all.
-        let give_up = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        let give_up = timeout.and_then(|timeout| crate::clock::now().checked_add(timeout));
         let handle = self.handle();
         let send = &send;
         // Acquire is idempotent, so a retry after an ambiguous failure gets
@@ -622,7 +622,7 @@ impl Session {
         // only for what is left of the caller's timeout.
         let acquired = self
             .retrying("acquiring a lock", give_up, || async move {
-                send(give_up.map(|at| at.saturating_duration_since(Instant::now()))).await
+                send(give_up.map(|at| at.saturating_duration_since(crate::clock::now()))).await
             })
             .await;
         // Returned (not dropped): the caller learns the outcome, and an

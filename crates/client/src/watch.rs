@@ -220,12 +220,12 @@ async fn follow(client: Client, mut request: WatchRequest, send: mpsc::Sender<It
             Err(status) => status,
         };
         let error = Error::from_status(&status, &address);
-        let since = *failing_since.get_or_insert_with(Instant::now);
+        let since = *failing_since.get_or_insert_with(crate::clock::now);
         // Any node serves a watch, but one that cannot check the caller's
         // credentials (a bearer token it has not applied yet, just after a
         // restart) sends it to the leader: follow it there.
         let movable = matches!(error.kind(), ErrorKind::Unavailable | ErrorKind::NotLeader);
-        if !movable || since.elapsed() > RECONNECT_FOR {
+        if !movable || crate::clock::now().saturating_duration_since(since) > RECONNECT_FOR {
             let _ = send.send(Item::Failed(error)).await;
             return;
         }

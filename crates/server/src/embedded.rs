@@ -8,11 +8,13 @@
 //! [`SimulatedDisk`]: a redb storage backend), the network (an openraft
 //! network factory), and the [`Clock`]; and the [`Api`] over it takes its
 //! session secrets from a [`SecretSource`] the program chooses (the
-//! simulation seeds it).
+//! simulation seeds it). [`client_routes`] serves that `Api` to real
+//! clients over whatever byte streams the program provides.
 
 pub use crate::api::Api;
 pub use crate::auth::{Credentials, InFlight};
 pub use crate::clock::Clock;
+pub use crate::grpc::client_routes;
 pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{Batch, NodeId, Raft, TypeConfig};
 pub use crate::runtime::seed_node_rng;

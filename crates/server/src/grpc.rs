@@ -43,6 +43,19 @@ pub fn router(
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
         gate,
     );
+    client_routes(api, stopping)
+        .add_service(peers)
+        .add_service(health)
+        .add_service(reflection())
+        .into_axum_router()
+        .layer(axum::middleware::map_response(
+            undecodable_requests_are_invalid_arguments,
+        ))
+}
+
+/// The services clients call: `Deadbolt`, `Cluster` and `Access`. The
+/// simulation serves these alone, over its own network.
+pub fn client_routes(api: Api, stopping: watch::Receiver<bool>) -> tonic::service::Routes {
     tonic::service::Routes::new(DeadboltServer::new(GrpcApi::new(
         api.clone(),
         stopping.clone(),
@@ -52,13 +65,6 @@ pub fn router(
         stopping.clone(),
     )))
     .add_service(AccessServer::new(GrpcApi::new(api, stopping)))
-    .add_service(peers)
-    .add_service(health)
-    .add_service(reflection())
-    .into_axum_router()
-    .layer(axum::middleware::map_response(
-        undecodable_requests_are_invalid_arguments,
-    ))
 }
 
 /// gRPC server reflection (v1, which grpcurl and Postman ask first), from

@@ -32,6 +32,10 @@ pub struct SimCluster {
     pub clock_faulted: bool,
     /// Session secrets for every node's API, from the seed.
     secrets: SecretSource,
+    /// Whether nodes serve gRPC to real clients (`wire.rs`): not in runs
+    /// without them, where the service's tasks would move the scheduler's
+    /// draws and so change how older seeds run.
+    serve_real_clients: bool,
     /// Every disk each crash left, byte for byte: see `crash_digest`.
     crashed_disks: DefaultHasher,
 }
@@ -86,6 +90,7 @@ impl SimCluster {
         clock_faults: bool,
         fabric: Arc<Fabric>,
         secrets: SecretSource,
+        serve_real_clients: bool,
     ) -> anyhow::Result<SimCluster> {
         let mut cluster = SimCluster {
             fabric,
@@ -94,6 +99,7 @@ impl SimCluster {
             clock_faults,
             clock_faulted: false,
             secrets,
+            serve_real_clients,
             crashed_disks: DefaultHasher::new(),
         };
         for id in 1..=size {
@@ -142,16 +148,20 @@ impl SimCluster {
         )
         .await?;
         let (crashed, crashed_rx) = watch::channel(false);
+        let api = Api::new(
+            node.node().clone(),
+            self.secrets.clone(),
+            InFlight::new(ConnectionLimits::DEFAULT.max_calls_per_identity),
+        );
         self.fabric.node_up(
             id,
             Reachable {
                 incarnation,
                 raft: node.raft().clone(),
-                api: Api::new(
-                    node.node().clone(),
-                    self.secrets.clone(),
-                    InFlight::new(ConnectionLimits::DEFAULT.max_calls_per_identity),
-                ),
+                listener: self
+                    .serve_real_clients
+                    .then(|| crate::wire::serve(api.clone(), crashed_rx.clone())),
+                api,
                 crashed: crashed_rx,
             },
         );

@@ -21,6 +21,8 @@ mod disk;
 mod faults;
 mod network;
 mod operator;
+mod real_client;
+mod wire;
 mod workload;
 
 #[cfg(not(tokio_unstable))]
@@ -53,6 +55,16 @@ pub struct SimOptions {
     /// `false` removes the resource's fence: the checker must then find the
     /// stale writes it would have refused.
     pub fenced_resource: bool,
+    /// `false` leaves out the clients that run the real client crate
+    /// (`real_client.rs`), so that a seed found before they joined the runs
+    /// replays as it ran then: their draws come from a stream of their own,
+    /// and without them nothing else moves.
+    pub real_clients: bool,
+    /// Added to every lease deadline the client crate gives the real
+    /// clients, as a crate that counted its lease from the server's answer
+    /// rather than from its request would: the run must then find two
+    /// holders at once. Zero in every honest run.
+    pub overtrust: Duration,
 }
 
 impl Default for SimOptions {
@@ -60,12 +72,17 @@ impl Default for SimOptions {
         SimOptions {
             fault_time: Duration::from_secs(20),
             fenced_resource: true,
+            real_clients: true,
+            overtrust: Duration::ZERO,
         }
     }
 }
 
 /// Mixed into the seed for the session secrets' random stream.
 const SECRETS_STREAM: u64 = 0x5ec2_e75e_c2e7_5ec2;
+/// Mixed into the seed for the real clients' random streams (their number,
+/// their choices, the client crate's retry jitter).
+const REAL_CLIENTS_STREAM: u64 = 0xc11e_a7c1_1ea7_c11e;
 
 /// After the faults stop, every lock must see a complete round within this.
 const LIVENESS_BOUND: Duration = Duration::from_secs(10);
@@ -86,6 +103,8 @@ pub struct SeedReport {
     pub seed: u64,
     pub nodes: u64,
     pub clients: usize,
+    /// How many of the clients (the last ones) run the real client crate.
+    pub real_clients: usize,
     pub ops: usize,
     pub faults: u64,
     pub violations: Vec<Violation>,
@@ -112,6 +131,18 @@ pub fn elapsed() -> Duration {
     START.with(|start| start.get().map_or(Duration::ZERO, |start| start.elapsed()))
 }
 
+/// An instant on the run's clock as the history's time: ns since the run
+/// began.
+pub(crate) fn history_time(at: std::time::Instant) -> u64 {
+    START.with(|start| {
+        start.get().map_or(0, |start| {
+            Instant::from_std(at)
+                .saturating_duration_since(start)
+                .as_nanos() as u64
+        })
+    })
+}
+
 /// Runs one seed to the end, on the calling thread.
 pub fn simulate(seed: u64, options: &SimOptions) -> SeedReport {
     seed_node_rng(seed);
@@ -121,7 +152,12 @@ pub fn simulate(seed: u64, options: &SimOptions) -> SeedReport {
         .rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()))
         .build()
         .expect("cannot build the simulation runtime");
-    runtime.block_on(run(seed, options))
+    let report = runtime.block_on(async {
+        deadbolt_client::simulation::enter(seed ^ REAL_CLIENTS_STREAM);
+        run(seed, options).await
+    });
+    deadbolt_client::simulation::leave();
+    report
 }
 
 async fn run(seed: u64, options: &SimOptions) -> SeedReport {
@@ -135,9 +171,15 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     // Session secrets from a stream of their own, so that drawing them
     // moves no other random choice.
     let secrets = SecretSource::seeded(seed ^ SECRETS_STREAM);
-    let mut cluster = SimCluster::form(nodes, clock_faults, fabric.clone(), secrets)
-        .await
-        .expect("a new simulated cluster forms");
+    let mut cluster = SimCluster::form(
+        nodes,
+        clock_faults,
+        fabric.clone(),
+        secrets,
+        options.real_clients,
+    )
+    .await
+    .expect("a new simulated cluster forms");
     let mut locks: Vec<String> = (0..rng.gen_range(1..=3))
         .map(|i| format!("lock-{i}"))
         .collect();
@@ -174,6 +216,32 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
             stop: stopped.clone(),
         },
     );
+
+    // From a stream of their own, like the secrets.
+    let mut real_rng = StdRng::seed_from_u64(seed ^ REAL_CLIENTS_STREAM);
+    let real_clients = if options.real_clients {
+        real_rng.gen_range(1..=2)
+    } else {
+        0
+    };
+    let workers = workers
+        .into_iter()
+        .chain(real_client::spawn(
+            clients,
+            real_clients,
+            &locks,
+            &fabric,
+            &cluster.ids(),
+            &history,
+            &resource,
+            real_rng.gen(),
+            options.overtrust,
+            &workload::Schedule {
+                faults_until: until,
+                stop: stopped.clone(),
+            },
+        ))
+        .collect::<Vec<_>>();
 
     let mut fault_log = Vec::new();
     let mut violations = Vec::new();
@@ -308,6 +376,7 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     let leases_checked = !cluster.clock_faulted;
     if leases_checked {
         violations.extend(early_expiries(&finals.audit, &history.lease_starts()));
+        violations.extend(history.take_overlaps());
     }
 
     violations.extend(sessions_called_unknown_then_served(&history.sessions()));
@@ -324,7 +393,8 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     SeedReport {
         seed,
         nodes,
-        clients,
+        clients: clients + real_clients,
+        real_clients,
         ops: records.len() / 2,
         faults,
         violations,

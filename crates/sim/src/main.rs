@@ -45,6 +45,11 @@ struct Cli {
     /// Remove the resource's fence, to see the checker catch stale writes.
     #[arg(long, hide = true)]
     unfenced: bool,
+    /// Leave out the clients that run the real client crate, so that a
+    /// seed found before they joined the runs (2026-12-05) replays as it
+    /// ran then.
+    #[arg(long)]
+    without_real_clients: bool,
 }
 
 /// Log lines carry the simulated time.
@@ -99,6 +104,8 @@ fn main() {
     let options = SimOptions {
         fault_time: cli.fault_time,
         fenced_resource: !cli.unfenced,
+        real_clients: !cli.without_real_clients,
+        overtrust: Duration::ZERO,
     };
     if let Some(seed) = cli.seed {
         let first = simulate(seed, &options);

@@ -67,6 +67,8 @@ pub struct Reachable {
     pub api: Api,
     /// Turns true when this incarnation crashes.
     pub crashed: watch::Receiver<bool>,
+    /// Where real clients' gRPC connections to it go, in runs with them.
+    pub listener: Option<crate::wire::Listener>,
 }
 
 /// Why a message got no answer.
@@ -131,7 +133,7 @@ impl Fabric {
     }
 
     /// Returns once node `id` is not paused.
-    fn running(&self, id: NodeId) -> impl Future<Output = ()> + Send + 'static {
+    pub fn running(&self, id: NodeId) -> impl Future<Output = ()> + Send + 'static {
         let mut paused = self.paused.subscribe();
         async move {
             let _ = paused.wait_for(|paused| !paused.contains(&id)).await;
@@ -186,8 +188,13 @@ impl Fabric {
         state.nodes.get(&to).cloned()
     }
 
+    /// The node a message from `from` to node `to` would reach now.
+    pub fn reach_node(&self, from: Sender, to: NodeId) -> Option<Reachable> {
+        Self::route(&self.state(), from, to)
+    }
+
     /// One leg of a message: its delay, and whether it is lost.
-    fn draw_leg(&self) -> (Duration, bool) {
+    pub fn draw_leg(&self) -> (Duration, bool) {
         let mut state = self.state();
         let quality = state.quality;
         let delay = state.rng.gen_range(quality.min_delay..=quality.max_delay);

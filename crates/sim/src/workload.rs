@@ -9,6 +9,7 @@
 //! only while the faults last, as a pause is one.
 
 use crate::network::{node_at, Fabric, Lost, Sender};
+use deadbolt_checker::checker::Violation;
 use deadbolt_checker::history::{Accepted, Op, Phase, Record};
 use deadbolt_fence::FenceGates;
 use deadbolt_proto::v1::{
@@ -29,13 +30,13 @@ use tokio::time::Instant;
 /// A client's lease.
 pub const SESSION_TTL: Duration = Duration::from_secs(2);
 /// How long an acquire waits on the server.
-const ACQUIRE_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const ACQUIRE_WAIT: Duration = Duration::from_secs(2);
 /// How long a client looks for the leader before it gives up on a request
 /// (as the real client's `LEADER_SEARCH`).
 const LEADER_SEARCH: Duration = Duration::from_secs(2);
 const ELECTION_PAUSE: Duration = Duration::from_millis(50);
 /// The chance that a client pauses after taking a lock.
-const PAUSE_CHANCE: f64 = 0.03;
+pub(crate) const PAUSE_CHANCE: f64 = 0.03;
 /// Names with this prefix are semaphores of [`SEMAPHORE_PERMITS`]
 /// permits, taken one at a time; the others are locks.
 pub const SEMAPHORE_PREFIX: &str = "semaphore-";
@@ -55,6 +56,10 @@ pub struct History {
     records: Arc<Mutex<Vec<Record>>>,
     lease_starts: Arc<Mutex<BTreeMap<u64, u64>>>,
     sessions: Arc<Mutex<BTreeMap<u64, SessionAnswers>>>,
+    /// Writes the resource refused as stale although the client library
+    /// said, as they were sent, that their lease lasted past their arrival
+    /// (see `real_client.rs`): two holders inside their windows at once.
+    overlaps: Arc<Mutex<Vec<Violation>>>,
 }
 
 /// What the service said of one session: a call on a session it once
@@ -68,7 +73,7 @@ pub struct SessionAnswers {
 }
 
 impl History {
-    fn push(&self, record: Record) {
+    pub(crate) fn push(&self, record: Record) {
         self.records.lock().expect("history poisoned").push(record);
     }
 
@@ -78,7 +83,7 @@ impl History {
 
     /// The open or keepalive of `session` sent at `sent_ns` was
     /// acknowledged: its lease runs at least a TTL from then.
-    fn lease_renewed(&self, session: u64, sent_ns: u64) {
+    pub(crate) fn lease_renewed(&self, session: u64, sent_ns: u64) {
         let mut starts = self.lease_starts.lock().expect("history poisoned");
         let start = starts.entry(session).or_default();
         *start = (*start).max(sent_ns);
@@ -106,6 +111,19 @@ impl History {
         );
     }
 
+    pub(crate) fn overlapped(&self, overlap: Violation) {
+        self.overlaps
+            .lock()
+            .expect("history poisoned")
+            .push(overlap);
+    }
+
+    /// Takes what [`History::overlapped`] collected; they count only if
+    /// every clock kept within the drift bound.
+    pub fn take_overlaps(&self) -> Vec<Violation> {
+        std::mem::take(&mut *self.overlaps.lock().expect("history poisoned"))
+    }
+
     /// Each session's answers.
     pub fn sessions(&self) -> BTreeMap<u64, SessionAnswers> {
         self.sessions.lock().expect("history poisoned").clone()
@@ -118,7 +136,7 @@ impl History {
 }
 
 /// Simulated time since the run began, in nanoseconds: the history's clock.
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     crate::elapsed().as_nanos() as u64
 }
 
@@ -148,7 +166,7 @@ impl SimResource {
     }
 
     /// A fenced read: raises the lock's fence to `token`.
-    fn read(&self, lock: &str, token: u64) -> Result<u64, String> {
+    pub(crate) fn read(&self, lock: &str, token: u64) -> Result<u64, String> {
         if self.fenced {
             self.gates
                 .admit(lock, token)
@@ -157,7 +175,7 @@ impl SimResource {
         Ok(self.value(lock))
     }
 
-    fn write(&self, lock: &str, token: u64, value: u64) -> Result<(), String> {
+    pub(crate) fn write(&self, lock: &str, token: u64, value: u64) -> Result<(), String> {
         let store = || {
             self.counters
                 .lock()
@@ -347,16 +365,35 @@ const TRESPASS_EVERY: u32 = 16;
 
 /// One operation of a client: recorded as invoked when it starts, and once
 /// more when it ends.
-struct Step {
+pub(crate) struct Step {
     history: History,
     client: usize,
     op: Op,
     lock: String,
-    token: Option<u64>,
+    pub(crate) token: Option<u64>,
 }
 
 impl Step {
-    fn record(&self, phase: Phase, value: Option<u64>, error: Option<String>) {
+    /// Records `client`'s `op` on `lock` as invoked now.
+    pub(crate) fn begin(
+        history: &History,
+        client: usize,
+        op: Op,
+        lock: &str,
+        token: Option<u64>,
+    ) -> Step {
+        let step = Step {
+            history: history.clone(),
+            client,
+            op,
+            lock: lock.to_owned(),
+            token,
+        };
+        step.record(Phase::Invoke, None, None);
+        step
+    }
+
+    pub(crate) fn record(&self, phase: Phase, value: Option<u64>, error: Option<String>) {
         self.history.push(Record {
             at: now_ns(),
             client: self.client,
@@ -369,7 +406,7 @@ impl Step {
         });
     }
 
-    fn ok(self, value: Option<u64>) {
+    pub(crate) fn ok(self, value: Option<u64>) {
         self.record(Phase::Ok, value, None);
     }
 
@@ -378,22 +415,14 @@ impl Step {
         self.record(failure.phase(), value, Some(failure.message()));
     }
 
-    fn refused(self, error: String) {
+    pub(crate) fn refused(self, error: String) {
         self.record(Phase::Fail, None, Some(error));
     }
 }
 
 impl Client {
     fn start(&self, op: Op, lock: &str, token: Option<u64>) -> Step {
-        let step = Step {
-            history: self.history.clone(),
-            client: self.id,
-            op,
-            lock: lock.to_owned(),
-            token,
-        };
-        step.record(Phase::Invoke, None, None);
-        step
+        Step::begin(&self.history, self.id, op, lock, token)
     }
 
     /// Rounds until `stop`.

@@ -3,6 +3,7 @@
 //! resource's fence prevents once the fence is removed. (The budget of seeds
 //! runs in release mode from scripts/sim.sh.)
 
+use deadbolt_checker::history::{Op, Phase};
 use deadbolt_sim::{simulate, SimOptions};
 use std::time::Duration;
 
@@ -10,6 +11,8 @@ fn short(fenced_resource: bool) -> SimOptions {
     SimOptions {
         fault_time: Duration::from_secs(4),
         fenced_resource,
+        real_clients: true,
+        overtrust: Duration::ZERO,
     }
 }
 
@@ -65,7 +68,12 @@ fn a_membership_change_left_unanswered_by_a_lost_leadership_ends() {
     const SEED: u64 = 1_011_477;
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = done.send(simulate(SEED, &SimOptions::default()));
+        // As the soak ran it, before the real clients joined.
+        let options = SimOptions {
+            real_clients: false,
+            ..SimOptions::default()
+        };
+        let _ = done.send(simulate(SEED, &options));
     });
     let report = finished
         .recv_timeout(Duration::from_secs(120))
@@ -74,5 +82,59 @@ fn a_membership_change_left_unanswered_by_a_lost_leadership_ends() {
         report.violations.is_empty(),
         "{:?}",
         report.violations.first()
+    );
+}
+
+/// The real client crate runs inside the simulated cluster, over real gRPC
+/// on the simulated network: its clients take locks, write through their
+/// fences and release, under the same faults and checker as the others.
+#[test]
+fn the_real_client_crate_takes_locks_in_the_simulation() {
+    let report = simulate(2, &short(true));
+    assert!(report.real_clients >= 1);
+    let real = report.clients - report.real_clients..report.clients;
+    let done = |op: Op| {
+        report
+            .history
+            .iter()
+            .filter(|record| real.contains(&record.client))
+            .filter(|record| record.op == op && record.phase == Phase::Ok)
+            .count()
+    };
+    assert!(
+        done(Op::Acquire) > 5,
+        "real clients' locks: {}",
+        done(Op::Acquire)
+    );
+    assert!(done(Op::ResourceIncrement) > 5);
+    assert!(done(Op::Release) > 5);
+    assert!(
+        report.violations.is_empty(),
+        "violations: {:#?}",
+        report.violations
+    );
+}
+
+/// A client crate that trusted its lease longer than it may (as one that
+/// counted it from the server's answer would) lets a paused holder believe
+/// it still holds the lock after another client took it: the run must say
+/// so, even though the fence keeps the resource safe.
+#[test]
+fn a_client_that_overtrusts_its_lease_is_caught_holding_with_another() {
+    let options = SimOptions {
+        overtrust: Duration::from_secs(6),
+        ..short(true)
+    };
+    let found = (0..8).find_map(|seed| {
+        let report = simulate(seed, &options);
+        report
+            .violations
+            .iter()
+            .find(|violation| violation.what.contains("two holders at once"))
+            .map(|violation| violation.what.clone())
+    });
+    assert!(
+        found.is_some(),
+        "real clients paused past their lease and wrote, believing they held it"
     );
 }

@@ -1,0 +1,122 @@
+//! Real gRPC over the simulated network, for the real Rust client
+//! (`real_client.rs`).
+//!
+//! Each node incarnation serves the same tonic services `deadbolt server`
+//! does ([`client_routes`]) on connections the [`Fabric`] hands it. A
+//! connection is a pair of in-memory byte streams with a pump each way
+//! between them, so that the bytes, like a TCP stream's, arrive in order
+//! but late: each chunk waits a delay drawn from the link's quality (a lost
+//! packet costs a retransmission), and waits while the node or the client
+//! at either end is paused. When the node crashes the pumps stop and both
+//! ends see the connection close, as a reset would close it.
+
+use crate::network::{node_at, Fabric, Sender};
+use deadbolt_client::simulation::{Connecting, Dial};
+use deadbolt_server::embedded::{client_routes, Api};
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt;
+
+/// Bytes a connection's in-memory stream buffers each way.
+const STREAM_BUFFER: usize = 64 * 1024;
+/// What a lost segment costs: TCP's minimum retransmission timeout.
+const RETRANSMISSION: Duration = Duration::from_millis(200);
+
+/// Where a node takes the connections clients open to it.
+pub type Listener = mpsc::UnboundedSender<DuplexStream>;
+
+/// Serves `api`'s client services on the connections sent to the returned
+/// listener, until `crashed` turns true.
+pub fn serve(api: Api, crashed: watch::Receiver<bool>) -> Listener {
+    let (listener, connections) = mpsc::unbounded_channel::<DuplexStream>();
+    let incoming = UnboundedReceiverStream::new(connections).map(Ok::<_, io::Error>);
+    let mut until_crashed = crashed.clone();
+    tokio::spawn(async move {
+        let crash = async move {
+            let _ = until_crashed.wait_for(|crashed| *crashed).await;
+        };
+        let served = tonic::transport::Server::builder()
+            .add_routes(client_routes(api, crashed))
+            .serve_with_incoming_shutdown(incoming, crash)
+            .await;
+        if let Err(error) = served {
+            tracing::debug!(%error, "a simulated node's gRPC service ended");
+        }
+    });
+    listener
+}
+
+/// Dials nodes for one client, whose pauses hold its bytes back too.
+pub fn dial(fabric: Arc<Fabric>, client_paused: watch::Receiver<bool>) -> Dial {
+    Dial::new(move |address: String| -> Connecting {
+        let (fabric, paused) = (fabric.clone(), client_paused.clone());
+        Box::pin(async move { connect(fabric, paused, &address).await })
+    })
+}
+
+/// Opens a connection to the node at `address` (`host:port`), after a
+/// connection's worth of delay; refused if the node is down.
+async fn connect(
+    fabric: Arc<Fabric>,
+    client_paused: watch::Receiver<bool>,
+    address: &str,
+) -> io::Result<DuplexStream> {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    let refused = || io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
+    let id = node_at(host).ok_or_else(refused)?;
+    tokio::time::sleep(fabric.draw_leg().0).await;
+    let node = fabric.reach_node(Sender::Client, id).ok_or_else(refused)?;
+    let (client_end, near) = tokio::io::duplex(STREAM_BUFFER);
+    let (far, server_end) = tokio::io::duplex(STREAM_BUFFER);
+    let listener = node.listener.as_ref().ok_or_else(refused)?;
+    listener.send(server_end).map_err(|_| refused())?;
+    let (near_read, near_write) = tokio::io::split(near);
+    let (far_read, far_write) = tokio::io::split(far);
+    for (from, to) in [(near_read, far_write), (far_read, near_write)] {
+        let pump = Pump {
+            fabric: fabric.clone(),
+            node: id,
+            client_paused: client_paused.clone(),
+        };
+        let mut crashed = node.crashed.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = crashed.wait_for(|crashed| *crashed) => {}
+                () = pump.run(from, to) => {}
+            }
+        });
+    }
+    Ok(client_end)
+}
+
+/// Carries one direction of a connection.
+struct Pump {
+    fabric: Arc<Fabric>,
+    node: u64,
+    client_paused: watch::Receiver<bool>,
+}
+
+impl Pump {
+    async fn run(mut self, mut from: ReadHalf<DuplexStream>, mut to: WriteHalf<DuplexStream>) {
+        let mut chunk = vec![0; STREAM_BUFFER];
+        loop {
+            let read = match from.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => read,
+            };
+            let (delay, lost) = self.fabric.draw_leg();
+            let delay = if lost { delay + RETRANSMISSION } else { delay };
+            tokio::time::sleep(delay).await;
+            self.fabric.running(self.node).await;
+            let _ = self.client_paused.wait_for(|paused| !*paused).await;
+            if to.write_all(&chunk[..read]).await.is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown().await;
+    }
+}
