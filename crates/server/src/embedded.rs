@@ -17,7 +17,7 @@ pub use crate::clock::Clock;
 pub use crate::grpc::client_routes;
 pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{Batch, NodeId, Raft, TypeConfig};
-pub use crate::runtime::seed_node_rng;
+pub use crate::runtime::{seed_node_rng, PauseGate};
 pub use crate::secret::SecretSource;
 use crate::store::StorageIo;
 pub use crate::store::{SimulatedDisk, SimulatedDisks, SimulatedSegments};
@@ -36,7 +36,8 @@ pub struct EmbeddedNode {
 
 impl EmbeddedNode {
     /// Opens the node's data on `disks` (refused like a data directory if
-    /// it is not ours, damaged or behind its witness) and starts it.
+    /// it is not ours, damaged or behind its witness) and starts it. Every
+    /// task it runs is behind `gate`: shut it to pause the node.
     pub async fn start<N: RaftNetworkFactory<TypeConfig>, D: SimulatedDisk>(
         id: NodeId,
         timing: RaftTiming,
@@ -44,6 +45,7 @@ impl EmbeddedNode {
         clock: Clock,
         disks: &SimulatedDisks<D>,
         network: N,
+        gate: &PauseGate,
     ) -> anyhow::Result<EmbeddedNode> {
         let data = crate::store::open_simulated_disk(disks, id)?;
         let config = raft_config(snapshot_every, timing)?;
@@ -60,10 +62,13 @@ impl EmbeddedNode {
             peer_secrets: None,
             in_process: true,
         };
-        let node = open_node(id, config, data, network, run, transport).await?;
-        let (stop, stopped) = watch::channel(false);
-        spawn_duties(&node, stopped);
-        Ok(EmbeddedNode { node, stop })
+        gate.enclose(async move {
+            let node = open_node(id, config, data, network, run, transport).await?;
+            let (stop, stopped) = watch::channel(false);
+            spawn_duties(&node, stopped);
+            Ok(EmbeddedNode { node, stop })
+        })
+        .await
     }
 
     pub fn node(&self) -> &Node {

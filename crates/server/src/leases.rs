@@ -253,7 +253,7 @@ pub async fn expire_sessions(
             .for_each_concurrent(BACKGROUND_PROPOSALS_IN_FLIGHT, move |job| {
                 job.run(leases.clone(), proposer.clone(), term)
             });
-        tokio::spawn(sweep);
+        crate::runtime::spawn(sweep);
     }
 }
 

@@ -278,13 +278,13 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
 /// expiring leases, giving up abandoned acquires and raising the cluster
 /// version.
 fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
-    tokio::spawn(node::give_up_abandoned(node.clone(), stopped.clone()));
-    tokio::spawn(cluster_version::raise_when_supported(
+    runtime::spawn(node::give_up_abandoned(node.clone(), stopped.clone()));
+    runtime::spawn(cluster_version::raise_when_supported(
         node.clone(),
         stopped.clone(),
     ));
     let leader = node.clone();
-    tokio::spawn(leases::follow_leadership(
+    runtime::spawn(leases::follow_leadership(
         node.raft.clone(),
         node.id,
         node.leases.clone(),
@@ -296,12 +296,12 @@ fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
         },
         stopped.clone(),
     ));
-    tokio::spawn(metrics::count_leader_changes(
+    runtime::spawn(metrics::count_leader_changes(
         node.raft.clone(),
         node.metrics.clone(),
         stopped.clone(),
     ));
-    tokio::spawn(leases::expire_sessions(
+    runtime::spawn(leases::expire_sessions(
         node.leases.clone(),
         node.proposer.clone(),
         stopped,

@@ -261,7 +261,7 @@ impl Proposer {
         let pending = Arc::new(tokio::sync::Mutex::new(pending));
         let sending = Arc::new(RwLock::new(()));
         for _ in 0..BATCHES_IN_FLIGHT {
-            tokio::spawn(batch_loop(
+            crate::runtime::spawn(batch_loop(
                 raft.clone(),
                 clock,
                 metrics.clone(),

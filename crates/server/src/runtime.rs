@@ -4,13 +4,23 @@
 //! instance id): those come from [`NodeRng`], which the deterministic
 //! simulation seeds so that a run repeats exactly. (Session and token
 //! secrets are `secret.rs`'s, from a source of their own.)
+//!
+//! Every task a node starts, openraft's and ours, goes through [`spawn`],
+//! so that the simulation can stop a node's tasks as SIGSTOP stops a
+//! process: a [`PauseGate`] given to the node is inherited by each task it
+//! spawns, and while it is shut none of them is polled. Their timers still
+//! come due, and all fire the moment it opens, as a resumed process's do.
+//! A real node has no gate, and `spawn` is `tokio::spawn`.
 
 use openraft::{AsyncRuntime, OptionalSend, TokioRuntime};
 use rand::rngs::{StdRng, ThreadRng};
 use rand::{RngCore, SeedableRng};
 use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -71,7 +81,90 @@ impl RngCore for NodeRng {
     }
 }
 
-/// Everything but `thread_rng` is `TokioRuntime`'s.
+/// Whether a simulated node's tasks may run (see the module's comment).
+/// Clones share the gate.
+#[derive(Clone, Default)]
+pub struct PauseGate(Arc<Mutex<GateState>>);
+
+#[derive(Default)]
+struct GateState {
+    shut: bool,
+    /// The tasks that were woken while the gate was shut, in order.
+    woken: Vec<Waker>,
+}
+
+impl PauseGate {
+    /// From now on the node's tasks are not polled.
+    pub fn shut(&self) {
+        self.state().shut = true;
+    }
+
+    /// The node's tasks run again: each woken meanwhile is polled now.
+    pub fn open(&self) {
+        let woken = {
+            let mut state = self.state();
+            state.shut = false;
+            std::mem::take(&mut state.woken)
+        };
+        woken.into_iter().for_each(Waker::wake);
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, GateState> {
+        // Only ever a flag and a list: nothing a panic could leave half done.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `future` (a node's start) with this gate, so that every task
+    /// it spawns through [`spawn`], and theirs, is behind it.
+    pub async fn enclose<F: Future>(&self, future: F) -> F::Output {
+        GATE.scope(self.clone(), future).await
+    }
+}
+
+tokio::task_local! {
+    static GATE: PauseGate;
+}
+
+/// A task behind a gate: polled only while the gate is open.
+struct Gated<F> {
+    gate: PauseGate,
+    task: Pin<Box<F>>,
+}
+
+impl<F: Future> Future for Gated<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        {
+            let mut state = self.gate.state();
+            if state.shut {
+                if !state.woken.iter().any(|woken| woken.will_wake(cx.waker())) {
+                    state.woken.push(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+        }
+        self.task.as_mut().poll(cx)
+    }
+}
+
+/// Spawns one of a node's tasks: behind the node's gate if it has one (in
+/// the simulation), else plainly.
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    match GATE.try_with(PauseGate::clone) {
+        Ok(gate) => tokio::spawn(Gated {
+            gate: gate.clone(),
+            task: Box::pin(GATE.scope(gate, future)),
+        }),
+        Err(_) => tokio::spawn(future),
+    }
+}
+
+/// Everything but `thread_rng` and `spawn` is `TokioRuntime`'s.
 type Tokio = TokioRuntime;
 
 impl AsyncRuntime for DeadboltRuntime {
@@ -91,7 +184,7 @@ impl AsyncRuntime for DeadboltRuntime {
         T: Future + OptionalSend + 'static,
         T::Output: OptionalSend + 'static,
     {
-        Tokio::spawn(future)
+        spawn(future)
     }
 
     fn sleep(duration: Duration) -> Self::Sleep {
@@ -129,5 +222,59 @@ impl AsyncRuntime for DeadboltRuntime {
         T: OptionalSend,
     {
         Tokio::oneshot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::{sleep, Instant};
+
+    /// A paused node's timers must not fire during the pause (a process
+    /// stopped by SIGSTOP runs nothing), and fire at once when it resumes;
+    /// a task spawned by one of its tasks is behind the same gate.
+    #[tokio::test(start_paused = true)]
+    async fn a_shut_gate_holds_its_tasks_and_their_timers_until_it_opens() {
+        let gate = PauseGate::default();
+        let (fired, mut firings) = tokio::sync::mpsc::unbounded_channel();
+        let started = Instant::now();
+        gate.enclose(async move {
+            spawn(async move {
+                sleep(Duration::from_millis(100)).await;
+                fired.send(("parent", started.elapsed())).unwrap();
+                spawn(async move {
+                    sleep(Duration::from_millis(100)).await;
+                    fired.send(("child", started.elapsed())).unwrap();
+                });
+            });
+        })
+        .await;
+        let (little, pause) = (Duration::from_millis(10), Duration::from_secs(1));
+        // Each pause begins once the task waits on its timer.
+        sleep(little).await;
+        gate.shut();
+        sleep(pause).await;
+        assert!(
+            firings.try_recv().is_err(),
+            "a timer fired during the pause"
+        );
+        gate.open();
+        let fired_at = firings.recv().await.unwrap();
+        assert_eq!(fired_at, ("parent", little + pause), "due at 100 ms");
+        sleep(little).await;
+        gate.shut();
+        sleep(pause).await;
+        assert!(
+            firings.try_recv().is_err(),
+            "the child ran behind a shut gate"
+        );
+        gate.open();
+        let fired_at = firings.recv().await.unwrap();
+        assert_eq!(fired_at, ("child", (little + pause) * 2), "due at 1,110 ms");
+    }
+
+    #[tokio::test]
+    async fn without_a_gate_a_task_runs_plainly() {
+        assert_eq!(spawn(async { 7 }).await.unwrap(), 7);
     }
 }

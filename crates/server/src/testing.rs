@@ -11,7 +11,7 @@
 pub mod sim_disk;
 
 use crate::embedded::{
-    Api, Clock, EmbeddedNode, InFlight, NodeId, SecretSource, SimulatedDisks, TypeConfig,
+    Api, Clock, EmbeddedNode, InFlight, NodeId, PauseGate, SecretSource, SimulatedDisks, TypeConfig,
 };
 use crate::{ConnectionLimits, RaftTiming};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
@@ -79,6 +79,7 @@ pub async fn single_node() -> (EmbeddedNode, Api) {
         Clock::simulated(1.0, 1_767_225_600_000),
         &SimulatedDisks::<SimDisk>::default(),
         NoPeers,
+        &PauseGate::default(),
     )
     .await
     .expect("a node starts on a blank disk");

@@ -4,7 +4,7 @@
 use crate::disk::SimDisk;
 use crate::network::{address, Fabric, Reachable, SimNetwork};
 use deadbolt_server::embedded::{
-    Api, Clock, EmbeddedNode, InFlight, NodeId, SecretSource, SimulatedDisks,
+    Api, Clock, EmbeddedNode, InFlight, NodeId, PauseGate, SecretSource, SimulatedDisks,
 };
 use deadbolt_server::{ConnectionLimits, RaftTiming};
 use rand::rngs::StdRng;
@@ -80,6 +80,7 @@ struct Slot {
 struct Running {
     node: EmbeddedNode,
     crashed: watch::Sender<bool>,
+    gate: PauseGate,
 }
 
 impl SimCluster {
@@ -133,6 +134,7 @@ impl SimCluster {
         let slot = self.slots.get_mut(&id).expect("known node");
         assert!(slot.running.is_none(), "node {id} is already running");
         let clock = Clock::simulated(clock_rate, EPOCH_MS + crate::elapsed().as_millis() as u64);
+        let gate = PauseGate::default();
         let network = SimNetwork {
             id,
             incarnation,
@@ -145,6 +147,7 @@ impl SimCluster {
             clock,
             &slot.disks,
             network,
+            &gate,
         )
         .await?;
         let (crashed, crashed_rx) = watch::channel(false);
@@ -163,9 +166,14 @@ impl SimCluster {
                     .then(|| crate::wire::serve(api.clone(), crashed_rx.clone())),
                 api,
                 crashed: crashed_rx,
+                gate: gate.clone(),
             },
         );
-        slot.running = Some(Running { node, crashed });
+        slot.running = Some(Running {
+            node,
+            crashed,
+            gate,
+        });
         Ok(())
     }
 
@@ -178,6 +186,8 @@ impl SimCluster {
         };
         self.fabric.node_down(id);
         let _ = running.crashed.send(true);
+        // A node crashed while paused winds down like any other.
+        running.gate.open();
         let keep = rng.gen_range(0.0..=1.0);
         slot.disks = slot.disks.map(|disk| disk.after_crash(keep, rng));
         for disk in [&slot.disks.db, &slot.disks.witness, &slot.disks.snapshots] {
@@ -317,6 +327,7 @@ impl SimCluster {
         for slot in self.slots.values_mut() {
             if let Some(running) = slot.running.take() {
                 let _ = running.crashed.send(true);
+                running.gate.open();
                 running.node.crash().await;
             }
         }

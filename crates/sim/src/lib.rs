@@ -57,8 +57,9 @@ pub struct SimOptions {
     pub fenced_resource: bool,
     /// `false` leaves out the clients that run the real client crate
     /// (`real_client.rs`), so that a seed found before they joined the runs
-    /// replays as it ran then: their draws come from a stream of their own,
-    /// and without them nothing else moves.
+    /// replays as it ran then (unless a node paused in it: pauses stop a
+    /// node's timers since the same day): their draws come from a stream of
+    /// their own, and without them nothing else moves.
     pub real_clients: bool,
     /// Added to every lease deadline the client crate gives the real
     /// clients, as a crate that counted its lease from the server's answer

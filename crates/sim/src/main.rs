@@ -47,7 +47,7 @@ struct Cli {
     unfenced: bool,
     /// Leave out the clients that run the real client crate, so that a
     /// seed found before they joined the runs (2026-12-05) replays as it
-    /// ran then.
+    /// ran then, unless a node paused in it.
     #[arg(long)]
     without_real_clients: bool,
 }

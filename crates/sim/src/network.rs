@@ -10,11 +10,11 @@
 //! and handles nothing until it resumes. Requests sent to it wait in its
 //! "socket" and are handled when it resumes, those between nodes even if
 //! their sender has given up by then: stale messages arriving late are
-//! what a pause adds to a partition. Its own timers still run meanwhile,
-//! as if they all fired at the moment it resumed, before it read its
-//! socket: nothing they do reaches anyone earlier.
+//! what a pause adds to a partition. Its own tasks are not polled
+//! meanwhile (its `PauseGate` is shut), so its timers fire when it resumes,
+//! as a resumed process's do.
 
-use deadbolt_server::embedded::{Api, NodeId, Raft, TypeConfig};
+use deadbolt_server::embedded::{Api, NodeId, PauseGate, Raft, TypeConfig};
 use openraft::error::{InstallSnapshotError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -69,6 +69,8 @@ pub struct Reachable {
     pub crashed: watch::Receiver<bool>,
     /// Where real clients' gRPC connections to it go, in runs with them.
     pub listener: Option<crate::wire::Listener>,
+    /// Shut while it is paused: none of its tasks runs.
+    pub gate: PauseGate,
 }
 
 /// Why a message got no answer.
@@ -121,6 +123,9 @@ impl Fabric {
 
     /// Pauses node `id` until [`Fabric::resume`].
     pub fn pause(&self, id: NodeId) {
+        if let Some(node) = self.state().nodes.get(&id) {
+            node.gate.shut();
+        }
         self.paused.send_modify(|paused| {
             paused.insert(id);
         });
@@ -130,6 +135,10 @@ impl Fabric {
         self.paused.send_modify(|paused| {
             paused.remove(&id);
         });
+        let gate = self.state().nodes.get(&id).map(|node| node.gate.clone());
+        if let Some(gate) = gate {
+            gate.open();
+        }
     }
 
     /// Returns once node `id` is not paused.

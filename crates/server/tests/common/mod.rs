@@ -22,8 +22,8 @@ mod disk;
 
 pub use deadbolt_proto::ErrorKind;
 pub use deadbolt_server::embedded::{
-    Api, ApiError, Clock, Credentials, EmbeddedNode, InFlight, NodeId, Raft, SecretSource,
-    SimulatedDisks, TypeConfig,
+    Api, ApiError, Clock, Credentials, EmbeddedNode, InFlight, NodeId, PauseGate, Raft,
+    SecretSource, SimulatedDisks, TypeConfig,
 };
 pub use disk::SimDisk;
 
@@ -270,6 +270,7 @@ impl Cluster {
             clock,
             &slot.disks,
             link,
+            &PauseGate::default(),
         )
         .await
         .expect("the node starts from its disk");
