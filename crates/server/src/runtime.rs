@@ -249,28 +249,29 @@ mod tests {
             });
         })
         .await;
-        let (little, pause) = (Duration::from_millis(10), Duration::from_secs(1));
-        // Each pause begins once the task waits on its timer.
-        sleep(little).await;
+        // The parent's timer is due at 100 ms, the child's at 1,110 ms:
+        // each fires only when the pause around it ends.
+        let parent = pause_then_resume(&gate, &mut firings).await;
+        assert_eq!(parent, ("parent", LITTLE + PAUSE));
+        let child = pause_then_resume(&gate, &mut firings).await;
+        assert_eq!(child, ("child", (LITTLE + PAUSE) * 2));
+    }
+
+    const LITTLE: Duration = Duration::from_millis(10);
+    const PAUSE: Duration = Duration::from_secs(1);
+
+    /// Shuts the gate once the tasks wait on their timers, for a second in
+    /// which nothing may fire; then opens it and returns what fired.
+    async fn pause_then_resume(
+        gate: &PauseGate,
+        firings: &mut tokio::sync::mpsc::UnboundedReceiver<(&'static str, Duration)>,
+    ) -> (&'static str, Duration) {
+        sleep(LITTLE).await;
         gate.shut();
-        sleep(pause).await;
-        assert!(
-            firings.try_recv().is_err(),
-            "a timer fired during the pause"
-        );
+        sleep(PAUSE).await;
+        assert!(firings.try_recv().is_err(), "a task ran during the pause");
         gate.open();
-        let fired_at = firings.recv().await.unwrap();
-        assert_eq!(fired_at, ("parent", little + pause), "due at 100 ms");
-        sleep(little).await;
-        gate.shut();
-        sleep(pause).await;
-        assert!(
-            firings.try_recv().is_err(),
-            "the child ran behind a shut gate"
-        );
-        gate.open();
-        let fired_at = firings.recv().await.unwrap();
-        assert_eq!(fired_at, ("child", (little + pause) * 2), "due at 1,110 ms");
+        firings.recv().await.unwrap()
     }
 
     #[tokio::test]

@@ -16,6 +16,22 @@ fn short(fenced_resource: bool) -> SimOptions {
     }
 }
 
+/// The first violation saying `what` in a run of one of `seeds`.
+fn first_violation(
+    seeds: std::ops::Range<u64>,
+    options: &SimOptions,
+    what: &str,
+) -> Option<String> {
+    seeds.into_iter().find_map(|seed| {
+        let report = simulate(seed, options);
+        report
+            .violations
+            .into_iter()
+            .find(|violation| violation.what.contains(what))
+            .map(|violation| violation.what)
+    })
+}
+
 #[test]
 fn a_seed_replays_exactly_and_passes_the_checker() {
     // The first seed from 11 on whose short run crashes a node, so that the
@@ -41,14 +57,7 @@ fn a_seed_replays_exactly_and_passes_the_checker() {
 
 #[test]
 fn without_the_fence_the_checker_finds_stale_writes() {
-    let found = (0..6).find_map(|seed| {
-        let report = simulate(seed, &short(false));
-        report
-            .violations
-            .iter()
-            .find(|violation| violation.what.contains("the resource accepted token"))
-            .map(|violation| violation.what.clone())
-    });
+    let found = first_violation(0..6, &short(false), "the resource accepted token");
     assert!(
         found.is_some(),
         "paused clients wrote with stale tokens, and nothing refused them: the checker must see it"
@@ -125,14 +134,7 @@ fn a_client_that_overtrusts_its_lease_is_caught_holding_with_another() {
         overtrust: Duration::from_secs(6),
         ..short(true)
     };
-    let found = (0..8).find_map(|seed| {
-        let report = simulate(seed, &options);
-        report
-            .violations
-            .iter()
-            .find(|violation| violation.what.contains("two holders at once"))
-            .map(|violation| violation.what.clone())
-    });
+    let found = first_violation(0..8, &options, "two holders at once");
     assert!(
         found.is_some(),
         "real clients paused past their lease and wrote, believing they held it"
