@@ -27,7 +27,7 @@ use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::{CallError, CallRequest, CallResponse};
 use deadbolt_proto::{ErrorKind, MAX_CALLS_PER_STREAM};
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -82,10 +82,8 @@ pub struct CallStream {
     stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
     stopped: bool,
     running: FuturesUnordered<RunningCall>,
-    /// How to cancel each call in flight, by id. Ordered, so that a stream
-    /// that ends wakes its calls in one order every time (the simulation
-    /// replays runs exactly).
-    cancels: BTreeMap<u64, Cancel>,
+    /// How to cancel each call in flight, by id.
+    cancels: HashMap<u64, Cancel>,
     next_serial: u64,
     acquires_in_flight: usize,
     /// Answers to calls turned away without running.
@@ -109,7 +107,7 @@ impl CallStream {
             }),
             stopped: false,
             running: FuturesUnordered::new(),
-            cancels: BTreeMap::new(),
+            cancels: HashMap::new(),
             next_serial: 0,
             acquires_in_flight: 0,
             refused: VecDeque::new(),
@@ -261,6 +259,8 @@ impl Stream for CallStream {
                     // are abandoned with it.
                     Poll::Ready(Some(Err(status))) => {
                         this.requests = None;
+                        // The calls go first: the cancels' order then
+                        // wakes no one (the simulation replays runs exactly).
                         this.running.clear();
                         this.cancels.clear();
                         return Poll::Ready(Some(Err(caller_fault(status))));
