@@ -619,8 +619,19 @@ async fn a_request_to_stand_for_election_that_names_another_vote_changes_nothing
             "node {id}, vote {vote}: {status:?}"
         );
     }
-    // Well past an election timeout: no election was started.
+    // Well past an election timeout, no node stood for election because it
+    // was asked. (Not "the term stayed": a CI run on a loaded machine held
+    // two ordinary elections during this second, term 1 to 3.)
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(term(follower), before);
-    assert_eq!(cluster.leader_within(Duration::from_secs(5)).await, leader);
+    for id in 1..=3 {
+        let said = cluster.node(id).log_text();
+        assert!(
+            !said.contains(STOOD_WHEN_ASKED),
+            "node {id} stood for election when asked:\n{said}"
+        );
+    }
 }
+
+/// What a node logs when a `TimeoutNow` makes it stand for election
+/// (`rolling_restart.rs` checks that a handover logs it).
+const STOOD_WHEN_ASKED: &str = "standing for election at the leader's request";

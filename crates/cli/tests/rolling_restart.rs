@@ -131,6 +131,11 @@ async fn a_stopping_leader_hands_leadership_to_a_follower() {
         .and_then(|id| id.parse().ok())
         .unwrap_or_else(|| panic!("node {leader} did not hand leadership over:\n{said}"));
     assert_ne!(handed_to, leader);
+    let candidate_said = cluster.node(handed_to).log_text();
+    assert!(
+        candidate_said.contains("standing for election at the leader's request"),
+        "node {handed_to} did not say it was asked to stand:\n{candidate_said}"
+    );
     let now_leading = cluster.leader_within(Duration::from_secs(30)).await;
     assert_eq!(now_leading, handed_to, "{}", cluster.logs());
 }

@@ -477,7 +477,11 @@ impl Server {
             config.node_id,
             raft_config,
             data,
-            network::PeerNetwork::new(transport.tls.clone(), transport.peer_secrets.clone()),
+            network::PeerNetwork::new(
+                config.timing.heartbeat,
+                transport.tls.clone(),
+                transport.peer_secrets.clone(),
+            ),
             NodeRun {
                 clock: Clock::host(),
                 io: StorageIo::Threads,

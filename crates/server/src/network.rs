@@ -17,7 +17,7 @@ use deadbolt_proto::MAX_MESSAGE_BYTES;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
@@ -45,9 +45,10 @@ const PING_TIMEOUT: Duration = Duration::from_secs(1);
 /// replication stream and per leadership check (several a second under
 /// linearizable reads), so the channels are shared: one HTTP/2 connection
 /// per peer, multiplexed, instead of a TCP handshake per check.
-#[derive(Default)]
 pub struct PeerNetwork {
     channels: SharedChannels,
+    /// The first pause after a failed call; see [`PeerConnection::backoff`].
+    first_retry: Duration,
     /// With TLS, peers are dialled over https and shown this node's
     /// certificate.
     tls: Option<Arc<NodeTls>>,
@@ -56,9 +57,16 @@ pub struct PeerNetwork {
 }
 
 impl PeerNetwork {
-    pub fn new(tls: Option<Arc<NodeTls>>, secrets: Option<Arc<PeerSecrets>>) -> Self {
+    /// `heartbeat` is the leader's heartbeat interval: after a failed
+    /// call, a peer is tried again that soon.
+    pub fn new(
+        heartbeat: Duration,
+        tls: Option<Arc<NodeTls>>,
+        secrets: Option<Arc<PeerSecrets>>,
+    ) -> Self {
         PeerNetwork {
             channels: SharedChannels::default(),
+            first_retry: heartbeat,
             tls,
             secrets,
         }
@@ -71,6 +79,7 @@ type SharedChannels = Arc<Mutex<HashMap<NodeId, (String, Channel, Instant)>>>;
 /// A connection to one peer.
 pub struct PeerConnection {
     target: NodeId,
+    first_retry: Duration,
     node: BasicNode,
     channels: SharedChannels,
     tls: Option<Arc<NodeTls>>,
@@ -92,6 +101,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             .map(|(_, channel, _)| channel.clone());
         let mut connection = PeerConnection {
             target,
+            first_retry: self.first_retry,
             node: node.clone(),
             channels: self.channels.clone(),
             tls: self.tls.clone(),
@@ -311,6 +321,25 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         })
         .await
     }
+
+    /// How long the leader waits before calling an unreachable peer again:
+    /// a heartbeat interval, doubling to [`CONNECT_TIMEOUT`]. While it waits
+    /// the peer gets no heartbeat, so the first wait must be well under the
+    /// election timeout (3 heartbeats at least). openraft's default, 500 ms
+    /// at once, turned one slow first call into an election: a CI run's
+    /// 3 fresh nodes changed leader twice in their first second, as the
+    /// follower whose first heartbeat had timed out stood for election.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(retry_pauses(self.first_retry))
+    }
+}
+
+/// Pauses between calls to a peer that stays unreachable: `first`, then
+/// twice as long each time, up to [`CONNECT_TIMEOUT`].
+fn retry_pauses(first: Duration) -> impl Iterator<Item = Duration> + Send + 'static {
+    std::iter::successors(Some(first.min(CONNECT_TIMEOUT)), |pause| {
+        Some(pause.saturating_mul(2).min(CONNECT_TIMEOUT))
+    })
 }
 
 /// The receiving side: decodes a peer's request, hands it to the local Raft,
@@ -411,6 +440,7 @@ impl RaftPeer for PeerService {
                  request came with vote {leader_vote}"
             )));
         }
+        tracing::info!(leader = %leader_vote, "standing for election at the leader's request");
         self.raft
             .trigger()
             .elect()
@@ -429,6 +459,18 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::atomic::AtomicUsize;
     use tokio::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn an_unreachable_peer_is_retried_within_a_heartbeat_then_less_often() {
+        let millis = |first: u64| -> Vec<u128> {
+            retry_pauses(Duration::from_millis(first))
+                .take(7)
+                .map(|pause| pause.as_millis())
+                .collect()
+        };
+        assert_eq!(millis(50), [50, 100, 200, 400, 500, 500, 500]);
+        assert_eq!(millis(2_000), [500; 7]);
+    }
 
     /// Forwards each connection to `target`, but only `delay` after
     /// accepting it: a peer whose handshake takes that long. Returns its
@@ -496,7 +538,11 @@ mod tests {
         }));
 
         let secrets = PeerSecrets::load(&secret).unwrap();
-        let mut network = PeerNetwork::new(None, Some(Arc::new(secrets)));
+        let mut network = PeerNetwork::new(
+            RaftTiming::default().heartbeat,
+            None,
+            Some(Arc::new(secrets)),
+        );
         let mut peer = network
             .new_client(1, &BasicNode::new(proxy.to_string()))
             .await;
