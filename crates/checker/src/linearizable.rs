@@ -25,7 +25,7 @@ use crate::history::{Op, Phase, Record};
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A counter behind a fence: the value, and the largest token that has
 /// incremented it.
@@ -79,9 +79,13 @@ const UNKNOWN_THREADS: u64 = 1 << 32;
 const FINAL_READER: u64 = u64::MAX;
 
 /// The tester's search is exponential in the worst case, which a history
-/// that is not linearizable can reach: past this long, the counter is
-/// reported undecided (itself a reason to look).
+/// that is not linearizable can reach: past this much of its thread's CPU
+/// time, the counter is reported undecided (itself a reason to look). CPU
+/// time, not wall-clock time: a soak stopped with SIGSTOP, or starved at
+/// nice 19 by a CI run, reported two searches of 2 s each as undecided.
 const DECIDE_WITHIN: Duration = Duration::from_secs(60);
+/// How often the waiting side looks at the search's CPU time.
+const LOOK_EVERY: Duration = Duration::from_millis(500);
 
 /// Checks every counter of `finals` (the store's and the resource's) for
 /// linearizability against the increments of `history`, given in the order
@@ -123,21 +127,14 @@ fn check_counter(
             })
         }
     };
-    let (answer, answered) = mpsc::channel();
-    // Its own thread: the search recurses once per operation, and may have
-    // to be given up on.
-    std::thread::Builder::new()
-        .name(format!("linearizable {lock}"))
-        .stack_size(256 << 20)
-        .spawn(move || {
-            let _ = answer.send(tester.serialized_history().is_some());
-        })
-        .expect("a thread for the search");
     let unknown = increments.iter().filter(|r| r.phase == Phase::Info).count();
-    let what = match answered.recv_timeout(DECIDE_WITHIN) {
-        Ok(true) => return None,
-        Ok(false) => "is not linearizable: no order of its increments",
-        Err(_) => "was not decided within a minute: the search for an order of its increments",
+    let what = match search(lock, tester) {
+        Search::Linearizable => return None,
+        Search::NoOrder => "is not linearizable: no order of its increments",
+        Search::GaveUp => {
+            "was not decided within a minute of CPU time: the search for an order of its \
+             increments"
+        }
     };
     let acknowledged = increments.iter().filter(|r| r.phase == Phase::Ok).count();
     Some(Violation {
@@ -151,6 +148,82 @@ fn check_counter(
 }
 
 type Tester = LinearizabilityTester<u64, FencedCounter>;
+
+enum Search {
+    Linearizable,
+    NoOrder,
+    /// Past [`DECIDE_WITHIN`] of CPU time, or the search thread died.
+    GaveUp,
+}
+
+/// Runs the tester's search on a thread of its own (it recurses once per
+/// operation, and may have to be given up on, left running).
+fn search(lock: &str, tester: Tester) -> Search {
+    let (answer, answered) = mpsc::channel();
+    let (clock, clock_known) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("linearizable {lock}"))
+        .stack_size(256 << 20)
+        .spawn(move || {
+            let _ = clock.send(ThreadClock::of_this_thread());
+            let _ = answer.send(tester.serialized_history().is_some());
+        })
+        .expect("a thread for the search");
+    let Ok(clock) = clock_known.recv() else {
+        return Search::GaveUp;
+    };
+    // Without a CPU clock for the thread (never seen on Linux), wall-clock
+    // time stands in.
+    let started = Instant::now();
+    let used = || match &clock {
+        Some(clock) => clock.used(),
+        None => Some(started.elapsed()),
+    };
+    loop {
+        match answered.recv_timeout(LOOK_EVERY) {
+            Ok(true) => return Search::Linearizable,
+            Ok(false) => return Search::NoOrder,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Search::GaveUp,
+            // An error reading the clock: the thread has just ended, and
+            // its answer is on the way.
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if used().is_some_and(|used| used >= DECIDE_WITHIN) {
+                    return Search::GaveUp;
+                }
+            }
+        }
+    }
+}
+
+/// The CPU time one thread has used, readable from another thread.
+struct ThreadClock(libc::clockid_t);
+
+impl ThreadClock {
+    fn of_this_thread() -> Option<ThreadClock> {
+        let mut id: libc::clockid_t = 0;
+        // SAFETY: pthread_self() is this live thread; `id` is a valid out
+        // pointer.
+        let failed = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
+        (failed == 0).then_some(ThreadClock(id))
+    }
+
+    /// `None` once the thread has ended.
+    fn used(&self) -> Option<Duration> {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid out pointer; a stale clock id gives an
+        // error, not undefined behaviour.
+        let failed = unsafe { libc::clock_gettime(self.0, &mut now) };
+        (failed == 0).then(|| {
+            Duration::new(
+                u64::try_from(now.tv_sec).unwrap_or(0),
+                u32::try_from(now.tv_nsec).unwrap_or(0),
+            )
+        })
+    }
+}
 
 /// The tester, fed with `increments` and the final read.
 fn tester(increments: &[&Record], final_value: u64) -> Result<Tester, String> {
@@ -204,6 +277,26 @@ fn tester(increments: &[&Record], final_value: u64) -> Result<Tester, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The search's budget counts the CPU time its thread used, so a
+    /// process stopped or starved for a minute does not give up on a search
+    /// of two seconds (two soak seeds were reported undecided that way).
+    #[test]
+    fn a_thread_that_waits_uses_no_cpu_time() {
+        let (clock, clock_known) = mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            clock.send(ThreadClock::of_this_thread()).unwrap();
+            std::thread::sleep(Duration::from_millis(400));
+        });
+        let clock = clock_known
+            .recv()
+            .unwrap()
+            .expect("a CPU clock for the thread");
+        std::thread::sleep(Duration::from_millis(200));
+        let used = clock.used().expect("the thread is still sleeping");
+        assert!(used < Duration::from_millis(100), "{used:?}");
+        waiter.join().unwrap();
+    }
 
     /// Client `client`'s increment with `token`, invoked and ended as
     /// `phase` with `value`.
