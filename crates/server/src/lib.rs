@@ -78,7 +78,11 @@ use waits::Waits;
 /// directory gone) is fatal to it, and a node whose Raft has stopped can only
 /// answer errors, so it is better gone.
 async fn raft_stopped(raft: openraft::Raft<raft_types::TypeConfig>) {
-    let mut metrics = raft.metrics();
+    // The server metrics change with the vote, state, leader or membership
+    // only (`metrics()` changes with every commit, and this runs on the
+    // main thread: a thread woken per batch). openraft drops their sender
+    // when Raft stops, which ends the wait below.
+    let mut metrics = raft.server_metrics();
     loop {
         if metrics.borrow_and_update().state == openraft::ServerState::Shutdown {
             return;

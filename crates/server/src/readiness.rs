@@ -31,7 +31,12 @@ pub const LOCK_SERVICE: &str = "deadbolt.v1.Deadbolt";
 impl Node {
     /// `Ok` when ready (above), or why not.
     pub fn readiness(&self) -> Result<(), String> {
-        let watched = self.raft.metrics();
+        // openraft marks a stopped Raft in `metrics()` only; the rest comes
+        // from the server metrics, which `report` waits on.
+        if self.raft.metrics().borrow().state == ServerState::Shutdown {
+            return Err("this node is shutting down".to_owned());
+        }
+        let watched = self.raft.server_metrics();
         let metrics = watched.borrow();
         match (metrics.state, metrics.current_leader) {
             (ServerState::Shutdown, _) => Err("this node is shutting down".to_owned()),
@@ -51,13 +56,14 @@ impl Node {
 /// Keeps the gRPC health statuses in step with the node until `stopped`,
 /// then reports both NOT_SERVING.
 pub async fn report(node: Node, mut reporter: HealthReporter, mut stopped: watch::Receiver<bool>) {
-    let mut metrics = node.raft.metrics();
+    // Not `metrics()`, which changes with every commit: a wake-up of this
+    // task per batch, for a status that seldom changes.
+    let mut metrics = node.raft.server_metrics();
     reporter
         .set_service_status("", ServingStatus::Serving)
         .await;
     let mut reported = None;
     loop {
-        // Raft's metrics change with every commit; the status seldom.
         let status = match node.readiness() {
             Ok(()) => ServingStatus::Serving,
             Err(_) => ServingStatus::NotServing,
