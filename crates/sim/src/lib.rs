@@ -84,6 +84,9 @@ const SECRETS_STREAM: u64 = 0x5ec2_e75e_c2e7_5ec2;
 /// Mixed into the seed for the real clients' random streams (their number,
 /// their choices, the client crate's retry jitter).
 const REAL_CLIENTS_STREAM: u64 = 0xc11e_a7c1_1ea7_c11e;
+/// The names of a run's plain locks (the others are semaphores and
+/// read/write locks, by their own prefixes), which the real clients take.
+const LOCK_PREFIX: &str = "lock-";
 
 /// After the faults stop, every lock must see a complete round within this.
 const LIVENESS_BOUND: Duration = Duration::from_secs(10);
@@ -182,7 +185,7 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     .await
     .expect("a new simulated cluster forms");
     let mut locks: Vec<String> = (0..rng.gen_range(1..=3))
-        .map(|i| format!("lock-{i}"))
+        .map(|i| format!("{LOCK_PREFIX}{i}"))
         .collect();
     if rng.gen_bool(0.5) {
         locks.push(format!("{}0", workload::SEMAPHORE_PREFIX));
@@ -228,15 +231,17 @@ async fn run(seed: u64, options: &SimOptions) -> SeedReport {
     let workers = workers
         .into_iter()
         .chain(real_client::spawn(
-            clients,
-            real_clients,
+            real_client::Roster {
+                first_id: clients,
+                count: real_clients,
+                seed: real_rng.gen(),
+                overtrust: options.overtrust,
+            },
             &locks,
             &fabric,
             &cluster.ids(),
             &history,
             &resource,
-            real_rng.gen(),
-            options.overtrust,
             &workload::Schedule {
                 faults_until: until,
                 stop: stopped.clone(),

@@ -36,8 +36,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// Names the real clients take: plain locks, the crate's `lock`.
-const LOCK_PREFIX: &str = "lock-";
 /// How long a client waits before trying again to connect or to open a
 /// session.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
@@ -67,24 +65,37 @@ struct Belief {
     deadline_ns: u64,
 }
 
-/// Starts `count` real clients, with ids from `first_id`, on the plain
-/// locks among `locks`.
-#[allow(clippy::too_many_arguments)]
+/// Which real clients a run has.
+pub struct Roster {
+    /// `count` clients, with ids from `first_id` (after the simulation's
+    /// own clients).
+    pub first_id: usize,
+    pub count: usize,
+    /// Seeds each client's own random choices.
+    pub seed: u64,
+    /// See `SimOptions::overtrust`.
+    pub overtrust: Duration,
+}
+
+/// Starts the `roster`'s real clients on the plain locks among `locks`
+/// (the crate's `lock`).
 pub fn spawn(
-    first_id: usize,
-    count: usize,
+    Roster {
+        first_id,
+        count,
+        seed,
+        overtrust,
+    }: Roster,
     locks: &[String],
     fabric: &Arc<Fabric>,
     nodes: &[NodeId],
     history: &History,
     resource: &Arc<SimResource>,
-    seed: u64,
-    overtrust: Duration,
     schedule: &crate::workload::Schedule,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let locks: Vec<String> = locks
         .iter()
-        .filter(|name| name.starts_with(LOCK_PREFIX))
+        .filter(|name| name.starts_with(crate::LOCK_PREFIX))
         .cloned()
         .collect();
     let endpoints: Vec<String> = nodes.iter().map(|&id| address(id)).collect();
