@@ -107,3 +107,14 @@ def test_a_handle_never_shows_its_secret_in_repr() -> None:
     assert "9f8e7d" not in repr(handle)
     assert str(handle) == "12.9f8e7d"
     assert protocol.SessionHandle.parse("12.9f8e7d") == handle
+
+
+def test_an_answer_with_a_malformed_integer_is_refused_not_read_as_a_number() -> None:
+    state = {"name": "a", "holder_session_id": 3, "token": 7}
+    status = protocol.LockStatus.parse({"state": state, "index": 9})
+    assert status is not None and (status.token, status.index) == (7, 9)
+    left_out = protocol.LockStatus.parse({"state": {"name": "a"}})
+    assert left_out is not None and (left_out.token, left_out.holder) == (0, 0)
+    for bad in (-5, True, "7", 1.5):
+        with pytest.raises(deadbolt.Internal, match="unsigned integer"):
+            protocol.LockStatus.parse({"state": {**state, "token": bad}, "index": 9})

@@ -293,12 +293,26 @@ export function hadNoEffect(error: unknown): boolean {
 
 // ---- typed readers of answer fields ----------------------------------------
 
+// A field left out reads as 0, as in protobuf's JSON. Anything else that
+// is not a whole number of the field's range is not an answer a Deadbolt
+// server gives: it is refused, not read as 0.
+
+const U64_LIMIT = 1n << 64n;
+
 export function u64(value: Json | undefined): bigint {
-  return typeof value === "string" && /^\d+$/.test(value) ? BigInt(value) : 0n;
+  if (value === undefined || value === null) return 0n;
+  if (typeof value === "string" && /^\d+$/.test(value) && BigInt(value) < U64_LIMIT) return BigInt(value);
+  throw malformed(value, "an unsigned 64-bit integer");
 }
 
 export function int(value: Json | undefined): number {
-  return typeof value === "string" && /^-?\d+$/.test(value) ? Number(value) : 0;
+  if (value === undefined || value === null) return 0;
+  if (typeof value === "string" && /^-?\d+$/.test(value) && Number.isSafeInteger(Number(value))) return Number(value);
+  throw malformed(value, "an integer");
+}
+
+function malformed(value: Json, what: string): DeadboltError {
+  return errorFor("internal", `the server's answer has ${JSON.stringify(value)} where ${what} belongs: is it a Deadbolt server?`);
 }
 
 export function text(value: Json | undefined): string {

@@ -45,3 +45,33 @@ test("a handle keeps its secret out of logs", () => {
   assert.equal(handle.toString(), "12.9f8e7d");
   assert.doesNotMatch(JSON.stringify(handle), /9f8e7d/);
 });
+
+test("an answer with a malformed integer is refused, not read as 0", async () => {
+  // Not a Deadbolt server: an HTTP/2 server that answers every call with one body.
+  const { createServer } = await import("node:http2");
+  let body = "";
+  const server = createServer((_request, response) => response.end(body));
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const address = server.address();
+  assert.ok(address && typeof address === "object");
+  const { Client } = await import("deadbolt-client");
+  const client = new Client({ endpoints: `http://127.0.0.1:${address.port}` });
+  try {
+    body = `{"state":{"lock":"a","token":7},"index":9}`;
+    assert.equal((await client.status("a"))?.token, 7n);
+    body = `{"state":{"lock":"a"},"index":9}`;
+    assert.equal((await client.status("a"))?.token, 0n);
+    for (const token of ["-5", "1.5", "true", "18446744073709551616"]) {
+      body = `{"state":{"lock":"a","token":${token}},"index":9}`;
+      await assert.rejects(client.status("a"), (error: unknown) => {
+        assert.ok(error instanceof DeadboltError, String(error));
+        assert.equal(error.kind, "internal");
+        assert.match(error.message, /unsigned 64-bit integer/);
+        return true;
+      });
+    }
+  } finally {
+    client.close();
+    server.close();
+  }
+});

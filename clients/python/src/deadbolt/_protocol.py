@@ -28,6 +28,7 @@ from typing import Any, Callable, Union
 
 from ._errors import (
     DeadboltError,
+    Internal,
     InvalidArgument,
     LeaseLost,
     NotHolder,
@@ -450,6 +451,21 @@ def overloaded_delay(error: DeadboltError, backoff: Backoff) -> float:
     return delay
 
 
+def _uint(value: object) -> int:
+    """An unsigned integer field of an answer. A field left out is 0, as in
+    protobuf's JSON; anything but a whole number from 0 up is not an answer
+    a Deadbolt server gives, and is refused rather than read as some number
+    (``int()`` would take -5, ``True`` or ``"7"``)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise Internal(
+        f"the server's answer has {value!r} where an unsigned integer belongs: "
+        "is it a Deadbolt server?"
+    )
+
+
 @dataclass(frozen=True)
 class SessionHandle:
     """A session's id and secret: together, what it takes to act on the
@@ -496,20 +512,20 @@ class LockStatus:
         state = answer.get("state")
         if not state:
             return None
-        return LockStatus.of_state(state, int(answer.get("index", 0)))
+        return LockStatus.of_state(state, _uint(answer.get("index")))
 
     @staticmethod
     def of_state(state: dict[str, Any], index: int) -> LockStatus:
         return LockStatus(
             name=str(state.get("lock", "")),
-            holder=int(state.get("holder_session_id", 0)),
-            token=int(state.get("token", 0)),
-            waiters=tuple(int(w) for w in state.get("waiter_session_ids", [])),
+            holder=_uint(state.get("holder_session_id")),
+            token=_uint(state.get("token")),
+            waiters=tuple(_uint(w) for w in state.get("waiter_session_ids", [])),
             index=index,
             mode=str(state.get("mode", "")),
             lock_delay=bool(state.get("lock_delay", False)),
             holders=tuple(
-                (int(h.get("session_id", 0)), str(h.get("mode", "")), int(h.get("token", 0)))
+                (_uint(h.get("session_id")), str(h.get("mode", "")), _uint(h.get("token")))
                 for h in state.get("holders", [])
             ),
         )
@@ -526,7 +542,7 @@ class Stored:
     @staticmethod
     def parse(answer: dict[str, Any]) -> Stored:
         found = bool(answer.get("found", False))
-        return Stored(str(answer.get("value", "")) if found else None, int(answer.get("fence", 0)))
+        return Stored(str(answer.get("value", "")) if found else None, _uint(answer.get("fence")))
 
 
 @dataclass(frozen=True)
@@ -544,10 +560,10 @@ class AuditEntry:
     @staticmethod
     def parse(entry: dict[str, Any]) -> AuditEntry:
         return AuditEntry(
-            seq=int(entry.get("seq", 0)),
-            at_ms=int(entry.get("at_ms", 0)),
-            session_id=int(entry.get("session_id", 0)),
-            token=int(entry.get("token", 0)),
+            seq=_uint(entry.get("seq")),
+            at_ms=_uint(entry.get("at_ms")),
+            session_id=_uint(entry.get("session_id")),
+            token=_uint(entry.get("token")),
             what=str(entry.get("what", "")),
             identity=str(entry.get("identity", "")),
         )
@@ -564,7 +580,7 @@ class Permit:
 
 def parse_permits(answer: dict[str, Any]) -> tuple[Permit, ...]:
     return tuple(
-        Permit(int(p.get("token", 0)), int(p.get("slot", 0))) for p in answer.get("permits", [])
+        Permit(_uint(p.get("token")), _uint(p.get("slot"))) for p in answer.get("permits", [])
     )
 
 
@@ -586,15 +602,15 @@ class SemaphoreStatus:
             return None
         return SemaphoreStatus(
             name=str(state.get("semaphore", "")),
-            capacity=int(state.get("capacity", 0)),
+            capacity=_uint(state.get("capacity")),
             holders=tuple(
-                (int(h.get("session_id", 0)), parse_permits(h)) for h in state.get("holders", [])
+                (_uint(h.get("session_id")), parse_permits(h)) for h in state.get("holders", [])
             ),
             waiters=tuple(
-                (int(w.get("session_id", 0)), int(w.get("count", 0)))
+                (_uint(w.get("session_id")), _uint(w.get("count")))
                 for w in state.get("waiters", [])
             ),
-            index=int(answer.get("index", 0)),
+            index=_uint(answer.get("index")),
         )
 
 
@@ -615,11 +631,11 @@ class Leader:
         if not leader:
             return None
         return Leader(
-            session_id=int(leader.get("session_id", 0)),
-            term=int(leader.get("term", 0)),
+            session_id=_uint(leader.get("session_id")),
+            term=_uint(leader.get("term")),
             value=str(leader.get("value", "")),
-            candidates=tuple(int(c) for c in answer.get("candidate_session_ids", [])),
-            index=int(answer.get("index", 0)),
+            candidates=tuple(_uint(c) for c in answer.get("candidate_session_ids", [])),
+            index=_uint(answer.get("index")),
         )
 
 
@@ -646,15 +662,15 @@ class WatchEvent:
     def parse(event: dict[str, Any]) -> WatchEvent:
         value = event.get("value")
         return WatchEvent(
-            index=int(event.get("index", 0)),
-            position=int(event.get("position", 0)),
+            index=_uint(event.get("index")),
+            position=_uint(event.get("position")),
             id=str(event.get("id", "")),
             kind=str(event.get("kind", "")),
             name=str(event.get("name", "")),
-            session_id=int(event.get("session_id", 0)),
+            session_id=_uint(event.get("session_id")),
             identity=str(event.get("identity", "")),
-            token=int(event.get("token", 0)),
+            token=_uint(event.get("token")),
             mode=str(event.get("mode", "")),
-            permits=int(event.get("permits", 0)),
+            permits=_uint(event.get("permits")),
             value=None if value is None else str(value),
         )
