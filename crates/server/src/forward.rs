@@ -45,7 +45,7 @@ use crate::http::HttpError;
 use crate::network::peer_endpoint;
 use crate::node::{ApiError, Node};
 use crate::raft_types::NodeId;
-use crate::tls::TlsClient;
+use crate::tls::{NodeTls, TlsClient};
 use axum::body::Body;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -58,6 +58,7 @@ use deadbolt_core::FeatureLevel;
 use deadbolt_proto::{ErrorKind, LEADER_KEY};
 use http_body::Frame;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -122,9 +123,7 @@ impl Forwarded {
 pub struct Forwarder {
     node: Node,
     gate: PeerGate,
-    /// The connection to the leader, and the address it dials: redialled
-    /// when another node leads.
-    leader: Mutex<Option<(String, Channel)>>,
+    leader: LeaderChannel,
     slots: Arc<Semaphore>,
 }
 
@@ -133,7 +132,7 @@ impl Forwarder {
         Arc::new(Forwarder {
             node,
             gate,
-            leader: Mutex::new(None),
+            leader: LeaderChannel::default(),
             slots: Arc::new(Semaphore::new(MAX_FORWARDED_IN_FLIGHT)),
         })
     }
@@ -151,17 +150,13 @@ impl Forwarder {
         (self.node.cluster_version() >= FeatureLevel::FORWARDING).then_some((leader, address))
     }
 
-    /// The connection to `address`, dialled lazily the first time.
-    fn channel_to(&self, address: &str) -> Result<Channel, String> {
-        let mut leader = self.leader.lock().expect("forwarding channel poisoned");
-        if let Some((dialled, channel)) = leader.as_ref() {
-            if dialled == address {
-                return Ok(channel.clone());
-            }
-        }
-        let channel = peer_endpoint(address, self.node.tls.as_deref())?.connect_lazy();
-        *leader = Some((address.to_owned(), channel.clone()));
-        Ok(channel)
+    /// The connection to the leader at `address`, and which dial made it.
+    fn channel_to(&self, address: &str) -> Result<(u64, Channel), String> {
+        let tls = self.node.tls.as_deref();
+        let tls_reloads = tls.map_or(0, NodeTls::reloads);
+        self.leader.get(address, tls_reloads, || {
+            Ok(peer_endpoint(address, tls)?.connect_lazy())
+        })
     }
 
     /// Takes a call another node forwarded as its caller's: the identity
@@ -224,8 +219,8 @@ impl Forwarder {
             );
             error_response(grpc, err)
         };
-        let channel = match self.channel_to(&address) {
-            Ok(channel) => channel,
+        let (dial, channel) = match self.channel_to(&address) {
+            Ok(kept) => kept,
             Err(why) => return failed(why),
         };
         let client = request
@@ -277,7 +272,66 @@ impl Forwarder {
                     })
                 })
             }
-            Err(err) => failed(err.to_string()),
+            Err(err) => {
+                self.leader.forget(dial);
+                failed(err.to_string())
+            }
+        }
+    }
+}
+
+/// The connection to the leader, kept between calls. Dialled again when
+/// another node leads, when the TLS files were reloaded (a tonic channel
+/// reconnects with the settings it was built with, so it would go on
+/// showing a retired certificate), and after a call on it failed (it may
+/// be a dead TCP stream).
+#[derive(Default)]
+struct LeaderChannel {
+    kept: Mutex<Option<Dialled>>,
+    /// Dials so far: names each, so that a failure forgets only its own.
+    dials: AtomicU64,
+}
+
+struct Dialled {
+    address: String,
+    tls_reloads: u64,
+    dial: u64,
+    channel: Channel,
+}
+
+impl LeaderChannel {
+    /// The channel to `address` made with the TLS settings of reload
+    /// `tls_reloads`, and which dial made it: the one kept, or a new one
+    /// from `connect`.
+    fn get(
+        &self,
+        address: &str,
+        tls_reloads: u64,
+        connect: impl FnOnce() -> Result<Channel, String>,
+    ) -> Result<(u64, Channel), String> {
+        let mut kept = self.kept.lock().expect("forwarding channel poisoned");
+        if let Some(dialled) = kept.as_ref() {
+            if dialled.address == address && dialled.tls_reloads == tls_reloads {
+                return Ok((dialled.dial, dialled.channel.clone()));
+            }
+        }
+        let channel = connect()?;
+        let dial = self.dials.fetch_add(1, Ordering::Relaxed);
+        *kept = Some(Dialled {
+            address: address.to_owned(),
+            tls_reloads,
+            dial,
+            channel: channel.clone(),
+        });
+        Ok((dial, channel))
+    }
+
+    /// Drops the channel `dial` made if it is still the one kept: a call
+    /// that failed after another call redialled leaves the new one.
+    fn forget(&self, dial: u64) {
+        let mut kept = self.kept.lock().expect("forwarding channel poisoned");
+        if kept.as_ref().is_some_and(|dialled| dialled.dial == dial) {
+            *kept = None;
         }
     }
 }
@@ -429,5 +483,41 @@ mod tests {
         ] {
             assert!(needs_the_leader(client_api), "{client_api}");
         }
+    }
+
+    // A channel kept across a SIGHUP that rotated the certificates would
+    // reconnect showing the old ones (a bug: the cache was keyed on the
+    // address alone, and kept a channel whose calls failed).
+    #[tokio::test]
+    async fn the_leaders_channel_is_redialled_after_a_tls_reload_or_a_failed_call() {
+        let leader = LeaderChannel::default();
+        let dials = std::cell::Cell::new(0);
+        let get = |address: &str, tls_reloads: u64| {
+            let connect = || {
+                dials.set(dials.get() + 1);
+                Ok(Channel::from_static("http://127.0.0.1:1").connect_lazy())
+            };
+            leader.get(address, tls_reloads, connect).expect("dials").0
+        };
+        let first = get("10.0.0.1:7070", 0);
+        assert_eq!(get("10.0.0.1:7070", 0), first, "kept between calls");
+        assert_eq!(dials.get(), 1);
+
+        let after_reload = get("10.0.0.1:7070", 1);
+        assert_ne!(after_reload, first);
+        assert_eq!(dials.get(), 2, "redialled with the reloaded certificates");
+
+        let other_leader = get("10.0.0.2:7070", 1);
+        assert_eq!(dials.get(), 3, "redialled to another leader");
+
+        leader.forget(after_reload);
+        assert_eq!(
+            get("10.0.0.2:7070", 1),
+            other_leader,
+            "an older dial's failure forgets nothing"
+        );
+        leader.forget(other_leader);
+        get("10.0.0.2:7070", 1);
+        assert_eq!(dials.get(), 4, "redialled after a failed call");
     }
 }

@@ -12,6 +12,7 @@
 
 use rustls_pemfile::Item;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -77,6 +78,9 @@ pub struct NodeTls {
     files: TlsFiles,
     server: RwLock<Arc<ServerConfig>>,
     peers: RwLock<Option<ClientTlsConfig>>,
+    /// How many reloads took: a channel kept between calls is keyed on it,
+    /// as a tonic channel reconnects with the settings it was built with.
+    reloads: AtomicU64,
 }
 
 impl NodeTls {
@@ -87,6 +91,7 @@ impl NodeTls {
             files,
             server: RwLock::new(server),
             peers: RwLock::new(peers),
+            reloads: AtomicU64::new(0),
         })
     }
 
@@ -95,7 +100,13 @@ impl NodeTls {
         let (server, peers) = load(&self.files)?;
         *self.server.write().expect("tls lock poisoned") = server;
         *self.peers.write().expect("tls lock poisoned") = peers;
+        self.reloads.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// Changes with every reload that took.
+    pub fn reloads(&self) -> u64 {
+        self.reloads.load(Ordering::Acquire)
     }
 
     /// For the next accepted connection.
