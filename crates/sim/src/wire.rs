@@ -18,22 +18,26 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
 /// Bytes a connection's in-memory stream buffers each way.
 const STREAM_BUFFER: usize = 64 * 1024;
 /// What a lost segment costs: TCP's minimum retransmission timeout.
 const RETRANSMISSION: Duration = Duration::from_millis(200);
+/// Connections opened to a node and not yet taken by its server, at most,
+/// as `listen(2)`'s backlog bounds them: past it a connection is refused.
+/// A run has one or two real clients, so it is never reached.
+const LISTEN_BACKLOG: usize = 64;
 
 /// Where a node takes the connections clients open to it.
-pub type Listener = mpsc::UnboundedSender<DuplexStream>;
+pub type Listener = mpsc::Sender<DuplexStream>;
 
 /// Serves `api`'s client services on the connections sent to the returned
 /// listener, until `crashed` turns true.
 pub fn serve(api: Api, crashed: watch::Receiver<bool>) -> Listener {
-    let (listener, connections) = mpsc::unbounded_channel::<DuplexStream>();
-    let incoming = UnboundedReceiverStream::new(connections).map(Ok::<_, io::Error>);
+    let (listener, connections) = mpsc::channel::<DuplexStream>(LISTEN_BACKLOG);
+    let incoming = ReceiverStream::new(connections).map(Ok::<_, io::Error>);
     let mut until_crashed = crashed.clone();
     tokio::spawn(async move {
         let crash = async move {
@@ -73,7 +77,7 @@ async fn connect(
     let (client_end, near) = tokio::io::duplex(STREAM_BUFFER);
     let (far, server_end) = tokio::io::duplex(STREAM_BUFFER);
     let listener = node.listener.as_ref().ok_or_else(refused)?;
-    listener.send(server_end).map_err(|_| refused())?;
+    listener.try_send(server_end).map_err(|_| refused())?;
     let (near_read, near_write) = tokio::io::split(near);
     let (far_read, far_write) = tokio::io::split(far);
     for (from, to) in [(near_read, far_write), (far_read, near_write)] {
