@@ -285,7 +285,11 @@ fn main() {
             std::process::exit(code);
         }
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = match &cli.command {
+        Command::Server(args) => args.runtime(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = runtime
         .enable_all()
         .build()
         .expect("cannot start the tokio runtime");

@@ -560,6 +560,38 @@ where
     }
 }
 
+/// `--threads`: a node on one thread (the default) and nodes on several
+/// make one cluster, which grants with rising tokens across a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_on_one_thread_and_on_several_make_one_cluster() {
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = TestCluster::stopped(Path::new(common::BIN), dir.path(), 3, None).await;
+    cluster.start_node(1);
+    cluster.start_node_with_flags(2, &["--threads", "2"]);
+    cluster.start_node_with_flags(3, &["--threads", "3"]);
+    let leader = cluster.leader_within(Duration::from_secs(30)).await;
+    let client = cluster.client().await;
+    let session = client.open_session(Duration::from_secs(30)).await.unwrap();
+    let first = session.lock("threads").await.unwrap();
+    let before = first.token();
+    first.release().await.unwrap();
+
+    cluster.kill9(leader);
+    let next = cluster.leader_within(Duration::from_secs(30)).await;
+    assert_ne!(next, leader);
+    let session = retry(Duration::from_secs(10), || {
+        client.open_session(Duration::from_secs(30))
+    })
+    .await;
+    let after = retry(Duration::from_secs(10), || session.lock("threads")).await;
+    assert!(
+        after.token() > before,
+        "node {next} granted token {} after node {leader} granted {before}",
+        after.token()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_fills_stops_and_the_others_serve_on() {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
