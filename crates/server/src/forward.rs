@@ -58,7 +58,6 @@ use deadbolt_core::FeatureLevel;
 use deadbolt_proto::{ErrorKind, LEADER_KEY};
 use http_body::Frame;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -287,9 +286,14 @@ impl Forwarder {
 /// be a dead TCP stream).
 #[derive(Default)]
 struct LeaderChannel {
-    kept: Mutex<Option<Dialled>>,
+    kept: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    current: Option<Dialled>,
     /// Dials so far: names each, so that a failure forgets only its own.
-    dials: AtomicU64,
+    dials: u64,
 }
 
 struct Dialled {
@@ -310,14 +314,15 @@ impl LeaderChannel {
         connect: impl FnOnce() -> Result<Channel, String>,
     ) -> Result<(u64, Channel), String> {
         let mut kept = self.kept.lock().expect("forwarding channel poisoned");
-        if let Some(dialled) = kept.as_ref() {
+        if let Some(dialled) = kept.current.as_ref() {
             if dialled.address == address && dialled.tls_reloads == tls_reloads {
                 return Ok((dialled.dial, dialled.channel.clone()));
             }
         }
         let channel = connect()?;
-        let dial = self.dials.fetch_add(1, Ordering::Relaxed);
-        *kept = Some(Dialled {
+        let dial = kept.dials;
+        kept.dials += 1;
+        kept.current = Some(Dialled {
             address: address.to_owned(),
             tls_reloads,
             dial,
@@ -330,8 +335,12 @@ impl LeaderChannel {
     /// that failed after another call redialled leaves the new one.
     fn forget(&self, dial: u64) {
         let mut kept = self.kept.lock().expect("forwarding channel poisoned");
-        if kept.as_ref().is_some_and(|dialled| dialled.dial == dial) {
-            *kept = None;
+        if kept
+            .current
+            .as_ref()
+            .is_some_and(|dialled| dialled.dial == dial)
+        {
+            kept.current = None;
         }
     }
 }
