@@ -258,7 +258,14 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         .context("cannot start raft")?;
     Ok(Node {
         id,
-        proposer: Proposer::start(raft.clone(), clock, metrics.clone(), queue, appended),
+        proposer: Proposer::start(
+            raft.clone(),
+            clock,
+            metrics.clone(),
+            queue,
+            appended,
+            io.appends_inline(),
+        ),
         raft,
         table,
         waits,
@@ -488,7 +495,7 @@ impl Server {
             ),
             NodeRun {
                 clock: Clock::host(),
-                io: StorageIo::Threads,
+                io: StorageIo::for_this_runtime(),
                 queue: config.queue,
                 feature_level: config.feature_level,
             },

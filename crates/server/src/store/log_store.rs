@@ -39,15 +39,35 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 /// Where the log's disk work runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StorageIo {
-    /// Appends on tokio's blocking pool: a real node, whose network must
-    /// not wait on its disk.
+    /// Appends on tokio's blocking pool: a real node on several threads,
+    /// whose network must not wait on its disk.
     Threads,
+    /// Appends on the calling task, snapshots and the witness on threads of
+    /// their own: a real node on one thread (`deadbolt server --threads
+    /// 1`), which waits for its log's fsync as Redis waits for its AOF's.
+    /// Handing each append to another thread and back cost that one thread
+    /// more than the wait (bench/results/2026-12-05.md).
+    InlineAppends,
     /// Everything on the calling task, in order: the deterministic
     /// simulation, whose disk is memory.
     Inline,
 }
 
 impl StorageIo {
+    /// Where a real node's disk work runs: appends inline on a
+    /// current-thread runtime, on the blocking pool otherwise.
+    pub fn for_this_runtime() -> StorageIo {
+        match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::CurrentThread => StorageIo::InlineAppends,
+            _ => StorageIo::Threads,
+        }
+    }
+
+    /// Whether a log append holds up the thread that asked for it.
+    pub fn appends_inline(self) -> bool {
+        self != StorageIo::Threads
+    }
+
     /// Runs `work` (disk work that may take a while: an fsync, a snapshot
     /// of the whole table) where this says: on the blocking pool, so that
     /// no tokio worker stalls on it, or right here. A panic in it becomes
@@ -58,7 +78,7 @@ impl StorageIo {
         on_panic: impl FnOnce(&tokio::task::JoinError) -> StorageError,
     ) -> Result<T, StorageError> {
         match self {
-            StorageIo::Threads => tokio::task::spawn_blocking(work)
+            StorageIo::Threads | StorageIo::InlineAppends => tokio::task::spawn_blocking(work)
                 .await
                 .unwrap_or_else(|panic| Err(on_panic(&panic))),
             StorageIo::Inline => work(),
@@ -75,7 +95,7 @@ pub struct LogStore {
     /// What readers read, without waiting for the writer's fsync.
     index: Arc<RwLock<LogIndex>>,
     witness: Arc<LazyWitness>,
-    /// Writes the witness behind the log (`StorageIo::Threads` only); the
+    /// Writes the witness behind the log (not under `StorageIo::Inline`); the
     /// last clone dropped stops it, after it wrote what was left.
     _witness_writer: Option<Arc<WitnessWriter>>,
     io: StorageIo,
@@ -106,7 +126,7 @@ impl LogStore {
             appended: Arc::new(tokio::sync::watch::Sender::new(0)),
             index: log.index(),
             log: Arc::new(Mutex::new(log)),
-            _witness_writer: (io == StorageIo::Threads)
+            _witness_writer: (io != StorageIo::Inline)
                 .then(|| Arc::new(WitnessWriter::start(witness.clone()))),
             witness,
             io,
@@ -318,10 +338,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         read_meta(&self.db, VOTE_KEY, ErrorSubject::Vote)
     }
 
-    /// Writes on a blocking thread: the write waits for the disk, and a
-    /// tokio worker stalled on fsync could not serve the network meanwhile.
-    /// Returns once the entries are written and readable, as the storage
-    /// contract requires.
+    /// Writes on a blocking thread, unless [`StorageIo::appends_inline`]:
+    /// the write waits for the disk, and a tokio worker stalled on fsync
+    /// could not serve the network meanwhile. Returns once the entries are
+    /// written and readable, as the storage contract requires.
     async fn append<I>(
         &mut self,
         entries: I,
@@ -334,13 +354,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         let started = std::time::Instant::now();
         let (log, witness, io) = (self.log.clone(), self.witness.clone(), self.io);
-        let written = self
-            .io
-            .run(
+        let written = if io.appends_inline() {
+            append_noted(&log, &witness, io, &entries)
+        } else {
+            io.run(
                 move || append_noted(&log, &witness, io, &entries),
                 |panic| StorageIOError::write_logs(panic).into(),
             )
-            .await;
+            .await
+        };
         self.append_seconds.observe(started.elapsed().as_secs_f64());
         // Only after the fsync returned may openraft count these entries as
         // persisted (the witness follows: see `LazyWitness`).
