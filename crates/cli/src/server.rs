@@ -147,12 +147,14 @@ pub struct ServerArgs {
         value_parser = clap::value_parser!(u32).range(i64::from(FeatureLevel::BASE.0)..=i64::from(FeatureLevel::NEWEST.0))
     )]
     max_feature_level: u32,
-    /// Threads that serve the network and run Raft. One, the default, runs
-    /// the node on a single thread, as Redis does: a call is handed between
-    /// tasks, never between threads, which costs a fifth less CPU per call
-    /// than two threads on a two-core machine (bench/results/2026-12-05.md).
-    /// More spread TLS and HTTP/2 over more cores, at more CPU per call.
-    /// The log's writes and fsyncs have threads of their own either way.
+    /// Threads that serve the network, run Raft and write the log. One, the
+    /// default, runs the node on a single thread, as Redis does: a call is
+    /// handed between tasks, never between threads, and the log is fsync'd
+    /// on that thread, which costs a third less CPU per call than two
+    /// threads on a two-core machine (bench/results/2026-12-05.md); the
+    /// node answers nothing while an fsync runs. More threads spread TLS and
+    /// HTTP/2 over more cores and fsync on threads of their own, at more
+    /// CPU per call.
     #[arg(long, env = "DEADBOLT_THREADS", value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
     /// `text` for people, `json` (one object a line) for log shippers.
