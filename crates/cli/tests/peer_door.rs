@@ -76,7 +76,7 @@ fn forged_messages(term: u64) -> [(&'static str, Vec<u8>); 4] {
         entries: vec![Entry {
             log_id: LogId::new(leader, 1),
             payload: EntryPayload::Normal(Batch {
-                commands: vec![bootstrap],
+                commands: [bootstrap].into(),
                 at_ms: 0,
             }),
         }],

@@ -468,7 +468,7 @@ async fn send(raft: &Raft, clock: Clock, batch: Vec<Pending>) -> Sent {
     let (commands, replies): (Vec<_>, Vec<_>) =
         batch.into_iter().map(|p| (p.command, p.reply)).unzip();
     let batch = Batch {
-        commands,
+        commands: commands.into(),
         at_ms: batch_clock(&clock),
     };
     let written = raft

@@ -164,7 +164,10 @@ async fn what_the_stores_acknowledged_survives_a_crash_that_keeps_only_synced_wr
 fn entry(term: u64, index: u64, commands: Vec<Command>) -> Entry<TypeConfig> {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
-        payload: EntryPayload::Normal(Batch { commands, at_ms: 0 }),
+        payload: EntryPayload::Normal(Batch {
+            commands: commands.into(),
+            at_ms: 0,
+        }),
     }
 }
 
