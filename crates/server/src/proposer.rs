@@ -373,7 +373,7 @@ async fn batch_loop(
             // the network), and it joins this batch, as a Redis event loop
             // takes everything readable before its fsync. Measured, one
             // node, 16 clients: 78-89 µs of server CPU per pair against
-            // 98-99 on the blocking pool; without this, 88 at 16 clients but
+            // 98-99 on the blocking pool; without this, 77-88 at 16 clients but
             // 65-66 against 57-62 at 64 (bench/results/2026-12-05.md).
             tokio::task::yield_now().await;
         }
