@@ -118,14 +118,14 @@ fn answer(request: CallRequest) -> CallResponse {
     }
 }
 
-/// A request as Deadbolt's client sends one: a session, its 43-character
-/// secret and a lock name.
+/// A request as Deadbolt's client sends one: a session, its secret (32 hex
+/// characters, as `secret.rs` draws them) and a lock name.
 fn request(id: u64, connection: u32) -> CallRequest {
     CallRequest {
         id,
         call: Some(Call::Acquire(AcquireRequest {
             session_id: u64::from(connection),
-            session_secret: "s".repeat(43),
+            session_secret: "5e".repeat(16),
             lock: format!("bench:{connection}"),
             attempt: id,
             ..AcquireRequest::default()
