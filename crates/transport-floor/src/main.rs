@@ -53,21 +53,26 @@ enum Command {
     Server {
         #[arg(long, value_enum)]
         transport: Transport,
+        /// The address to listen on.
         #[arg(long, default_value = "127.0.0.1:7790")]
         listen: SocketAddr,
     },
     /// Keep one call in flight per connection and report the server's CPU
     /// per message (read from /proc: the server must run on this machine).
     Client {
+        /// The server's transport (both sides must use the same).
         #[arg(long, value_enum)]
         transport: Transport,
+        /// The server's address.
         #[arg(long, default_value = "127.0.0.1:7790")]
         connect: SocketAddr,
+        /// Connections, each with one call in flight.
         #[arg(long, default_value_t = 64)]
         connections: u32,
         /// Measured time, after a second of warm-up.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         duration: Duration,
+        /// The server's process id, whose CPU time is read.
         #[arg(long)]
         server_pid: u32,
     },
