@@ -66,6 +66,11 @@ pub struct BenchArgs {
     /// `Calls` stream, as the workers of one program sharing a `Client` do.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     connections: Option<u32>,
+    /// `uncontended` and `contended`: how acquires, releases and
+    /// keepalives go, as framed calls (on a connection of their own, where
+    /// the server speaks them) or over the gRPC `Calls` stream.
+    #[arg(long, value_enum, default_value_t = CallsOver::Framed)]
+    calls: CallsOver,
     /// Measured time (after warm-up; `overload`: the flood).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     duration: Duration,
@@ -122,6 +127,13 @@ pub struct BenchArgs {
     /// 100 each), and report the events they receive.
     #[arg(long, default_value_t = 0)]
     pub(crate) watchers: u32,
+}
+
+/// What `--calls` chooses between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum CallsOver {
+    Framed,
+    Grpc,
 }
 
 /// Locks the fill takes per session: 990,000 locks in 82,500 sessions.
@@ -362,7 +374,11 @@ async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Resu
     let connections = args.connections.unwrap_or(args.clients).min(args.clients);
     let mut clients = Vec::new();
     for _ in 0..connections {
-        clients.push(endpoints.connect().await?);
+        let client = endpoints.connect().await?;
+        if args.calls == CallsOver::Grpc {
+            client.prefer_grpc_calls();
+        }
+        clients.push(client);
     }
     let mut sessions = Vec::new();
     for client in clients.iter().cycle().take(args.clients as usize) {

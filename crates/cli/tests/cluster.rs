@@ -653,6 +653,8 @@ async fn a_client_given_only_a_follower_goes_to_the_leader_it_names() {
         String::from_utf8_lossy(&status.stdout).contains(&first.token().to_string()),
         "{status:?}"
     );
+    // Its calls went as framed calls, once the client was at the leader.
+    assert!(common::framed_connections(cluster.node(leader).listen, "served") >= 1.0);
 
     // The leader it was sent to dies: the follower, asked again, names the
     // next one (or leads itself).

@@ -8,6 +8,10 @@
 //! ended with, and dropping it abandons the call on the server as dropping
 //! a unary call would (a `cancel` message instead of a reset stream).
 //!
+//! Where the server speaks them, the same messages go as framed calls
+//! instead (`framed.rs`), on a TCP connection of their own; everything
+//! below holds for both.
+//!
 //! A stream that breaks (the server went away, the connection failed)
 //! fails every call in flight with the transport's status, exactly like the
 //! unary calls on that connection; the next call opens a new stream.
@@ -18,7 +22,8 @@
 //! [`MAX_CALLS_PER_STREAM`] calls in flight the next one waits for a slot,
 //! as the server would stop reading it anyway.
 
-use crate::client::Link;
+use crate::client::{Link, CONNECT_TIMEOUT};
+use crate::framed::FramedTarget;
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
@@ -54,13 +59,14 @@ struct State {
 }
 
 impl Calls {
-    /// Opens the stream on `channel` in the background: calls made before
-    /// the server has answered are sent as soon as it does.
-    pub(crate) fn open(channel: Link) -> Calls {
+    /// Opens the stream in the background, as framed calls to `framed` if
+    /// given and welcomed there, else on `channel`: calls made before the
+    /// server has answered are sent as soon as it does.
+    pub(crate) fn open(channel: Link, framed: Option<FramedTarget>) -> Calls {
         // A request and a cancel for each call in flight.
         let (requests, outgoing) = mpsc::channel(2 * MAX_CALLS_PER_STREAM);
         let state = Arc::new(Mutex::new(State::default()));
-        tokio::spawn(deliver_answers(channel, outgoing, state.clone()));
+        tokio::spawn(deliver_answers(channel, framed, outgoing, state.clone()));
         Calls { requests, state }
     }
 
@@ -150,6 +156,7 @@ impl Drop for InFlight<'_> {
 /// ends, fails every call still waiting with the reason.
 async fn deliver_answers(
     channel: Link,
+    framed: Option<FramedTarget>,
     outgoing: mpsc::Receiver<CallRequest>,
     state: Arc<Mutex<State>>,
 ) {
@@ -159,6 +166,25 @@ async fn deliver_answers(
         state: state.clone(),
         reason: Status::unavailable("the call stream's task stopped"),
     };
+    let deliver = |id, result: Option<Answer>| {
+        // No one waiting: the call was cancelled meanwhile.
+        if let Some(reply) = lock(&state).waiting.remove(&id) {
+            let _ = reply
+                .send(result.ok_or_else(|| Status::internal("the server sent an empty answer")));
+        }
+    };
+    if let Some(framed) = framed {
+        match framed.open(CONNECT_TIMEOUT).await {
+            Ok(connection) => {
+                ending.reason = connection.run(outgoing, deliver).await;
+                return;
+            }
+            Err(not_framed) => tracing::debug!(
+                endpoint = %framed.address, reason = %not_framed,
+                "no framed calls; using the Calls stream"
+            ),
+        }
+    }
     let requests = ReceiverStream::new(outgoing);
     let mut answers = match DeadboltClient::new(channel).calls(requests).await {
         Ok(answers) => answers.into_inner(),
@@ -169,16 +195,7 @@ async fn deliver_answers(
     };
     ending.reason = loop {
         match answers.message().await {
-            Ok(Some(CallResponse { id, result })) => {
-                // No one waiting: the call was cancelled meanwhile.
-                if let Some(reply) = lock(&state).waiting.remove(&id) {
-                    let _ =
-                        reply
-                            .send(result.ok_or_else(|| {
-                                Status::internal("the server sent an empty answer")
-                            }));
-                }
-            }
+            Ok(Some(CallResponse { id, result })) => deliver(id, result),
             Ok(None) => break Status::unavailable("the server closed the call stream"),
             Err(status) => break status,
         }

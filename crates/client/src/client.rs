@@ -15,6 +15,7 @@
 
 use crate::calls::Calls;
 use crate::error::describe_chain;
+use crate::framed::{FramedTls, Framing};
 use crate::simulation::Dial;
 use crate::{Error, ErrorKind, HealthResponse, LockState, RwMode, Session, SessionHandle};
 use deadbolt_proto::v1::access_client::AccessClient;
@@ -46,7 +47,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 /// How long to wait for a TCP (and HTTP/2) connection before calling the
 /// server unreachable.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A blocking `Acquire` can sit on one connection indefinitely; HTTP/2 pings
 /// notice when the peer has silently gone, so the call fails and is retried
 /// instead of hanging.
@@ -97,6 +98,8 @@ struct Shared {
     follow_hints: AtomicBool,
     /// Connections through the simulation's network instead of TCP.
     dial: Option<Dial>,
+    /// Whether the `Calls` stream may go as framed calls.
+    framing: Framing,
 }
 
 /// A connection to one endpoint, with the caller's token (if any) on every
@@ -121,6 +124,11 @@ impl Authorization {
             )
         })?;
         Ok(Authorization(Some(value)))
+    }
+
+    /// The `authorization` value, if any.
+    fn value(&self) -> Option<&str> {
+        self.0.as_ref().and_then(|value| value.to_str().ok())
     }
 
     fn link(&self, channel: Channel) -> Link {
@@ -149,6 +157,9 @@ impl Interceptor for Authorization {
 #[derive(Debug, Clone, Default)]
 pub struct TlsOptions {
     config: Option<ClientTlsConfig>,
+    /// The same, for framed calls (`framed.rs`); `None` if rustls cannot
+    /// use the files, which gRPC then reports.
+    framed: Option<Arc<FramedTls>>,
 }
 
 impl TlsOptions {
@@ -176,23 +187,26 @@ impl TlsOptions {
             }
             return Ok(TlsOptions::default());
         };
-        config = config.ca_certificate(Certificate::from_pem(read(ca, "CA certificate")?));
-        match (cert, key) {
+        let ca = read(ca, "CA certificate")?;
+        config = config.ca_certificate(Certificate::from_pem(&ca));
+        let identity = match (cert, key) {
             (Some(cert), Some(key)) => {
-                let identity =
-                    Identity::from_pem(read(cert, "client certificate")?, read(key, "client key")?);
-                config = config.identity(identity);
+                let identity = (read(cert, "client certificate")?, read(key, "client key")?);
+                config = config.identity(Identity::from_pem(&identity.0, &identity.1));
+                Some(identity)
             }
-            (None, None) => {}
+            (None, None) => None,
             _ => {
                 return Err(Error::new(
                     ErrorKind::InvalidArgument,
                     "a client certificate needs both --cert and --key",
                 ))
             }
-        }
+        };
+        let identity = identity.as_ref().map(|(cert, key)| (&cert[..], &key[..]));
         Ok(TlsOptions {
             config: Some(config),
+            framed: crate::framed::tls_config(&ca, identity),
         })
     }
 }
@@ -222,6 +236,8 @@ pub(crate) struct Current {
     calls: Option<Calls>,
     /// Reached by following the leader a forwarding node named.
     hinted: bool,
+    /// Set once this endpoint turned framed calls away (`framed.rs`).
+    framed_refused: Arc<AtomicBool>,
 }
 
 impl Current {
@@ -233,6 +249,7 @@ impl Current {
             channel,
             calls: None,
             hinted: false,
+            framed_refused: Arc::default(),
         }
     }
 
@@ -240,12 +257,16 @@ impl Current {
         self.channel.clone()
     }
 
-    /// The `Calls` stream, opening a new one if there is none or it ended.
-    fn calls(&mut self) -> Calls {
-        match &self.calls {
-            Some(calls) if !calls.has_ended() => calls.clone(),
-            _ => self.calls.insert(Calls::open(self.channel.clone())).clone(),
+    /// The `Calls` stream, opening a new one if there is none or it ended:
+    /// as framed calls if `framed` and the endpoint has not refused them.
+    fn calls(&mut self, framed: &Framing) -> Calls {
+        if let Some(calls) = self.calls.as_ref().filter(|calls| !calls.has_ended()) {
+            return calls.clone();
         }
+        let framed = framed.target(&self.address, &self.framed_refused);
+        self.calls
+            .insert(Calls::open(self.channel.clone(), framed))
+            .clone()
     }
 }
 
@@ -316,6 +337,8 @@ impl Client {
                     tracing::debug!(endpoint = %target.address, "connected");
                     let current =
                         Current::new(index, &target.address, 0, authorization.link(channel));
+                    let framing =
+                        Framing::new(authorization.value(), dial.clone(), tls.framed.clone());
                     return Ok(Client {
                         shared: Arc::new(Shared {
                             current: Mutex::new(current),
@@ -324,6 +347,7 @@ impl Client {
                             authorization,
                             follow_hints: AtomicBool::new(true),
                             dial,
+                            framing,
                         }),
                     });
                 }
@@ -342,6 +366,17 @@ impl Client {
                 failures.join("; ")
             ),
         ))
+    }
+
+    /// Sends acquires, releases and keepalives over the gRPC `Calls`
+    /// stream from now on, never as framed calls. Framed calls, the
+    /// default to `http://` endpoints, cost the server about half the CPU
+    /// per call, and the client falls back to gRPC by itself where a server
+    /// or a proxy between does not speak them; this is for comparing the
+    /// two, or for a proxy that would pass the preface on to something else.
+    pub fn prefer_grpc_calls(&self) {
+        self.shared.framing.turn_off();
+        self.current().calls = None;
     }
 
     /// Opens a session whose lease a background task keeps renewing; see
@@ -1063,7 +1098,7 @@ impl Client {
         let (call, answer) = (&call, &answer);
         self.call_over(
             Repeat::IfUnsent,
-            Current::calls,
+            |current| current.calls(&self.shared.framing),
             (),
             |calls, ()| async move {
                 match calls.call(call()).await? {
@@ -1411,6 +1446,7 @@ mod tests {
                 authorization,
                 follow_hints: AtomicBool::new(true),
                 dial: None,
+                framing: Framing::new(None, None, None),
             }),
         }
     }

@@ -114,6 +114,7 @@ mod client;
 mod clock;
 mod election;
 mod error;
+mod framed;
 mod handle;
 mod http_get;
 mod lock;

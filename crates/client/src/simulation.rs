@@ -100,6 +100,11 @@ impl Dial {
         Dial(Arc::new(dial))
     }
 
+    /// A connection to `address` (`host:port`).
+    pub(crate) fn connect(&self, address: String) -> Connecting {
+        (self.0)(address)
+    }
+
     /// A connector for tonic's `Endpoint::connect_with_connector`.
     pub(crate) fn connector(
         &self,

@@ -1,6 +1,8 @@
 //! Generated gRPC types for the Deadbolt API (`proto/deadbolt.proto`), shared
 //! by the server and the client so both always speak the same schema.
 
+pub mod frames;
+
 pub mod v1 {
     tonic::include_proto!("deadbolt.v1");
 }

@@ -7,6 +7,7 @@
 //! (see `secret.rs`).
 
 use crate::auth::{self, Caller, Credentials, InFlight};
+use crate::frames::Welcome;
 use crate::metrics::Call;
 use crate::node::{ApiError, Health, Indexed, Node, OwnedSession};
 use crate::secret::SecretSource;
@@ -63,6 +64,21 @@ impl Api {
             drop(timer);
             reply
         })
+    }
+
+    /// Whether this node serves framed calls (`frames.rs`) now, counting
+    /// the answer: not while another node leads, as a follower forwards
+    /// only the gRPC `Calls` stream to its leader (`forward.rs`), so the
+    /// client should use that.
+    pub fn welcome_framed_calls(&self) -> Reply<()> {
+        let metrics = &self.node.metrics;
+        if self.node.leader_elsewhere() {
+            metrics.framed_connection(Welcome::Refused);
+            let why = "a follower serves framed calls to no one; use the Calls stream";
+            return Err(self.node.not_leader(why));
+        }
+        metrics.framed_connection(Welcome::Served);
+        Ok(())
     }
 
     /// Who is calling, if they may use `permission` on `resource` (`None`:

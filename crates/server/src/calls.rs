@@ -17,7 +17,8 @@
 //! ([`MAX_CALLS_PER_STREAM`]) and refusals not yet written
 //! ([`MAX_REFUSED_QUEUED`]): at either of the last two the stream stops
 //! reading requests until calls finish or answers are written, and HTTP/2
-//! flow control holds the client back.
+//! flow control (TCP's, for framed calls: `frames.rs`) holds the client
+//! back.
 
 use crate::api::Api;
 use crate::auth::Credentials;
@@ -33,7 +34,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::{oneshot, watch};
-use tonic::{Status, Streaming};
+use tonic::Status;
 
 /// Acquires in flight on one stream; past this, a new acquire is refused
 /// with `limit_reached`. Releases, keepalives and cancels always run: a
@@ -44,6 +45,10 @@ const MAX_ACQUIRES_IN_FLIGHT: usize = 4096;
 /// Refusals waiting to be written on one stream. A client that sends faster
 /// than it reads its answers is not read further until they are written.
 const MAX_REFUSED_QUEUED: usize = 1024;
+
+/// The requests of one stream: a gRPC `Calls` stream's (tonic's
+/// `Streaming`), or a framed connection's (`frames.rs`).
+pub type Requests = Pin<Box<dyn Stream<Item = Result<CallRequest, Status>> + Send>>;
 
 /// A call being served.
 type RunningCall = Pin<Box<dyn Future<Output = Finished> + Send>>;
@@ -74,7 +79,7 @@ pub struct CallStream {
     credentials: Arc<Credentials>,
     /// `None` once the client has sent its last request: the stream then
     /// ends when the calls in flight have been answered.
-    requests: Option<Streaming<CallRequest>>,
+    requests: Option<Requests>,
     /// Resolves when the server begins to shut down. From then on new calls
     /// are turned away (to another node), and the stream ends once the calls
     /// in flight are answered: a client never half-closes its stream, which
@@ -94,13 +99,13 @@ impl CallStream {
     pub fn new(
         api: Api,
         credentials: Credentials,
-        requests: Streaming<CallRequest>,
+        requests: impl Stream<Item = Result<CallRequest, Status>> + Send + 'static,
         mut stopping: watch::Receiver<bool>,
     ) -> Self {
         CallStream {
             api: Arc::new(api),
             credentials: Arc::new(credentials),
-            requests: Some(requests),
+            requests: Some(Box::pin(requests)),
             stopping: Box::pin(async move {
                 // An error means the server is gone: stopping too.
                 let _ = stopping.wait_for(|stopping| *stopping).await;
@@ -328,6 +333,7 @@ mod tests {
     use tokio::sync::mpsc;
     use tokio::time::{Duration, Instant};
     use tonic::codec::{Codec, ProstCodec};
+    use tonic::Streaming;
 
     /// A request body that carries the messages the test sends, framed as
     /// gRPC frames them.

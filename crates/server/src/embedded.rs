@@ -14,6 +14,7 @@
 pub use crate::api::Api;
 pub use crate::auth::{Credentials, InFlight};
 pub use crate::clock::Clock;
+pub use crate::frames::FramedCalls;
 pub use crate::grpc::client_routes;
 pub use crate::node::{ApiError, Node};
 pub use crate::raft_types::{Batch, NodeId, Raft, TypeConfig};

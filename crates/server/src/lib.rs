@@ -21,6 +21,7 @@ mod cluster_version;
 mod dashboard;
 pub mod embedded;
 mod forward;
+mod frames;
 mod grpc;
 mod handover;
 mod http;
@@ -596,6 +597,7 @@ impl Server {
             node.metrics.clone(),
         );
         let forwarder = forward::Forwarder::new(node.clone(), peer_gate.clone());
+        let framed = frames::FramedCalls::new(api.clone(), stop.subscribe());
         let app = grpc::router(
             api.clone(),
             health_service,
@@ -617,19 +619,26 @@ impl Server {
         let history = node.history.clone();
         let mut stopping = stop.subscribe();
         let leaving = node.clone();
-        let serving = listener::serve(listener, app, limits, node.tls.clone(), async move {
-            shutdown.await;
-            tracing::info!("shutting down");
-            // First, while this node still serves its clients and peers
-            // (the new leader needs its vote), and then forwards calls to
-            // the new leader.
-            handover::hand_over(&leaving).await.report();
-            let _ = stop.send(true);
-            // Blocked acquires and watches would hold the graceful shutdown
-            // open forever.
-            waits.close();
-            history.close();
-        });
+        let serving = listener::serve(
+            listener,
+            app,
+            framed,
+            limits,
+            node.tls.clone(),
+            async move {
+                shutdown.await;
+                tracing::info!("shutting down");
+                // First, while this node still serves its clients and peers
+                // (the new leader needs its vote), and then forwards calls to
+                // the new leader.
+                handover::hand_over(&leaving).await.report();
+                let _ = stop.send(true);
+                // Blocked acquires and watches would hold the graceful shutdown
+                // open forever.
+                waits.close();
+                history.close();
+            },
+        );
         // Connections get a moment to finish their requests, not forever.
         let overdue = async move {
             let _ = stopping.wait_for(|stopping| *stopping).await;

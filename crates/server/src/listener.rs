@@ -15,8 +15,10 @@
 //! ends, instead of costing a file descriptor each.
 
 use crate::auth::peers::RemoteAddr;
+use crate::frames::FramedCalls;
 use crate::tls::{NodeTls, TlsClient};
 use axum::Router;
+use deadbolt_proto::frames::{self, PREFACE};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -172,10 +174,12 @@ fn connections_within(max_connections: usize, open_file_limit: u64) -> Option<us
 
 /// Serves `app` on `listener` until `shutdown` resolves, then stops
 /// accepting and returns once every connection has finished (the caller
-/// bounds how long that may take).
+/// bounds how long that may take). A plain connection that opens with the
+/// framed-calls preface is served by `framed` instead.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
+    framed: FramedCalls,
     limits: ConnectionLimits,
     tls: Option<Arc<NodeTls>>,
     shutdown: impl Future<Output = ()>,
@@ -222,6 +226,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
+        let framed = framed.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let header_read_timeout = limits.header_read_timeout;
@@ -239,6 +244,9 @@ pub async fn serve(
             // lines); over TLS every request carries who sent it.
             let remote = RemoteAddr(remote);
             match tls {
+                None if first[0] == PREFACE[0] => {
+                    framed.serve_tcp(stream, header_read_timeout).await;
+                }
                 None => {
                     let service = TowerToHyperService::new(tower::util::MapRequest::new(
                         app,
@@ -264,6 +272,10 @@ pub async fn serve(
                         Err(_) => return drop(slot),
                     };
                     let client = TlsClient::from_chain(stream.get_ref().1.peer_certificates());
+                    if stream.get_ref().1.alpn_protocol() == Some(frames::ALPN) {
+                        framed.serve_tls(stream, header_read_timeout, client).await;
+                        return drop(slot);
+                    }
                     let service = TowerToHyperService::new(tower::util::MapRequest::new(
                         app,
                         move |mut request: hyper::Request<hyper::body::Incoming>| {
@@ -282,6 +294,10 @@ pub async fn serve(
     }
     drop(listener);
     graceful.shutdown().await;
+    // Framed connections end by themselves once the server stops (see
+    // `CallStream`); each holds its slot until then.
+    let every_slot = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = slots.acquire_many(every_slot).await;
 }
 
 #[cfg(test)]

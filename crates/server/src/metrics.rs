@@ -39,6 +39,7 @@
 
 use crate::auth::peers::Refusal;
 use crate::forward::Forwarded;
+use crate::frames::Welcome;
 use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::SharedTable;
 use crate::watches::History;
@@ -191,6 +192,9 @@ pub struct Metrics {
     /// Client calls this node forwarded to the leader, by what became of
     /// them (`forward.rs`).
     forwarded_calls: Vec<Counter>,
+    /// Framed-calls connections (`frames.rs`), by position in
+    /// [`Welcome::ALL`].
+    framed_connections: Vec<Counter>,
     sessions: Gauge,
     locks_held: Gauge,
     /// The cluster version the table is at (docs/upgrading.md): an upgrade
@@ -302,6 +306,7 @@ impl Metrics {
         let kinds: Vec<&str> = ErrorKind::ALL.iter().map(|kind| kind.as_str()).collect();
         let refusals: Vec<&str> = Refusal::ALL.iter().map(|why| why.as_str()).collect();
         let forwarded: Vec<&str> = Forwarded::ALL.iter().map(|what| what.as_str()).collect();
+        let welcomes: Vec<&str> = Welcome::ALL.iter().map(|what| what.as_str()).collect();
         register_build_info(r);
         Metrics {
             grants: register(
@@ -434,6 +439,14 @@ impl Metrics {
                 "Client calls this node, not the leader, forwarded to the leader: answered there, failed to reach it (the caller heard unavailable), or served here because too many were in flight",
                 None,
                 ("result", &forwarded),
+                Counter::default,
+            ),
+            framed_connections: register_labelled(
+                r,
+                "deadbolt_framed_connections",
+                "Connections that asked for framed calls (docs/framed-calls.md): served, or refused because another node leads (the client then uses the gRPC Calls stream, which a follower forwards)",
+                None,
+                ("result", &welcomes),
                 Counter::default,
             ),
             sessions: register(
@@ -599,6 +612,11 @@ impl Metrics {
     pub fn call_forwarded(&self, what: Forwarded) {
         let index = Forwarded::ALL.iter().position(|known| *known == what);
         self.forwarded_calls[index.expect("every result is in Forwarded::ALL")].inc();
+    }
+
+    pub fn framed_connection(&self, welcome: Welcome) {
+        let index = Welcome::ALL.iter().position(|known| *known == welcome);
+        self.framed_connections[index.expect("every welcome is in Welcome::ALL")].inc();
     }
 
     pub fn lease_renewed(&self) {

@@ -197,8 +197,13 @@ fn load(files: &TlsFiles) -> Result<(Arc<ServerConfig>, Option<ClientTlsConfig>)
             files.key.display()
         )
     })?;
-    // gRPC needs HTTP/2; curl and browsers may take either.
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // gRPC needs HTTP/2; curl and browsers may take either; the Rust
+    // client asks for framed calls (`frames.rs`) this way.
+    config.alpn_protocols = vec![
+        b"h2".to_vec(),
+        b"http/1.1".to_vec(),
+        deadbolt_proto::frames::ALPN.to_vec(),
+    ];
     Ok((Arc::new(config), peers))
 }
 

@@ -107,13 +107,20 @@ pub fn spawn(
             let mut stop = schedule.stop.clone();
             let (history, resource, fabric) = (history.clone(), resource.clone(), fabric.clone());
             let (locks, faults_until) = (locks.clone(), schedule.faults_until);
-            let rng = StdRng::seed_from_u64(seed ^ (id as u64 + 1).wrapping_mul(0x2545_f491));
+            let mut rng = StdRng::seed_from_u64(seed ^ (id as u64 + 1).wrapping_mul(0x2545_f491));
+            // Half the clients send their calls over the gRPC stream, half
+            // as framed calls (which a follower refuses, and then gRPC).
+            let over_grpc = rng.gen_bool(0.5);
             tokio::spawn(async move {
                 let client = loop {
                     if *stop.borrow_and_update() {
                         return;
                     }
                     match Client::connect_through(endpoints.clone(), dial.clone()).await {
+                        Ok(client) if over_grpc => {
+                            client.prefer_grpc_calls();
+                            break client;
+                        }
                         Ok(client) => break client,
                         Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
                     }

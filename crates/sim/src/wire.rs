@@ -1,5 +1,5 @@
-//! Real gRPC over the simulated network, for the real Rust client
-//! (`real_client.rs`).
+//! Real gRPC and framed calls over the simulated network, for the real Rust
+//! client (`real_client.rs`).
 //!
 //! Each node incarnation serves the same tonic services `deadbolt server`
 //! does ([`client_routes`]) on connections the [`Fabric`] hands it. A
@@ -12,14 +12,20 @@
 
 use crate::network::{node_at, Fabric, Sender};
 use deadbolt_client::simulation::{Connecting, Dial};
-use deadbolt_server::embedded::{client_routes, Api};
+use deadbolt_proto::frames::PREFACE;
+use deadbolt_server::embedded::{client_routes, Api, FramedCalls};
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf, ReadHalf, WriteHalf,
+};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
+use tonic::transport::server::Connected;
 
 /// Bytes a connection's in-memory stream buffers each way.
 const STREAM_BUFFER: usize = 64 * 1024;
@@ -29,15 +35,49 @@ const RETRANSMISSION: Duration = Duration::from_millis(200);
 /// as `listen(2)`'s backlog bounds them: past it a connection is refused.
 /// A run has one or two real clients, so it is never reached.
 const LISTEN_BACKLOG: usize = 64;
+/// How long a framed connection's preface and hello may take, as
+/// `deadbolt server`'s `--header-read-timeout` defaults.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a node takes the connections clients open to it.
 pub type Listener = mpsc::Sender<DuplexStream>;
 
 /// Serves `api`'s client services on the connections sent to the returned
-/// listener, until `crashed` turns true.
+/// listener, until `crashed` turns true: framed calls on those that open
+/// with their preface, as `deadbolt server`'s listener tells them apart by
+/// the first byte, and gRPC on the rest.
 pub fn serve(api: Api, crashed: watch::Receiver<bool>) -> Listener {
-    let (listener, connections) = mpsc::channel::<DuplexStream>(LISTEN_BACKLOG);
-    let incoming = ReceiverStream::new(connections).map(Ok::<_, io::Error>);
+    let (listener, mut connections) = mpsc::channel::<DuplexStream>(LISTEN_BACKLOG);
+    let (to_grpc, for_grpc) = mpsc::channel::<Rewound>(LISTEN_BACKLOG);
+    let framed = FramedCalls::new(api.clone(), crashed.clone());
+    let until_crashed = crashed.clone();
+    tokio::spawn(async move {
+        while let Some(mut connection) = connections.recv().await {
+            let (framed, to_grpc) = (framed.clone(), to_grpc.clone());
+            let mut until_crashed = until_crashed.clone();
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                if connection.read_exact(&mut first).await.is_err() {
+                    return;
+                }
+                let connection = Rewound {
+                    first: Some(first[0]),
+                    connection,
+                };
+                if first[0] != PREFACE[0] {
+                    let _ = to_grpc.send(connection).await;
+                    return;
+                }
+                // The node's tonic server drops its connections when it
+                // crashes; this is the same for framed ones.
+                tokio::select! {
+                    _ = until_crashed.wait_for(|crashed| *crashed) => {}
+                    () = framed.serve(connection, HANDSHAKE_TIMEOUT, None) => {}
+                }
+            });
+        }
+    });
+    let incoming = ReceiverStream::new(for_grpc).map(Ok::<_, io::Error>);
     let mut until_crashed = crashed.clone();
     tokio::spawn(async move {
         let crash = async move {
@@ -52,6 +92,51 @@ pub fn serve(api: Api, crashed: watch::Receiver<bool>) -> Listener {
         }
     });
     listener
+}
+
+/// A connection whose first byte the dispatcher in [`serve`] has read,
+/// handing it out again before the rest.
+struct Rewound {
+    first: Option<u8>,
+    connection: DuplexStream,
+}
+
+impl AsyncRead for Rewound {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Some(first) = self.first.take() {
+            buf.put_slice(&[first]);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.connection).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewound {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.connection).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.connection).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.connection).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Rewound {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) {}
 }
 
 /// Dials nodes for one client, whose pauses hold its bytes back too.

@@ -364,3 +364,18 @@ pub fn wait_for_newest_cluster_version(endpoint: &str) {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// `deadbolt_framed_connections_total{result}` of the node at `addr`.
+pub fn framed_connections(addr: SocketAddr, result: &str) -> f64 {
+    let (_, metrics) = http(addr, "GET", "/metrics", None).unwrap();
+    framed_connections_in(&metrics, result)
+}
+
+/// `deadbolt_framed_connections_total{result}` in a scrape of `/metrics`.
+pub fn framed_connections_in(metrics: &str, result: &str) -> f64 {
+    let series = format!("deadbolt_framed_connections_total{{result=\"{result}\"}} ");
+    let count = metrics.lines().find_map(|line| line.strip_prefix(&series));
+    count
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in the metrics"))
+}

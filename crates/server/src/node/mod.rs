@@ -338,6 +338,13 @@ impl Node {
         }
     }
 
+    /// Whether another node leads, as far as this one knows.
+    pub(crate) fn leader_elsewhere(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let leader = metrics.borrow().current_leader;
+        leader.is_some_and(|id| id != self.id)
+    }
+
     /// A `not_leader` refusal that names the leader, when this node knows it.
     pub(crate) fn not_leader(&self, what: &str) -> ApiError {
         let metrics = self.raft.metrics().borrow().clone();

@@ -1,0 +1,145 @@
+//! The framed form of the `Calls` stream: the same `CallRequest` and
+//! `CallResponse` messages, each behind a 4-byte big-endian length, on a
+//! plain connection of their own instead of an HTTP/2 stream.
+//!
+//! Why: a tonic stream that does no work costs a one-thread server 12.6-15.6
+//! µs of CPU per message on the benchmark machine, plain frames 7.1-9.2
+//! (`scripts/transport-floor.sh`, bench/results/2026-12-05.md), and that
+//! difference was most of what stood between Deadbolt and Redis's CPU per
+//! lock operation (issue 33). The handshake and the rules are in
+//! `proto/deadbolt.proto` (`CallsHello`).
+//!
+//! [`FrameCodec`] is tokio-util's length-delimited codec with a protobuf
+//! message on each side: one type for both ends, so the two cannot frame
+//! differently.
+
+use bytes::{BufMut, BytesMut};
+use prost::Message;
+use std::io;
+use std::marker::PhantomData;
+use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+
+/// What a client sends first on a connection to the client port to ask
+/// for framed calls. Its first byte (NUL) starts neither a TLS handshake
+/// (0x16) nor an HTTP request (a letter), so a server tells the three apart
+/// from one byte; a server older than framed calls answers it as a
+/// malformed HTTP request, or closes, and the client uses gRPC instead.
+pub const PREFACE: &[u8] = b"\0deadbolt-calls/1\n";
+
+/// The ALPN protocol id a TLS client offers for framed calls: the server
+/// agrees to it in the handshake (where HTTP clients agree to `h2`), and
+/// the preface and frames then go inside TLS. A server older than framed
+/// calls agrees to none of the client's protocols and fails the handshake.
+pub const ALPN: &[u8] = b"deadbolt-calls/1";
+
+/// The largest message either side sends or accepts. A call carries a
+/// lock name (at most 512 bytes) and a few numbers; the client refuses to
+/// send one over 64 KiB. A larger frame ends the connection.
+pub const MAX_FRAME_BYTES: usize = 128 * 1024;
+
+/// Frames `Out` messages for sending and reads `In` messages.
+#[derive(Debug)]
+pub struct FrameCodec<Out, In> {
+    lengths: LengthDelimitedCodec,
+    messages: PhantomData<fn(Out) -> In>,
+}
+
+impl<Out, In> FrameCodec<Out, In> {
+    pub fn new() -> Self {
+        FrameCodec {
+            lengths: LengthDelimitedCodec::builder()
+                .length_field_type::<u32>()
+                .max_frame_length(MAX_FRAME_BYTES)
+                .new_codec(),
+            messages: PhantomData,
+        }
+    }
+}
+
+impl<Out, In> Default for FrameCodec<Out, In> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<Out: Message, In> Encoder<Out> for FrameCodec<Out, In> {
+    type Error = io::Error;
+
+    fn encode(&mut self, message: Out, frames: &mut BytesMut) -> io::Result<()> {
+        let length = message.encoded_len();
+        if length > MAX_FRAME_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a message of {length} bytes; a frame holds at most {MAX_FRAME_BYTES}"),
+            ));
+        }
+        frames.reserve(4 + length);
+        frames.put_u32(length as u32);
+        message
+            .encode(frames)
+            .expect("the buffer was reserved for the whole message");
+        Ok(())
+    }
+}
+
+impl<Out, In: Message + Default> Decoder for FrameCodec<Out, In> {
+    type Item = In;
+    type Error = io::Error;
+
+    fn decode(&mut self, frames: &mut BytesMut) -> io::Result<Option<In>> {
+        let Some(frame) = self.lengths.decode(frames)? else {
+            return Ok(None);
+        };
+        In::decode(frame)
+            .map(Some)
+            .map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::v1::{call_request::Call, CallRequest, CancelCall};
+
+    #[test]
+    fn a_message_comes_back_as_it_went_and_only_once_whole() {
+        let mut codec = FrameCodec::<CallRequest, CallRequest>::new();
+        let request = CallRequest {
+            id: 7,
+            call: Some(Call::Cancel(CancelCall {})),
+        };
+        let mut wire = BytesMut::new();
+        codec.encode(request.clone(), &mut wire).unwrap();
+        codec.encode(request.clone(), &mut wire).unwrap();
+        let length = request.encoded_len();
+        assert_eq!(&wire[..4], (length as u32).to_be_bytes());
+        // Half a frame is not a message yet.
+        let mut arriving = wire.split_to(2 + length / 2);
+        assert_eq!(codec.decode(&mut arriving).unwrap(), None);
+        arriving.unsplit(wire);
+        assert_eq!(codec.decode(&mut arriving).unwrap(), Some(request.clone()));
+        assert_eq!(codec.decode(&mut arriving).unwrap(), Some(request));
+        assert_eq!(codec.decode(&mut arriving).unwrap(), None);
+    }
+
+    #[test]
+    fn a_frame_over_the_limit_is_an_error_both_ways() {
+        let mut codec = FrameCodec::<CallRequest, CallRequest>::new();
+        let mut wire = BytesMut::new();
+        wire.put_u32(MAX_FRAME_BYTES as u32 + 1);
+        assert!(codec.decode(&mut wire).is_err());
+
+        let huge = crate::v1::CallsHello {
+            authorization: "x".repeat(MAX_FRAME_BYTES),
+        };
+        let mut codec = FrameCodec::<crate::v1::CallsHello, CallRequest>::new();
+        let err = codec.encode(huge, &mut BytesMut::new()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn the_preface_starts_neither_tls_nor_http() {
+        assert_ne!(PREFACE[0], 0x16);
+        assert!(!PREFACE[0].is_ascii_alphabetic());
+    }
+}
