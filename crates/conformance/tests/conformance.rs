@@ -1,5 +1,5 @@
 //! Runs every scenario against every client whose driver is available:
-//! the Rust client always; Python's synchronous and asyncio clients when
+//! the Rust client always, with framed calls and with the `Calls` stream; Python's synchronous and asyncio clients when
 //! `DEADBOLT_PYTHON` names an interpreter with the `deadbolt` package
 //! installed (scripts/python-client.sh makes one); TypeScript's when
 //! `DEADBOLT_NODE_DRIVER` names its built driver (scripts/typescript-client.sh).
@@ -34,6 +34,16 @@ fn rust() -> Option<ClientUnderTest> {
         name: "rust".into(),
         program: env!("CARGO_BIN_EXE_deadbolt-conformance-driver").into(),
         args: Vec::new(),
+    })
+}
+
+/// The Rust client with its calls on the gRPC `Calls` stream rather than
+/// framed calls (docs/framed-calls.md): both ways must pass.
+fn rust_grpc() -> Option<ClientUnderTest> {
+    Some(ClientUnderTest {
+        name: "rust (Calls stream)".into(),
+        program: env!("CARGO_BIN_EXE_deadbolt-conformance-driver").into(),
+        args: vec!["--calls".into(), "grpc".into()],
     })
 }
 
@@ -133,6 +143,7 @@ macro_rules! every_scenario {
 }
 
 every_scenario!(rust);
+every_scenario!(rust_grpc);
 every_scenario!(python);
 every_scenario!(python_async);
 every_scenario!(typescript);

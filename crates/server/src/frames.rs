@@ -92,9 +92,7 @@ impl FramedCalls {
     /// the client is done or the server stops. `handshake_timeout` bounds
     /// the preface and the hello, as it bounds an HTTP request's head.
     pub async fn serve_tcp(self, socket: TcpStream, handshake_timeout: Duration) {
-        if let Err(err) = keep_alive(&socket) {
-            tracing::debug!(%err, "cannot turn TCP keepalive on");
-        }
+        keep_alive(&socket);
         self.serve(socket, handshake_timeout, None).await;
     }
 
@@ -106,9 +104,7 @@ impl FramedCalls {
         handshake_timeout: Duration,
         client: TlsClient,
     ) {
-        if let Err(err) = keep_alive(stream.get_ref().0) {
-            tracing::debug!(%err, "cannot turn TCP keepalive on");
-        }
+        keep_alive(stream.get_ref().0);
         self.serve(stream, handshake_timeout, Some(client)).await;
     }
 
@@ -174,13 +170,15 @@ impl FramedCalls {
     }
 }
 
-fn keep_alive(socket: &TcpStream) -> io::Result<()> {
+fn keep_alive(socket: &TcpStream) {
     use rustix::net::sockopt;
-    sockopt::set_socket_keepalive(socket, true)?;
-    sockopt::set_tcp_keepidle(socket, KEEPALIVE_IDLE)?;
-    sockopt::set_tcp_keepintvl(socket, KEEPALIVE_INTERVAL)?;
-    sockopt::set_tcp_keepcnt(socket, KEEPALIVE_PROBES)?;
-    Ok(())
+    let set = sockopt::set_socket_keepalive(socket, true)
+        .and_then(|()| sockopt::set_tcp_keepidle(socket, KEEPALIVE_IDLE))
+        .and_then(|()| sockopt::set_tcp_keepintvl(socket, KEEPALIVE_INTERVAL))
+        .and_then(|()| sockopt::set_tcp_keepcnt(socket, KEEPALIVE_PROBES));
+    if let Err(err) = set {
+        tracing::debug!(%err, "cannot turn TCP keepalive on");
+    }
 }
 
 /// Why reading requests failed, as the stream's status: a frame that does

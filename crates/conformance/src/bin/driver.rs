@@ -4,6 +4,10 @@
 //! not hold up the others), and prints one JSON answer per command, tagged
 //! with its id, in the order they finish.
 //!
+//! With `--calls grpc`, the client sends its acquires, releases and
+//! keepalives over the gRPC `Calls` stream instead of framed calls
+//! (docs/framed-calls.md), so the suite holds both to the same scenarios.
+//!
 //! Why a driver and not a test linked to the client: the scenarios are the
 //! same for the Python and TypeScript clients, which cannot be linked; each
 //! ships a driver like this one, and the runner treats them all alike.
@@ -19,6 +23,8 @@ use tokio::sync::mpsc;
 
 #[derive(Default)]
 struct State {
+    /// `--calls grpc`: see the module's comment.
+    over_grpc: bool,
     client: Option<Client>,
     sessions: HashMap<u64, Session>,
     /// Held locks by (session id, lock name).
@@ -42,7 +48,16 @@ fn bad(message: impl Into<String>) -> Failure {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let state = Shared::default();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let over_grpc = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] | ["--calls", "framed"] => false,
+        ["--calls", "grpc"] => true,
+        _ => anyhow::bail!("usage: deadbolt-conformance-driver [--calls framed|grpc]"),
+    };
+    let state = Shared::new(Mutex::new(State {
+        over_grpc,
+        ..State::default()
+    }));
     let (answers, mut outbox) = mpsc::unbounded_channel::<Value>();
     let writer = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();
@@ -135,7 +150,11 @@ async fn run(state: &Shared, command: &Value) -> Result<Value, Failure> {
             )?;
             let client =
                 Client::connect_with_token(endpoints, &tls, command["token"].as_str()).await?;
-            state.lock().unwrap().client = Some(client);
+            let mut state = state.lock().unwrap();
+            if state.over_grpc {
+                client.prefer_grpc_calls();
+            }
+            state.client = Some(client);
             Ok(json!({}))
         }
         "open" => {
