@@ -1,7 +1,7 @@
 //! `transport-floor`: what the transport alone costs a server on one
 //! thread, per message, over a tonic bidirectional stream (what Deadbolt's
-//! `Calls` stream is) and over plain length-prefixed frames on TCP (what a
-//! protocol of our own would be, as Redis's RESP is).
+//! `Calls` stream is) and over plain length-prefixed frames on TCP (framed
+//! calls' framing, `deadbolt_proto::frames`, as Redis's RESP is plain).
 //!
 //! Why: issue 33 asks for at most 1.5x Redis's server CPU per lock
 //! operation. Past 64 clients Redis spends 22-31 µs per acquire+release
@@ -17,12 +17,12 @@
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand, ValueEnum};
+use deadbolt_proto::frames::FrameCodec;
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::{AcquireRequest, AcquireResponse, CallRequest, CallResponse};
 use futures::StreamExt;
-use prost::bytes::{Buf, BufMut, BytesMut};
-use prost::Message;
+use prost::bytes::BytesMut;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -32,10 +32,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::codec::{Decoder, Encoder};
 use tonic::codec::ProstCodec;
-
-/// The largest frame either side accepts; a request is about 70 bytes.
-const MAX_FRAME: usize = 64 * 1024;
 
 /// The tonic method the stream is served under.
 const PATH: &str = "/floor.Floor/Calls";
@@ -170,36 +168,13 @@ async fn serve_frames(mut socket: TcpStream) -> anyhow::Result<()> {
         if socket.read_buf(&mut read).await? == 0 {
             return Ok(());
         }
-        while let Some(request) = take_frame(&mut read)? {
-            let response = answer(CallRequest::decode(request)?);
-            put_frame(&mut written, &response);
+        let mut frames = FrameCodec::<CallResponse, CallRequest>::new();
+        while let Some(request) = frames.decode(&mut read)? {
+            frames.encode(answer(request), &mut written)?;
         }
         socket.write_all(&written).await?;
         written.clear();
     }
-}
-
-/// The next whole frame in `buffer`, if one has arrived.
-fn take_frame(buffer: &mut BytesMut) -> anyhow::Result<Option<BytesMut>> {
-    let Some(header) = buffer.get(..4) else {
-        return Ok(None);
-    };
-    let len = u32::from_be_bytes(header.try_into().expect("four bytes")) as usize;
-    if len > MAX_FRAME {
-        bail!("a frame of {len} bytes; at most {MAX_FRAME}");
-    }
-    if buffer.len() < 4 + len {
-        return Ok(None);
-    }
-    buffer.advance(4);
-    Ok(Some(buffer.split_to(len)))
-}
-
-fn put_frame(buffer: &mut BytesMut, message: &impl Message) {
-    buffer.put_u32(message.encoded_len() as u32);
-    message
-        .encode(buffer)
-        .expect("a BytesMut grows to fit the message");
 }
 
 /// The stream's service, written as tonic's generated code is, for one
@@ -340,15 +315,16 @@ async fn call_frames(
     let mut socket = TcpStream::connect(connect).await?;
     socket.set_nodelay(true)?;
     let (mut read, mut written) = (BytesMut::with_capacity(4096), BytesMut::new());
+    let mut frames = FrameCodec::<CallRequest, CallResponse>::new();
     let mut id = 0;
     while !stop.load(Ordering::Relaxed) {
         id += 1;
-        put_frame(&mut written, &request(id, connection));
+        frames.encode(request(id, connection), &mut written)?;
         socket.write_all(&written).await?;
         written.clear();
         let answer = loop {
-            if let Some(frame) = take_frame(&mut read)? {
-                break CallResponse::decode(frame)?;
+            if let Some(answer) = frames.decode(&mut read)? {
+                break answer;
             }
             if socket.read_buf(&mut read).await? == 0 {
                 bail!("the server closed the connection");
@@ -386,23 +362,6 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_frame_is_taken_only_once_whole_and_an_oversized_one_is_refused() {
-        let mut buffer = BytesMut::new();
-        put_frame(&mut buffer, &request(1, 7));
-        let whole = buffer.clone();
-        let mut partial = buffer.split_to(whole.len() - 1);
-        assert!(take_frame(&mut partial).unwrap().is_none());
-        let mut whole = whole;
-        let frame = take_frame(&mut whole).unwrap().expect("a whole frame");
-        assert_eq!(CallRequest::decode(frame).unwrap(), request(1, 7));
-        assert!(whole.is_empty());
-
-        let mut oversized = BytesMut::new();
-        oversized.put_u32(MAX_FRAME as u32 + 1);
-        assert!(take_frame(&mut oversized).is_err());
-    }
 
     /// Both servers answer each call with its id, so the client's counts
     /// are of answers, not of requests sent.
