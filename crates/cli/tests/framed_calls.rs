@@ -2,8 +2,9 @@
 //! another language would speak them, to a real server: the handshake,
 //! calls answered by id as on the gRPC `Calls` stream, the caller's token
 //! from the hello, and a bad frame ending the connection with a reason.
-//! A follower refuses them, and the Rust client goes on over gRPC. (Every
-//! other test's Rust client speaks framed calls to `http://` endpoints.)
+//! A follower refuses them, and so does an HTTP proxy between, and the
+//! Rust client goes on over gRPC. (Every other test's Rust client speaks
+//! framed calls.)
 
 mod common;
 
@@ -285,4 +286,35 @@ impl Drop for ChildGuard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Behind an HTTP/2 proxy (haproxy in `mode http`), the preface reaches no
+/// Deadbolt server: the proxy answers it as a bad HTTP request, and the
+/// client takes and gives back its lock over the gRPC stream the proxy
+/// passes on, at once rather than after the 3 s it gives a silent server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_an_http_proxy_the_client_goes_on_over_grpc() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let Some(proxy) = deadbolt_testkit::peers::haproxy_http(server.addr) else {
+        return;
+    };
+    let client = Client::connect([format!("http://{}", proxy.address())])
+        .await
+        .unwrap();
+    let session = client.open_session(Duration::from_secs(30)).await.unwrap();
+    // A client that waited for a welcome gives up after exactly 3 s
+    // (`CONNECT_TIMEOUT`): well under that means the proxy's answer ended
+    // the wait.
+    let started = Instant::now();
+    let guard = session.lock("through-a-proxy").await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "the fallback waited {:?}",
+        started.elapsed()
+    );
+    let token = guard.token();
+    guard.release().await.unwrap();
+    assert!(session.lock("through-a-proxy").await.unwrap().token() > token);
+    assert_eq!(framed_connections(server.addr, "served"), 0.0);
 }

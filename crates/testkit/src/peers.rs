@@ -266,6 +266,30 @@ pub fn haproxy(backends: &[std::net::SocketAddr]) -> Option<Server> {
     Some(Server::start(program, args, port, dir))
 }
 
+/// An HTTP/2 proxy (Debian's haproxy in `mode http`, cleartext HTTP/2 both
+/// ways) in front of `backend`: it passes gRPC on and answers anything
+/// that is not HTTP itself, as an L7 proxy or an ingress would.
+pub fn haproxy_http(backend: std::net::SocketAddr) -> Option<Server> {
+    let program = binary("DEADBOLT_HAPROXY", "haproxy", "haproxy")?;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = crate::free_port();
+    let config = format!(
+        "global\n    maxconn 1024\n\
+         defaults\n    mode http\n    timeout connect 1s\n    timeout client 1h\n    \
+         timeout server 1h\n\
+         frontend deadbolt\n    bind 127.0.0.1:{port} proto h2\n    default_backend node\n\
+         backend node\n    server node1 {backend} proto h2\n"
+    );
+    let path = dir.path().join("haproxy.cfg");
+    std::fs::write(&path, config).expect("write haproxy.cfg");
+    let args = vec![
+        "-db".into(),
+        "-f".into(),
+        path.to_string_lossy().into_owned(),
+    ];
+    Some(Server::start(program, args, port, dir))
+}
+
 /// A single-member etcd cluster.
 pub fn etcd() -> Option<Server> {
     etcd_cluster(1).map(|mut members| members.remove(0))
