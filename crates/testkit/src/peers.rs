@@ -256,6 +256,11 @@ pub fn haproxy(backends: &[std::net::SocketAddr]) -> Option<Server> {
          frontend deadbolt\n    bind 127.0.0.1:{port}\n    default_backend nodes\n\
          backend nodes\n    balance roundrobin\n{servers}"
     );
+    Some(start_haproxy(program, &config, port, dir))
+}
+
+/// Runs haproxy with `config`, written into `dir`, listening on `port`.
+fn start_haproxy(program: PathBuf, config: &str, port: u16, dir: tempfile::TempDir) -> Server {
     let path = dir.path().join("haproxy.cfg");
     std::fs::write(&path, config).expect("write haproxy.cfg");
     let args = vec![
@@ -263,7 +268,7 @@ pub fn haproxy(backends: &[std::net::SocketAddr]) -> Option<Server> {
         "-f".into(),
         path.to_string_lossy().into_owned(),
     ];
-    Some(Server::start(program, args, port, dir))
+    Server::start(program, args, port, dir)
 }
 
 /// An HTTP/2 proxy (Debian's haproxy in `mode http`, cleartext HTTP/2 both
@@ -280,14 +285,7 @@ pub fn haproxy_http(backend: std::net::SocketAddr) -> Option<Server> {
          frontend deadbolt\n    bind 127.0.0.1:{port} proto h2\n    default_backend node\n\
          backend node\n    server node1 {backend} proto h2\n"
     );
-    let path = dir.path().join("haproxy.cfg");
-    std::fs::write(&path, config).expect("write haproxy.cfg");
-    let args = vec![
-        "-db".into(),
-        "-f".into(),
-        path.to_string_lossy().into_owned(),
-    ];
-    Some(Server::start(program, args, port, dir))
+    Some(start_haproxy(program, &config, port, dir))
 }
 
 /// A single-member etcd cluster.
