@@ -58,19 +58,21 @@ pub(crate) fn ended_by(command: &Command) -> AuditKind {
     }
 }
 
-/// What the command and its events add to the trail.
-pub(crate) fn records(
+/// What the command and its events add to the trail. An iterator, not a
+/// `Vec`: the records go straight into the trail, and a `Vec` per command
+/// was one allocation in each acquire and each release.
+pub(crate) fn records<'a>(
     command: &Command,
-    events: &[Event],
+    events: &'a [Event],
     seq: u64,
     at_ms: u64,
-    owner_of: impl Fn(SessionId) -> Option<String>,
-    granted_as: impl Fn(&str, SessionId) -> AuditKind,
-) -> Vec<AuditRecord> {
+    owner_of: impl Fn(SessionId) -> Option<String> + 'a,
+    granted_as: impl Fn(&str, SessionId) -> AuditKind + 'a,
+) -> impl Iterator<Item = AuditRecord> + 'a {
     let ended = ended_by(command);
     events
         .iter()
-        .filter_map(|event| {
+        .filter_map(move |event| {
             let (lock, session, token, what) = match event {
                 Event::Granted {
                     lock,
@@ -97,5 +99,4 @@ pub(crate) fn records(
                 identity: owner_of(session),
             })
         })
-        .collect()
 }
