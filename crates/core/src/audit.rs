@@ -70,33 +70,31 @@ pub(crate) fn records<'a>(
     granted_as: impl Fn(&str, SessionId) -> AuditKind + 'a,
 ) -> impl Iterator<Item = AuditRecord> + 'a {
     let ended = ended_by(command);
-    events
-        .iter()
-        .filter_map(move |event| {
-            let (lock, session, token, what) = match event {
-                Event::Granted {
-                    lock,
-                    session,
-                    token,
-                } => (lock, *session, *token, granted_as(lock, *session)),
-                Event::Released {
-                    lock,
-                    session,
-                    token,
-                } => (lock, *session, *token, ended),
-                Event::LockDelayed { lock, token, .. } => {
-                    (lock, SessionId(0), *token, AuditKind::Delayed)
-                }
-                _ => return None,
-            };
-            Some(AuditRecord {
-                seq,
-                at_ms,
-                lock: lock.clone(),
+    events.iter().filter_map(move |event| {
+        let (lock, session, token, what) = match event {
+            Event::Granted {
+                lock,
                 session,
                 token,
-                what,
-                identity: owner_of(session),
-            })
+            } => (lock, *session, *token, granted_as(lock, *session)),
+            Event::Released {
+                lock,
+                session,
+                token,
+            } => (lock, *session, *token, ended),
+            Event::LockDelayed { lock, token, .. } => {
+                (lock, SessionId(0), *token, AuditKind::Delayed)
+            }
+            _ => return None,
+        };
+        Some(AuditRecord {
+            seq,
+            at_ms,
+            lock: lock.clone(),
+            session,
+            token,
+            what,
+            identity: owner_of(session),
         })
+    })
 }
