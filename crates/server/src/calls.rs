@@ -32,7 +32,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use tokio::sync::{oneshot, watch};
 use tonic::Status;
 
@@ -80,11 +80,11 @@ pub struct CallStream {
     /// `None` once the client has sent its last request: the stream then
     /// ends when the calls in flight have been answered.
     requests: Option<Requests>,
-    /// Resolves when the server begins to shut down. From then on new calls
-    /// are turned away (to another node), and the stream ends once the calls
-    /// in flight are answered: a client never half-closes its stream, which
+    /// When the server begins to shut down: from then on new calls are
+    /// turned away (to another node), and the stream ends once the calls in
+    /// flight are answered. A client never half-closes its stream, which
     /// would otherwise hold the graceful shutdown open.
-    stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
+    stopping: Stopping,
     stopped: bool,
     running: FuturesUnordered<RunningCall>,
     /// How to cancel each call in flight, by id.
@@ -95,21 +95,62 @@ pub struct CallStream {
     refused: VecDeque<CallResponse>,
 }
 
+/// Whether the server has begun to shut down, for a stream that asks on
+/// every poll: a stream is polled a few times per call, and waiting on the
+/// signal each time (a lock on its list of waiters) was about 1 % of the
+/// server's CPU at 256 clients (bench/results/2026-12-05.md). Here the
+/// wait is polled only when the signal may have come (one atomic load
+/// says) or the stream is polled for another task than the one it last
+/// registered, as `futures`' `AtomicWaker` does.
+struct Stopping {
+    /// Resolves once the signal is `true`.
+    wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// A copy of the signal, which has changed once the server stops.
+    signal: watch::Receiver<bool>,
+    /// The waker `wait` was last polled with.
+    registered: Option<Waker>,
+}
+
+impl Stopping {
+    fn new(mut signal: watch::Receiver<bool>) -> Self {
+        let copy = signal.clone();
+        Stopping {
+            wait: Box::pin(async move {
+                // An error means the server is gone: stopping too.
+                let _ = signal.wait_for(|stopping| *stopping).await;
+            }),
+            signal: copy,
+            registered: None,
+        }
+    }
+
+    /// Whether the server is stopping; if not, `cx` is woken when it does.
+    fn poll_stopped(&mut self, cx: &mut Context<'_>) -> bool {
+        // The server stops by sending `true`, and a sender gone is stopping
+        // too; either way this copy has seen a change.
+        let signalled = self.signal.has_changed().unwrap_or(true);
+        let registered =
+            (self.registered.as_ref()).is_some_and(|waker| waker.will_wake(cx.waker()));
+        if !signalled && registered {
+            return false;
+        }
+        self.registered = Some(cx.waker().clone());
+        self.wait.as_mut().poll(cx).is_ready()
+    }
+}
+
 impl CallStream {
     pub fn new(
         api: Api,
         credentials: Credentials,
         requests: impl Stream<Item = Result<CallRequest, Status>> + Send + 'static,
-        mut stopping: watch::Receiver<bool>,
+        stopping: watch::Receiver<bool>,
     ) -> Self {
         CallStream {
             api: Arc::new(api),
             credentials: Arc::new(credentials),
             requests: Some(Box::pin(requests)),
-            stopping: Box::pin(async move {
-                // An error means the server is gone: stopping too.
-                let _ = stopping.wait_for(|stopping| *stopping).await;
-            }),
+            stopping: Stopping::new(stopping),
             stopped: false,
             running: FuturesUnordered::new(),
             cancels: HashMap::new(),
@@ -247,7 +288,7 @@ impl Stream for CallStream {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        if !this.stopped && this.stopping.as_mut().poll(cx).is_ready() {
+        if !this.stopped && this.stopping.poll_stopped(cx) {
             this.stopped = true;
         }
         loop {
@@ -327,7 +368,8 @@ mod tests {
     use super::*;
     use crate::testing::single_node;
     use deadbolt_proto::v1::{
-        AcquireRequest, CancelCall, LockStatusRequest, OpenSessionRequest, ReleaseRequest,
+        AcquireRequest, CancelCall, LockStatusRequest, OpenSessionRequest, OpenSessionResponse,
+        ReleaseRequest,
     };
     use hyper::body::{Body, Bytes, Frame};
     use tokio::sync::mpsc;
@@ -367,43 +409,58 @@ mod tests {
         status.unwrap().state.map(|state| state.holder_session_id)
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_cancelled_acquire_is_given_up_after_the_grace_and_gets_no_answer() {
-        let (_node, api) = single_node().await;
-        let anonymous = &Credentials::ANONYMOUS;
-        let open = || api.open_session(anonymous, OpenSessionRequest { ttl_ms: 60_000 });
-        let (holder_session, waiter) = (open().await.unwrap(), open().await.unwrap());
-        let acquire =
-            |session: &deadbolt_proto::v1::OpenSessionResponse, wait, attempt| AcquireRequest {
-                session_id: session.session_id,
-                session_secret: session.session_secret.clone(),
-                lock: "job".to_owned(),
-                wait,
-                timeout_ms: None,
-                attempt,
-                ..AcquireRequest::default()
-            };
-        let held = api
-            .acquire(anonymous, acquire(&holder_session, false, 1))
+    async fn open(api: &Api) -> OpenSessionResponse {
+        let request = OpenSessionRequest { ttl_ms: 60_000 };
+        api.open_session(&Credentials::ANONYMOUS, request)
             .await
             .unwrap()
-            .token;
+    }
 
+    fn acquire(session: &OpenSessionResponse, wait: bool, attempt: u64) -> AcquireRequest {
+        AcquireRequest {
+            session_id: session.session_id,
+            session_secret: session.session_secret.clone(),
+            lock: "job".to_owned(),
+            wait,
+            timeout_ms: None,
+            attempt,
+            ..AcquireRequest::default()
+        }
+    }
+
+    fn release(session: &OpenSessionResponse, token: u64) -> ReleaseRequest {
+        ReleaseRequest {
+            session_id: session.session_id,
+            session_secret: session.session_secret.clone(),
+            lock: "job".to_owned(),
+            token,
+        }
+    }
+
+    /// Serves a stream whose requests the test sends; its answers, once it
+    /// ends, come from the returned task.
+    fn serve(
+        api: &Api,
+        stopping: watch::Receiver<bool>,
+    ) -> (
+        mpsc::UnboundedSender<CallRequest>,
+        tokio::task::JoinHandle<Vec<Result<CallResponse, Status>>>,
+    ) {
         let (send, requests) = mpsc::unbounded_channel();
         let decoder = ProstCodec::<CallResponse, CallRequest>::default().decoder();
         let requests = Streaming::new_request(decoder, Requests(requests), None, None);
-        let (_running, stopping) = watch::channel(false);
         let stream = CallStream::new(api.clone(), Credentials::ANONYMOUS, requests, stopping);
-        let answers = tokio::spawn(stream.collect::<Vec<_>>());
-        let call = Call::Acquire(acquire(&waiter, true, 7));
-        send.send(CallRequest {
-            id: 1,
-            call: Some(call),
-        })
-        .unwrap();
+        (send, tokio::spawn(stream.collect::<Vec<_>>()))
+    }
+
+    /// Waits until `waiter` is in the queue of "job".
+    async fn until_queued(api: &Api, waiter: &OpenSessionResponse) {
         loop {
             let status = api
-                .lock_status(anonymous, LockStatusRequest { lock: "job".into() })
+                .lock_status(
+                    &Credentials::ANONYMOUS,
+                    LockStatusRequest { lock: "job".into() },
+                )
                 .await
                 .unwrap();
             if status.state.unwrap().waiter_session_ids == [waiter.session_id] {
@@ -411,6 +468,28 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_acquire_is_given_up_after_the_grace_and_gets_no_answer() {
+        let (_node, api) = single_node().await;
+        let anonymous = &Credentials::ANONYMOUS;
+        let (holder_session, waiter) = (open(&api).await, open(&api).await);
+        let held = api
+            .acquire(anonymous, acquire(&holder_session, false, 1))
+            .await
+            .unwrap()
+            .token;
+
+        let (_running, stopping) = watch::channel(false);
+        let (send, answers) = serve(&api, stopping);
+        let call = Call::Acquire(acquire(&waiter, true, 7));
+        send.send(CallRequest {
+            id: 1,
+            call: Some(call),
+        })
+        .unwrap();
+        until_queued(&api, &waiter).await;
         let cancel = Some(Call::Cancel(CancelCall {}));
         send.send(CallRequest {
             id: 1,
@@ -421,13 +500,9 @@ mod tests {
 
         // Freed within the grace: the grant goes to the cancelled call's
         // session, kept for a retry until the grace is over, then given back.
-        let release = ReleaseRequest {
-            session_id: holder_session.session_id,
-            session_secret: holder_session.session_secret.clone(),
-            lock: "job".to_owned(),
-            token: held,
-        };
-        api.release(anonymous, release).await.unwrap();
+        api.release(anonymous, release(&holder_session, held))
+            .await
+            .unwrap();
         assert_eq!(holder(&api, "job").await, Some(waiter.session_id));
         tokio::time::sleep_until(cancelled + Duration::from_millis(2900)).await;
         assert_eq!(
@@ -448,5 +523,55 @@ mod tests {
             answers.is_empty(),
             "a cancelled call was answered: {answers:?}"
         );
+    }
+
+    /// The shutdown signal reaches a stream that is waiting, not only one
+    /// that is being polled anyway (`Stopping` polls the signal's wait only
+    /// when it may have come): a call sent after it is turned away, the call
+    /// in flight is answered, and the stream ends while the client still
+    /// holds its end open.
+    #[tokio::test(start_paused = true)]
+    async fn a_stopping_server_turns_new_calls_away_and_ends_the_stream_after_those_in_flight() {
+        let (_node, api) = single_node().await;
+        let anonymous = &Credentials::ANONYMOUS;
+        let (holder_session, waiter) = (open(&api).await, open(&api).await);
+        let held = api
+            .acquire(anonymous, acquire(&holder_session, false, 1))
+            .await
+            .unwrap()
+            .token;
+        let (running, stopping) = watch::channel(false);
+        let (send, answers) = serve(&api, stopping);
+        let call = Some(Call::Acquire(acquire(&waiter, true, 7)));
+        send.send(CallRequest { id: 1, call }).unwrap();
+        until_queued(&api, &waiter).await;
+
+        running.send(true).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let call = Some(Call::Acquire(acquire(&holder_session, false, 2)));
+        send.send(CallRequest { id: 2, call }).unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(!answers.is_finished(), "ended with a call in flight");
+        api.release(anonymous, release(&holder_session, held))
+            .await
+            .unwrap();
+
+        let answers = tokio::time::timeout(Duration::from_secs(10), answers)
+            .await
+            .expect("the stream did not end")
+            .unwrap();
+        let answers: Vec<_> = answers.into_iter().map(Result::unwrap).collect();
+        let [turned_away, granted] = &answers[..] else {
+            panic!("two answers were due: {answers:?}");
+        };
+        match (turned_away.id, &turned_away.result) {
+            (2, Some(Answer::Error(error))) => assert_eq!(error.kind, "not_leader"),
+            _ => panic!("the late call was not turned away: {turned_away:?}"),
+        }
+        assert!(
+            matches!((granted.id, &granted.result), (1, Some(Answer::Acquire(_)))),
+            "the call in flight was not granted: {granted:?}"
+        );
+        drop(send);
     }
 }

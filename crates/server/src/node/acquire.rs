@@ -155,9 +155,9 @@ impl Node {
         attempt: u64,
     ) -> Result<Token, ApiError> {
         let mut call = AcquireCall {
-            node: self.clone(),
+            node: self,
             session: session.id(),
-            lock: name.to_owned(),
+            lock: name,
             attempt,
             asked,
             subscription: None,
@@ -205,20 +205,24 @@ impl Asked {
 
 /// One acquire request in progress. Dropped before it has an answer (the
 /// client disconnected or gave up), it hands its wait or grant back.
-struct AcquireCall {
-    node: Node,
+///
+/// It borrows the node and the name from its caller: a clone of each per
+/// acquire (a dozen reference counts, and an allocation) showed in the
+/// profile of 256 clients (bench/results/2026-12-05.md).
+struct AcquireCall<'a> {
+    node: &'a Node,
     session: SessionId,
     /// The lock's or the semaphore's name.
-    lock: String,
+    lock: &'a str,
     attempt: u64,
     asked: Asked,
     subscription: Option<Subscription>,
     answered: bool,
 }
 
-impl AcquireCall {
+impl AcquireCall<'_> {
     async fn run(&mut self, wait: bool, timeout: Option<Duration>) -> Result<Token, ApiError> {
-        let (session, name, attempt) = (self.session, self.lock.clone(), self.attempt);
+        let (session, name, attempt) = (self.session, self.lock.to_owned(), self.attempt);
         let proposal = match self.asked.clone() {
             Asked::Lock { lock_delay_ms } => {
                 Proposal::acquire(session, name, wait, attempt, lock_delay_ms)
@@ -236,15 +240,15 @@ impl AcquireCall {
         let (retry, queues) = {
             let table = &self.node.table.read().expect("state lock poisoned").table;
             let would_queue = match &self.asked {
-                Asked::Lock { .. } => table.acquire_would_queue(self.session, &self.lock),
+                Asked::Lock { .. } => table.acquire_would_queue(self.session, self.lock),
                 Asked::Permits { count, .. } => {
-                    table.permits_would_queue(self.session, &self.lock, *count)
+                    table.permits_would_queue(self.session, self.lock, *count)
                 }
-                Asked::Rw { mode } => table.rw_would_queue(self.session, &self.lock, *mode),
-                Asked::Campaign { .. } => table.campaign_would_queue(self.session, &self.lock),
+                Asked::Rw { mode } => table.rw_would_queue(self.session, self.lock, *mode),
+                Asked::Campaign { .. } => table.campaign_would_queue(self.session, self.lock),
             };
             (
-                table.holds_or_waits(self.session, &self.lock),
+                table.holds_or_waits(self.session, self.lock),
                 wait && would_queue,
             )
         };
@@ -259,7 +263,7 @@ impl AcquireCall {
         match self.node.propose_with(proposal, admission, pace).await? {
             AcquireOutcome::Granted { token } => Ok(token),
             AcquireOutcome::Queued { .. } => {
-                self.subscription = Some(self.node.waits.subscribe(self.session, &self.lock));
+                self.subscription = Some(self.node.waits.subscribe(self.session, self.lock));
                 // Boxed: the wait's future (a timeout, and a cancel through
                 // the log) would otherwise make every acquire's future as
                 // large, granted at once or not (`calls.rs` boxes each call).
@@ -295,7 +299,7 @@ impl AcquireCall {
             // it unknown to the caller whether it is still queued.
             None => match self
                 .node
-                .cancel_wait(self.session, &self.lock)
+                .cancel_wait(self.session, self.lock)
                 .await
                 .map_err(not_leader_is_unavailable)?
             {
@@ -379,7 +383,7 @@ fn not_leader_is_unavailable(err: ApiError) -> ApiError {
 /// at 1s) and finds its place, instead of being sent to the back of the queue.
 const ABANDON_GRACE: Duration = Duration::from_secs(3);
 
-impl Drop for AcquireCall {
+impl Drop for AcquireCall<'_> {
     fn drop(&mut self) {
         if let Some(subscription) = self.subscription.take() {
             self.node.waits.unsubscribe(&subscription);
@@ -387,7 +391,7 @@ impl Drop for AcquireCall {
         if self.answered {
             return;
         }
-        let lock = std::mem::take(&mut self.lock);
+        let lock = self.lock.to_owned();
         // With an attempt id the state machine knows whether a later
         // acquire took over, and can release a grant nobody received.
         // Without one, only the queue place can safely be given up.
