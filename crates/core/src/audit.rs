@@ -6,6 +6,7 @@
 
 use crate::{Command, Event, SessionId, Token};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// One change of a lock's holder.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,7 +18,7 @@ pub struct AuditRecord {
     /// command; for people reading the trail, never for decisions. 0 if
     /// unknown.
     pub at_ms: u64,
-    pub lock: String,
+    pub lock: Arc<str>,
     pub session: SessionId,
     pub token: Token,
     pub what: AuditKind,

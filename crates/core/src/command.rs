@@ -10,6 +10,7 @@ use crate::{
     TableLimits, Token,
 };
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// One replicated change to the lock table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -300,27 +301,33 @@ pub enum SessionEnd {
 /// A side effect of applying a command, for anyone watching the table: the
 /// server wakes blocked acquirers with these, and (later) the audit trail
 /// records them. Listed in the order they happened.
+///
+/// Names are an `Arc<str>`, shared with the audit record and the watch
+/// event made from the same event: a copy of the name in each was three
+/// allocations per acquire and per release. serde writes an `Arc<str>` as
+/// the `str` it holds, so snapshots (whose audit trail has these names)
+/// read and write the same bytes as with a `String`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
     Granted {
-        lock: String,
+        lock: Arc<str>,
         session: SessionId,
         token: Token,
     },
     Released {
-        lock: String,
+        lock: Arc<str>,
         session: SessionId,
         token: Token,
     },
     /// A session joined the wait queue of a lock (not emitted when a retried
     /// acquire finds it already queued).
     Queued {
-        lock: String,
+        lock: Arc<str>,
         session: SessionId,
     },
     /// A queued session stopped waiting without being granted.
     WaitEnded {
-        lock: String,
+        lock: Arc<str>,
         session: SessionId,
     },
     SessionOpened {
@@ -335,7 +342,7 @@ pub enum Event {
     /// lock stays unavailable for `delay_ms`: the leader times that and then
     /// proposes [`Command::EndLockDelay`].
     LockDelayed {
-        lock: String,
+        lock: Arc<str>,
         token: Token,
         delay_ms: u64,
     },

@@ -454,7 +454,7 @@ impl Semaphores {
         });
         let position = semaphore.queue.len();
         events.push(Event::Queued {
-            lock: name.to_owned(),
+            lock: name.into(),
             session,
         });
         self.link(session, name);
@@ -557,14 +557,14 @@ impl Semaphores {
         let semaphore = self.by_name.get_mut(name).expect("left semaphore exists");
         if let Some(holding) = semaphore.holders.remove(&session) {
             events.push(Event::Released {
-                lock: name.to_owned(),
+                lock: name.into(),
                 session,
                 token: holding.permits[0].token,
             });
         } else {
             semaphore.queue.retain(|r| r.session != session);
             events.push(Event::WaitEnded {
-                lock: name.to_owned(),
+                lock: name.into(),
                 session,
             });
         }
@@ -632,7 +632,7 @@ impl Semaphores {
         semaphore.queue = fitting;
         for request in Vec::from(too_big) {
             events.push(Event::WaitEnded {
-                lock: name.to_owned(),
+                lock: name.into(),
                 session: request.session,
             });
             self.unlink(request.session, name);
@@ -1017,7 +1017,7 @@ fn grant(
         assert!(slots.iter().all(|permit| permit.slot < capacity));
     }
     events.push(Event::Granted {
-        lock: name.to_owned(),
+        lock: name.into(),
         session,
         token,
     });

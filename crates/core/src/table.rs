@@ -635,7 +635,7 @@ impl LockTable {
     pub fn history(&self, lock: &str) -> Vec<AuditRecord> {
         self.audit
             .iter()
-            .filter(|record| record.lock == lock)
+            .filter(|record| &*record.lock == lock)
             .cloned()
             .collect()
     }
@@ -676,7 +676,7 @@ impl LockTable {
             let token = self.locks[name].token;
             debug_assert_eq!(self.locks[name].holder, session);
             events.push(Event::Released {
-                lock: name.clone(),
+                lock: name.as_str().into(),
                 session,
                 token,
             });
@@ -686,7 +686,7 @@ impl LockTable {
                 // until the delay is over.
                 self.locks.get_mut(name).expect("held lock exists").delay_ms = Some(delay_ms);
                 events.push(Event::LockDelayed {
-                    lock: name.clone(),
+                    lock: name.as_str().into(),
                     token,
                     delay_ms,
                 });
@@ -729,7 +729,7 @@ impl LockTable {
             );
             self.session_mut(session).held.insert(name.to_owned());
             events.push(Event::Granted {
-                lock: name.to_owned(),
+                lock: name.into(),
                 session,
                 token,
             });
@@ -765,7 +765,7 @@ impl LockTable {
         let position = lock.queue.len();
         self.session_mut(session).waiting.insert(name.to_owned());
         events.push(Event::Queued {
-            lock: name.to_owned(),
+            lock: name.into(),
             session,
         });
         Ok(AcquireOutcome::Queued { position })
@@ -898,7 +898,7 @@ impl LockTable {
         holder.attempts.remove(name);
         holder.lock_delays.remove(name);
         events.push(Event::Released {
-            lock: name.to_owned(),
+            lock: name.into(),
             session,
             token,
         });
@@ -1009,7 +1009,7 @@ impl LockTable {
         let lock = self.locks.get_mut(name).expect("waited-on lock exists");
         lock.queue.retain(|s| *s != session);
         events.push(Event::WaitEnded {
-            lock: name.to_owned(),
+            lock: name.into(),
             session,
         });
     }
@@ -1034,7 +1034,7 @@ impl LockTable {
         );
         waiter.held.insert(name.to_owned());
         events.push(Event::Granted {
-            lock: name.to_owned(),
+            lock: name.into(),
             session: next,
             token,
         });
@@ -1242,7 +1242,7 @@ impl LockTable {
         let mut holders: BTreeMap<&str, Option<Token>> = BTreeMap::new();
         let mut last_grant: Option<Token> = None;
         for record in &self.audit {
-            let holder = holders.entry(record.lock.as_str()).or_default();
+            let holder = holders.entry(&*record.lock).or_default();
             match record.what {
                 AuditKind::Granted => {
                     assert!(

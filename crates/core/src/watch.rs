@@ -12,6 +12,7 @@
 use crate::audit::{self, AuditKind};
 use crate::{Command, Event, RwMode, SessionId, Token, Want};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// What happened to a name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,7 +77,7 @@ impl std::fmt::Display for WatchKind {
 pub struct WatchEvent {
     pub kind: WatchKind,
     /// The lock, semaphore, read/write lock, election or store key.
-    pub name: String,
+    pub name: Arc<str>,
     /// The session it happened to (none for store writes and delays).
     pub session: Option<SessionId>,
     /// The identity that opened that session (see
@@ -96,10 +97,13 @@ pub struct WatchEvent {
 }
 
 impl WatchEvent {
-    fn about(kind: WatchKind, name: &str) -> Self {
+    /// `name` shared with the command's events where it comes from one
+    /// (`Event`): a copy of it per watch event was an allocation in every
+    /// acquire and release.
+    fn about(kind: WatchKind, name: Arc<str>) -> Self {
         WatchEvent {
             kind,
-            name: name.to_owned(),
+            name,
             session: None,
             identity: None,
             token: None,
@@ -127,7 +131,7 @@ pub(crate) fn events(
         AuditKind::Abandoned => WatchKind::Abandoned,
         _ => WatchKind::Released,
     };
-    let of_session = |kind, name: &str, session: SessionId, token: Option<Token>| WatchEvent {
+    let of_session = |kind, name: Arc<str>, session: SessionId, token: Option<Token>| WatchEvent {
         session: Some(session),
         identity: owner_of(session),
         token,
@@ -140,7 +144,8 @@ pub(crate) fn events(
                 session,
                 token,
             } => {
-                let mut granted = of_session(WatchKind::Granted, lock, *session, Some(*token));
+                let mut granted =
+                    of_session(WatchKind::Granted, lock.clone(), *session, Some(*token));
                 match holding(lock, *session) {
                     Some((Want::Permits(count), _)) => granted.permits = Some(count),
                     Some((Want::Rw(mode), _)) => granted.mode = Some(mode),
@@ -153,14 +158,16 @@ pub(crate) fn events(
                 lock,
                 session,
                 token,
-            } => of_session(ended, lock, *session, Some(*token)),
-            Event::Queued { lock, session } => of_session(WatchKind::Queued, lock, *session, None),
+            } => of_session(ended, lock.clone(), *session, Some(*token)),
+            Event::Queued { lock, session } => {
+                of_session(WatchKind::Queued, lock.clone(), *session, None)
+            }
             Event::WaitEnded { lock, session } => {
-                of_session(WatchKind::LeftQueue, lock, *session, None)
+                of_session(WatchKind::LeftQueue, lock.clone(), *session, None)
             }
             Event::LockDelayed { lock, token, .. } => WatchEvent {
                 token: Some(*token),
-                ..WatchEvent::about(WatchKind::Delayed, lock)
+                ..WatchEvent::about(WatchKind::Delayed, lock.clone())
             },
             Event::SessionOpened { .. } | Event::SessionEnded { .. } => continue,
         });
@@ -174,18 +181,23 @@ pub(crate) fn events(
             value,
         } => Some(WatchEvent {
             value: Some(value.clone()),
-            ..of_session(WatchKind::Proclaimed, election, *session, Some(*token))
+            ..of_session(
+                WatchKind::Proclaimed,
+                election.as_str().into(),
+                *session,
+                Some(*token),
+            )
         }),
         Command::StorePut {
             key, value, token, ..
         } => Some(WatchEvent {
             token: Some(*token),
             value: Some(value.clone()),
-            ..WatchEvent::about(WatchKind::Put, key)
+            ..WatchEvent::about(WatchKind::Put, key.as_str().into())
         }),
         Command::StoreDelete { key, token, .. } => Some(WatchEvent {
             token: Some(*token),
-            ..WatchEvent::about(WatchKind::Deleted, key)
+            ..WatchEvent::about(WatchKind::Deleted, key.as_str().into())
         }),
         _ => None,
     });

@@ -8,6 +8,7 @@ use deadbolt_core::{
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 const LOCKS: [&str; 3] = ["a", "b", "c"];
 
@@ -60,12 +61,12 @@ struct Observed {
     opened: Vec<SessionId>,
     ended: BTreeSet<SessionId>,
     /// Current holder and token of each lock, from events.
-    holders: BTreeMap<String, (SessionId, Token)>,
+    holders: BTreeMap<Arc<str>, (SessionId, Token)>,
     /// Queue of each lock as reported by `Queued` outcomes and `WaitEnded`.
-    queues: BTreeMap<String, VecDeque<SessionId>>,
+    queues: BTreeMap<Arc<str>, VecDeque<SessionId>>,
     last_token: Option<Token>,
     /// Locks in lock-delay, with the lost grant's token.
-    delayed: BTreeMap<String, Token>,
+    delayed: BTreeMap<Arc<str>, Token>,
 }
 
 impl Observed {
@@ -347,9 +348,9 @@ fn run(
             let Command::Acquire { session, lock, .. } = command else {
                 unreachable!()
             };
-            let queue = seen.queues.entry(lock.clone()).or_default();
+            let queue = seen.queues.entry(lock.as_str().into()).or_default();
             let queued_event = Event::Queued {
-                lock: lock.clone(),
+                lock: lock.as_str().into(),
                 session: *session,
             };
             match queue.iter().position(|s| s == session) {
@@ -372,9 +373,9 @@ fn run(
             let Command::Acquire { session, lock, .. } = command else {
                 unreachable!()
             };
-            let was_holder = seen.holders.get(lock) == Some(&(*session, *token));
+            let was_holder = seen.holders.get(lock.as_str()) == Some(&(*session, *token));
             seen.absorb(&applied.events);
-            assert_eq!(seen.holders.get(lock), Some(&(*session, *token)));
+            assert_eq!(seen.holders.get(lock.as_str()), Some(&(*session, *token)));
             if was_holder {
                 assert!(
                     applied.events.is_empty(),
@@ -387,9 +388,9 @@ fn run(
             let Command::EndLockDelay { lock, token, .. } = command else {
                 unreachable!()
             };
-            assert_eq!(*ended, seen.delayed.get(lock) == Some(token));
+            assert_eq!(*ended, seen.delayed.get(lock.as_str()) == Some(token));
             if *ended {
-                seen.delayed.remove(lock);
+                seen.delayed.remove(lock.as_str());
             }
         }
         Ok(_) => {}
@@ -442,7 +443,7 @@ proptest! {
         }
         for (lock, token) in seen.delayed.clone() {
             run(&mut table, &mut seen, &Command::EndLockDelay {
-                    lock,
+                    lock: lock.to_string(),
                     token,
                     term: 1,
                 }).unwrap();

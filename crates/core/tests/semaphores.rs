@@ -16,6 +16,7 @@ use deadbolt_core::{
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 const NAMES: [&str; 3] = ["pool", "gpu", "shared"];
 
@@ -78,9 +79,9 @@ struct Seen {
     opened: Vec<SessionId>,
     ended: BTreeSet<SessionId>,
     /// Each semaphore's queue, from `Queued` outcomes and `WaitEnded`.
-    queues: BTreeMap<String, VecDeque<SessionId>>,
+    queues: BTreeMap<Arc<str>, VecDeque<SessionId>>,
     /// Each (name, session) grant's token.
-    grants: BTreeMap<(String, SessionId), Token>,
+    grants: BTreeMap<(Arc<str>, SessionId), Token>,
     last_token: Option<Token>,
 }
 
@@ -150,10 +151,10 @@ impl Seen {
 /// What a watcher of every name knows from the watch events alone.
 #[derive(Default)]
 struct Watched {
-    holders: BTreeMap<String, BTreeMap<SessionId, Token>>,
-    queues: BTreeMap<String, Vec<SessionId>>,
+    holders: BTreeMap<Arc<str>, BTreeMap<SessionId, Token>>,
+    queues: BTreeMap<Arc<str>, Vec<SessionId>>,
     /// Each election's leader's value.
-    values: BTreeMap<String, String>,
+    values: BTreeMap<Arc<str>, String>,
 }
 
 impl Watched {
@@ -291,7 +292,7 @@ fn command(step: &Step, seen: &Seen) -> Command {
         },
         Step::Proclaim(s, n, right) => {
             let session = seen.session(s);
-            let token = seen.grants.get(&(name(n), session)).copied();
+            let token = seen.grants.get(&(name(n).into(), session)).copied();
             let token = token.unwrap_or(Token(1));
             Command::Proclaim {
                 session,
@@ -311,7 +312,7 @@ fn command(step: &Step, seen: &Seen) -> Command {
             let session = seen.session(s);
             let token = seen
                 .grants
-                .get(&(name(n), session))
+                .get(&(name(n).into(), session))
                 .copied()
                 .unwrap_or(Token(1));
             Command::Release {
@@ -430,7 +431,7 @@ fn run(
     if let (Some((session, name)), Ok(Outcome::Acquire(AcquireOutcome::Queued { position }))) =
         (acquired, &applied.outcome)
     {
-        let queue = seen.queues.entry(name.clone()).or_default();
+        let queue = seen.queues.entry(name.as_str().into()).or_default();
         match queue.iter().position(|s| s == session) {
             Some(index) => {
                 assert_eq!(index + 1, *position, "a retry moved the queue place");
@@ -448,7 +449,9 @@ fn run(
     {
         if !applied.events.is_empty() {
             assert!(
-                seen.queues.get(name).is_none_or(VecDeque::is_empty),
+                seen.queues
+                    .get(name.as_str())
+                    .is_none_or(VecDeque::is_empty),
                 "{name} granted past its queue"
             );
         }

@@ -208,14 +208,14 @@ impl Api {
         credentials: &Credentials,
         request: ReleaseRequest,
     ) -> Reply<ReleaseResponse> {
-        self.timed(Call::Release, async {
+        self.timed(Call::Release, async move {
             let lock = Some(request.lock.as_str());
             let caller = self.caller(credentials, Permission::Lock, lock).await?;
             let session = self
                 .owned(&caller, request.session_id, &request.session_secret)
                 .await?;
             self.node
-                .release(session, &request.lock, Token(request.token))
+                .release(session, request.lock, Token(request.token))
                 .await?;
             Ok(ReleaseResponse {})
         })
@@ -1067,7 +1067,7 @@ fn watch_event(positioned: Positioned) -> WatchEvent {
         position: event,
         id,
         kind: watched.kind.as_str().to_owned(),
-        name: watched.name,
+        name: watched.name.to_string(),
         session_id: watched.session.map_or(0, |session| session.0),
         identity: watched.identity.unwrap_or_default(),
         token: watched.token.map_or(0, |token| token.0),

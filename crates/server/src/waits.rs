@@ -116,28 +116,33 @@ impl Waits {
                 waits
                     .entry(*session)
                     .or_default()
-                    .insert(lock.clone(), Wait::default());
+                    .insert(lock.to_string(), Wait::default());
             }
             Event::Granted {
                 lock,
                 session,
                 token,
             } => {
-                if let Some(wait) = waits.get_mut(session).and_then(|locks| locks.get_mut(lock)) {
+                if let Some(wait) = waits
+                    .get_mut(session)
+                    .and_then(|locks| locks.get_mut(&**lock))
+                {
                     wait.end(WaitEnd::Granted(*token));
                 }
             }
             Event::WaitEnded { lock, session } => {
                 // Nothing to remember: a later subscriber that finds no
                 // record hears "dropped" all the same.
-                if let Some(mut wait) = waits.get_mut(session).and_then(|locks| locks.remove(lock))
+                if let Some(mut wait) = waits
+                    .get_mut(session)
+                    .and_then(|locks| locks.remove(&**lock))
                 {
                     wait.end(WaitEnd::Dropped);
                 }
             }
             Event::Released { lock, session, .. } => {
                 if let Some(locks) = waits.get_mut(session) {
-                    locks.remove(lock);
+                    locks.remove(&**lock);
                 }
             }
             Event::SessionEnded { session, .. } => {

@@ -328,7 +328,7 @@ mod tests {
     fn granted(name: &str, token: u64) -> WatchEvent {
         WatchEvent {
             kind: WatchKind::Granted,
-            name: name.to_owned(),
+            name: name.into(),
             session: Some(SessionId(1)),
             identity: None,
             token: Some(Token(token)),

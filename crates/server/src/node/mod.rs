@@ -288,14 +288,16 @@ impl Node {
         self.propose(Proposal::close_session(session.id())).await
     }
 
+    /// Takes the request's name rather than a copy of it: the command
+    /// carries it into the log.
     pub async fn release(
         &self,
         session: OwnedSession,
-        lock: &str,
+        lock: String,
         token: Token,
     ) -> Result<(), ApiError> {
-        validate_lock_name(lock)?;
-        self.propose(Proposal::release(session.id(), lock.to_owned(), token))
+        validate_lock_name(&lock)?;
+        self.propose(Proposal::release(session.id(), lock, token))
             .await
     }
 
