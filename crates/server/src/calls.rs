@@ -470,26 +470,54 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_cancelled_acquire_is_given_up_after_the_grace_and_gets_no_answer() {
-        let (_node, api) = single_node().await;
-        let anonymous = &Credentials::ANONYMOUS;
-        let (holder_session, waiter) = (open(&api).await, open(&api).await);
+    /// A node whose lock "job" is held, and a stream (stopping with
+    /// `stopping`) whose acquire of it, id 1, waits in its queue.
+    struct Queued {
+        _node: crate::embedded::EmbeddedNode,
+        api: Api,
+        holder: OpenSessionResponse,
+        held: u64,
+        waiter: OpenSessionResponse,
+        send: mpsc::UnboundedSender<CallRequest>,
+        answers: tokio::task::JoinHandle<Vec<Result<CallResponse, Status>>>,
+    }
+
+    async fn queued_behind_a_holder(stopping: watch::Receiver<bool>) -> Queued {
+        let (node, api) = single_node().await;
+        let (holder, waiter) = (open(&api).await, open(&api).await);
         let held = api
-            .acquire(anonymous, acquire(&holder_session, false, 1))
+            .acquire(&Credentials::ANONYMOUS, acquire(&holder, false, 1))
             .await
             .unwrap()
             .token;
-
-        let (_running, stopping) = watch::channel(false);
         let (send, answers) = serve(&api, stopping);
-        let call = Call::Acquire(acquire(&waiter, true, 7));
-        send.send(CallRequest {
-            id: 1,
-            call: Some(call),
-        })
-        .unwrap();
+        let call = Some(Call::Acquire(acquire(&waiter, true, 7)));
+        send.send(CallRequest { id: 1, call }).unwrap();
         until_queued(&api, &waiter).await;
+        Queued {
+            _node: node,
+            api,
+            holder,
+            held,
+            waiter,
+            send,
+            answers,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_acquire_is_given_up_after_the_grace_and_gets_no_answer() {
+        let (_running, stopping) = watch::channel(false);
+        let Queued {
+            _node,
+            api,
+            holder: holder_session,
+            held,
+            waiter,
+            send,
+            answers,
+        } = queued_behind_a_holder(stopping).await;
+        let anonymous = &Credentials::ANONYMOUS;
         let cancel = Some(Call::Cancel(CancelCall {}));
         send.send(CallRequest {
             id: 1,
@@ -532,19 +560,17 @@ mod tests {
     /// holds its end open.
     #[tokio::test(start_paused = true)]
     async fn a_stopping_server_turns_new_calls_away_and_ends_the_stream_after_those_in_flight() {
-        let (_node, api) = single_node().await;
-        let anonymous = &Credentials::ANONYMOUS;
-        let (holder_session, waiter) = (open(&api).await, open(&api).await);
-        let held = api
-            .acquire(anonymous, acquire(&holder_session, false, 1))
-            .await
-            .unwrap()
-            .token;
         let (running, stopping) = watch::channel(false);
-        let (send, answers) = serve(&api, stopping);
-        let call = Some(Call::Acquire(acquire(&waiter, true, 7)));
-        send.send(CallRequest { id: 1, call }).unwrap();
-        until_queued(&api, &waiter).await;
+        let Queued {
+            _node,
+            api,
+            holder: holder_session,
+            held,
+            send,
+            answers,
+            ..
+        } = queued_behind_a_holder(stopping).await;
+        let anonymous = &Credentials::ANONYMOUS;
 
         running.send(true).unwrap();
         tokio::time::sleep(Duration::from_millis(1)).await;
