@@ -284,22 +284,38 @@ impl LockTable {
         term: u64,
         watch: Option<&mut Vec<WatchEvent>>,
     ) -> Applied {
+        let mut events = Vec::new();
+        let outcome = self.apply_watched_into(command, at_ms, term, watch, &mut events);
+        Applied { outcome, events }
+    }
+
+    /// [`apply_watched`](Self::apply_watched), adding the command's events
+    /// to `events` (on error, none): a server applies a log entry's
+    /// commands into one buffer, where a `Vec` of each command's own was
+    /// an allocation in every acquire and every release.
+    pub fn apply_watched_into(
+        &mut self,
+        command: &Command,
+        at_ms: u64,
+        term: u64,
+        watch: Option<&mut Vec<WatchEvent>>,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, LockError> {
         match command.decided_in_term() {
-            Some(decided) if decided != term => Applied {
-                outcome: Err(LockError::Superseded {
-                    decided,
-                    committed: term,
-                }),
-                events: Vec::new(),
-            },
-            _ => self.apply_observed(command, at_ms, watch),
+            Some(decided) if decided != term => Err(LockError::Superseded {
+                decided,
+                committed: term,
+            }),
+            _ => self.apply_observed(command, at_ms, watch, events),
         }
     }
 
     /// [`apply`](Self::apply), with the wall-clock time (Unix ms) at which
     /// the leader proposed the command, for the audit trail.
     pub fn apply_at(&mut self, command: &Command, at_ms: u64) -> Applied {
-        self.apply_observed(command, at_ms, None)
+        let mut events = Vec::new();
+        let outcome = self.apply_observed(command, at_ms, None, &mut events);
+        Applied { outcome, events }
     }
 
     fn apply_observed(
@@ -307,7 +323,8 @@ impl LockTable {
         command: &Command,
         at_ms: u64,
         watch: Option<&mut Vec<WatchEvent>>,
-    ) -> Applied {
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, LockError> {
         // A session that ends is gone once applied; the trail (and the
         // watchers) still name who held its locks.
         let ending_owner = match command {
@@ -316,8 +333,10 @@ impl LockTable {
             }
             _ => None,
         };
-        let applied = self.apply_command(command);
-        if applied.outcome.is_ok() {
+        let first = events.len();
+        let outcome = self.apply_command(command, events);
+        let events = &events[first..];
+        if outcome.is_ok() {
             let owner_of = |session: SessionId| match self.sessions.get(&session) {
                 Some(open) => open.owner.clone(),
                 None => ending_owner.clone(),
@@ -332,16 +351,10 @@ impl LockTable {
                     let (want, value) = self.semaphores.holding(session, name)?;
                     Some((want, value.to_owned()))
                 };
-                watch::events(command, &applied.events, owner_of, holding, watch);
+                watch::events(command, events, owner_of, holding, watch);
             }
-            let records = audit::records(
-                command,
-                &applied.events,
-                self.applied,
-                at_ms,
-                owner_of,
-                granted_as,
-            );
+            let records =
+                audit::records(command, events, self.applied, at_ms, owner_of, granted_as);
             self.applied += 1;
             for record in records {
                 if self.audit.len() == Limits::STANDARD.audit_records {
@@ -350,18 +363,23 @@ impl LockTable {
                 self.audit.push_back(record);
             }
         }
-        applied
+        outcome
     }
 
-    fn apply_command(&mut self, command: &Command) -> Applied {
+    /// Applies `command`, adding its events to `events` (none if it fails).
+    fn apply_command(
+        &mut self,
+        command: &Command,
+        events: &mut Vec<Event>,
+    ) -> Result<Outcome, LockError> {
         let tokens_before = self.next_token;
-        let mut events = Vec::new();
+        let first = events.len();
         let outcome = match command {
             Command::OpenSession {
                 ttl_ms,
                 secret,
                 owner,
-            } => self.open_session(*ttl_ms, *secret, owner, &mut events),
+            } => self.open_session(*ttl_ms, *secret, owner, events),
             Command::Acl(change) => self
                 .acl
                 .apply(change)
@@ -376,10 +394,10 @@ impl LockTable {
                 Ok(Outcome::ClusterVersionSet(self.cluster_version))
             }
             Command::CloseSession { session } => {
-                self.end_session(*session, SessionEnd::Closed, &mut events)
+                self.end_session(*session, SessionEnd::Closed, events)
             }
             Command::ExpireSession { session, .. } => {
-                self.end_session(*session, SessionEnd::Expired, &mut events)
+                self.end_session(*session, SessionEnd::Expired, events)
             }
             Command::Acquire {
                 session,
@@ -388,7 +406,7 @@ impl LockTable {
                 attempt,
                 lock_delay_ms,
             } => validate_lock_delay(*lock_delay_ms)
-                .and_then(|()| self.acquire(*session, lock, *wait, &mut events))
+                .and_then(|()| self.acquire(*session, lock, *wait, events))
                 .map(|outcome| {
                     self.note_attempt(*session, lock, *attempt);
                     self.note_lock_delay(*session, lock, *lock_delay_ms);
@@ -411,7 +429,7 @@ impl LockTable {
                     attempt: *attempt,
                     value: String::new(),
                 };
-                self.acquire_shared(*session, semaphore, request, &mut events)
+                self.acquire_shared(*session, semaphore, request, events)
                     .map(Outcome::Acquire)
             }
             Command::AcquireRw {
@@ -428,7 +446,7 @@ impl LockTable {
                     attempt: *attempt,
                     value: String::new(),
                 };
-                self.acquire_shared(*session, lock, request, &mut events)
+                self.acquire_shared(*session, lock, request, events)
                     .map(Outcome::Acquire)
             }
             Command::Campaign {
@@ -445,7 +463,7 @@ impl LockTable {
                     attempt: *attempt,
                     value: value.clone(),
                 };
-                self.acquire_shared(*session, election, request, &mut events)
+                self.acquire_shared(*session, election, request, events)
                     .map(Outcome::Acquire)
             }
             Command::Proclaim {
@@ -457,25 +475,25 @@ impl LockTable {
             Command::DefineSemaphore {
                 semaphore,
                 capacity,
-            } => self.define_semaphore(semaphore, *capacity, &mut events),
+            } => self.define_semaphore(semaphore, *capacity, events),
             Command::DeleteSemaphore { semaphore } => self
                 .semaphores_allowed()
                 .and_then(|()| self.semaphores.delete(semaphore))
                 .map(|()| Outcome::SemaphoreDefined),
             Command::EndLockDelay { lock, token, .. } => {
-                Ok(self.end_lock_delay(lock, *token, &mut events))
+                Ok(self.end_lock_delay(lock, *token, events))
             }
             Command::Release {
                 session,
                 lock,
                 token,
-            } => self.release(*session, lock, *token, &mut events),
-            Command::CancelWait { session, lock } => self.cancel_wait(*session, lock, &mut events),
+            } => self.release(*session, lock, *token, events),
+            Command::CancelWait { session, lock } => self.cancel_wait(*session, lock, events),
             Command::Abandon {
                 session,
                 lock,
                 attempt,
-            } => self.abandon(*session, lock, *attempt, &mut events),
+            } => self.abandon(*session, lock, *attempt, events),
             Command::CheckpointLease {
                 session,
                 remaining_ms,
@@ -497,13 +515,13 @@ impl LockTable {
                 self.store_change(key, *token, lock.as_deref(), Change::Delete)
             }
         };
-        debug_assert!(outcome.is_ok() || events.is_empty());
+        debug_assert!(outcome.is_ok() || events.len() == first);
         // The one invariant everything rests on; a u64 compare per command.
         assert!(
             self.next_token >= tokens_before,
             "the token counter went back"
         );
-        Applied { outcome, events }
+        outcome
     }
 
     fn open_session(

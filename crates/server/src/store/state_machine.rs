@@ -285,9 +285,8 @@ pub(super) fn apply_entry(
                 .iter()
                 .map(|command| {
                     let into = watched.is_some().then_some(&mut watch);
-                    let applied = state.table.apply_watched(command, at_ms, term, into);
-                    events.extend(applied.events);
-                    applied.outcome
+                    let table = &mut state.table;
+                    table.apply_watched_into(command, at_ms, term, into, events)
                 })
                 .collect();
             if let Some(watched) = watched.filter(|_| !watch.is_empty()) {
