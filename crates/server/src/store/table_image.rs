@@ -205,3 +205,50 @@ mod tests {
         assert!(decode(&MARKER).is_err(), "a header cut short decoded");
     }
 }
+
+/// The audit trail inside a table image holds lock names as `Arc<str>`
+/// since they are shared with the events they come from; before, they were
+/// `String`s. A snapshot or backup written by either must read the same.
+#[cfg(test)]
+mod audit_names {
+    use deadbolt_core::{AuditKind, AuditRecord, SessionId, Token};
+    use serde::{Deserialize, Serialize};
+
+    /// An audit record as it was declared before its lock name was shared
+    /// (release 0.1.0 wrote these).
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct RecordWithAString {
+        seq: u64,
+        at_ms: u64,
+        lock: String,
+        session: SessionId,
+        token: Token,
+        what: AuditKind,
+        identity: Option<String>,
+    }
+
+    #[test]
+    fn an_audit_record_is_written_and_read_as_when_its_lock_name_was_a_string() {
+        let record = AuditRecord {
+            seq: 41,
+            at_ms: 1_764_000_000_000,
+            lock: "jobs/nightly-report".into(),
+            session: SessionId(7),
+            token: Token(1_764_000_000_123),
+            what: AuditKind::Granted,
+            identity: Some("reporter".to_owned()),
+        };
+        let before = RecordWithAString {
+            seq: 41,
+            at_ms: 1_764_000_000_000,
+            lock: "jobs/nightly-report".to_owned(),
+            session: SessionId(7),
+            token: Token(1_764_000_000_123),
+            what: AuditKind::Granted,
+            identity: Some("reporter".to_owned()),
+        };
+        let bytes = bincode::serialize(&before).unwrap();
+        assert_eq!(bincode::serialize(&record).unwrap(), bytes);
+        assert_eq!(bincode::deserialize::<AuditRecord>(&bytes).unwrap(), record);
+    }
+}
