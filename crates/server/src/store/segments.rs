@@ -15,6 +15,16 @@ use std::sync::{Arc, Mutex};
 /// A segment file's size: some seconds of appends at full speed; the next
 /// one is zero-filled meanwhile (`LogFile`).
 const SEGMENT_FILE_BYTES: u64 = 16 << 20;
+/// The zeros a new segment file is filled with go in writes of this many
+/// bytes, one page each. Why not larger: Linux (6.16 on, ext4) caches what
+/// one write puts in a file in folios as large as the write, up to 2 MiB,
+/// and every later write into such a folio walks all of its blocks, as
+/// its fdatasync does. Appends of 1.5 KB into a file zero-filled by 1 MiB
+/// writes cost 49-55 µs of CPU each (two writes and the fdatasync), into
+/// one zero-filled by 4 KiB writes 39-43 µs, in five of five alternating
+/// runs (bench/results/2026-12-06.md). Filling 16 MiB this way costs about
+/// 14 ms more CPU, once per segment, on the thread that creates it ahead.
+const ZERO_FILL_WRITE: usize = 4096;
 /// A simulated segment's size: small, so that runs go through many.
 const SIMULATED_SEGMENT_BYTES: u64 = 64 << 10;
 
@@ -102,7 +112,7 @@ impl SegmentDir for DirSegments {
             .open(self.path(number))?;
         // Zeros written, not a sparse file: an fdatasync into a hole must
         // allocate blocks and journal it, about twice the cost.
-        let zeros = vec![0u8; 1 << 20];
+        let zeros = [0u8; ZERO_FILL_WRITE];
         let mut left = len;
         while left > 0 {
             let chunk = left.min(zeros.len() as u64) as usize;
