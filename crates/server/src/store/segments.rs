@@ -16,15 +16,15 @@ use std::sync::{Arc, Mutex};
 /// one is zero-filled meanwhile (`LogFile`).
 const SEGMENT_FILE_BYTES: u64 = 16 << 20;
 /// The zeros a new segment file is filled with go in writes of this many
-/// bytes, one page each. Why not larger: Linux (6.16 on, ext4) caches what
-/// one write puts in a file in folios as large as the write, up to 2 MiB,
-/// and every later write into such a folio walks all of its blocks, as
-/// its fdatasync does. Appends of 1.5 KB into a file zero-filled by 1 MiB
-/// writes cost 49-55 µs of CPU each (two writes and the fdatasync), into
-/// one zero-filled by 4 KiB writes 39-43 µs, in five of five alternating
-/// runs (bench/results/2026-12-06.md). Filling 16 MiB this way costs about
-/// 14 ms more CPU, once per segment, on the thread that creates it ahead.
-const ZERO_FILL_WRITE: usize = 4096;
+/// bytes. Why not larger: Linux (6.16 on, ext4) caches what one write puts
+/// in a file in folios as large as the write, up to 2 MiB, and every later
+/// write into such a folio walks all of its blocks, as its fdatasync does.
+/// Appends of 1.5 KB into a file zero-filled by 1 MiB writes cost 47-70 µs
+/// of CPU each (two writes and the fdatasync), into one filled by 64 KiB
+/// writes 38-55 µs, no more than by 4 KiB writes (39-59 µs); filling 16 MiB
+/// takes 5-7 ms of CPU by 64 KiB writes, 17-23 ms by 4 KiB writes and 4-5
+/// ms by 1 MiB writes (bench/results/2026-12-06.md).
+const ZERO_FILL_WRITE: usize = 64 << 10;
 /// A simulated segment's size: small, so that runs go through many.
 const SIMULATED_SEGMENT_BYTES: u64 = 64 << 10;
 
@@ -112,7 +112,7 @@ impl SegmentDir for DirSegments {
             .open(self.path(number))?;
         // Zeros written, not a sparse file: an fdatasync into a hole must
         // allocate blocks and journal it, about twice the cost.
-        let zeros = [0u8; ZERO_FILL_WRITE];
+        let zeros = vec![0u8; ZERO_FILL_WRITE];
         let mut left = len;
         while left > 0 {
             let chunk = left.min(zeros.len() as u64) as usize;
