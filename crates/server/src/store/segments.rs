@@ -279,4 +279,20 @@ mod tests {
             .enumerate()
             .all(|(at, e)| e.log_id.index == at as u64));
     }
+
+    /// A segment sized for one large record (`LogFile` asks for twice the
+    /// record when that is more than the usual size) ends in a part of a
+    /// zero-fill write: it must still be zeros to the last byte, and no
+    /// longer than asked.
+    #[test]
+    fn a_segment_of_any_length_is_zeros_to_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let segments = DirSegments::new(dir.path(), true);
+        let len = 2 * ZERO_FILL_WRITE as u64 + 1234;
+        let segment = segments.create(7, len).unwrap();
+        assert_eq!(segment.len().unwrap(), len);
+        let bytes = segment.read(0, len as usize).unwrap();
+        assert!(bytes.iter().all(|byte| *byte == 0));
+        assert_eq!(std::fs::metadata(segments.path(7)).unwrap().len(), len);
+    }
 }
