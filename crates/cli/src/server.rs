@@ -175,8 +175,25 @@ impl ServerArgs {
     }
 }
 
+/// Turns transparent huge pages off for the server's process, as Redis
+/// does for its own (`disable-thp yes`). mimalloc (see `ALLOCATOR` in
+/// `main.rs`) asks for huge pages on its arenas and hands memory it has not
+/// used for a second back to the kernel; using it again then faulted in a
+/// whole 2 MiB page, which the kernel zeroes. Under lockbench at 256
+/// clients that zeroing took 2.0-2.7 % of the server's CPU, and 0.1 %
+/// with huge pages off, with a sixth less RSS (95-98 MB against 112-119;
+/// `bench/results/2026-12-06.md`). The flag is inherited by child
+/// processes, so only the server sets it: `deadbolt run`'s children are the
+/// user's.
+fn keep_to_small_pages() {
+    if let Err(err) = rustix::thread::disable_transparent_huge_pages(true) {
+        tracing::debug!(%err, "cannot turn transparent huge pages off for this process");
+    }
+}
+
 pub async fn main(args: ServerArgs) -> i32 {
     init_logging(args.log_format);
+    keep_to_small_pages();
     let config = ServerConfig {
         node_id: args.node_id,
         listen: args.listen,
