@@ -16,25 +16,33 @@
 #   4. prints a markdown table: pairs/s and grants/s per backend and N with the server's CPU per
 #      pair and per grant (its processes' CPU over the throughput), and the ratios issues 15 and
 #      33 set goals in: Deadbolt / redis-aof-always, Deadbolt / etcd1, deadbolt3 / etcd3.
+#   With --rounds R it does step 3 R times, the backends in the given order, then reversed, and
+#   so on, and the table gives each figure's median over the rounds and each ratio's median
+#   over the rounds' own ratios with its range: a machine whose speed drifts by a third within
+#   minutes moves both sides of a ratio taken a minute apart, but not the same way across one
+#   taken twenty minutes apart.
 # Peers are started with lockbench's servers.sh (state in the scratch dir, stopped by PID).
 # Missing peer packages (and protobuf-compiler, which lockbench's etcd-client needs to build)
 # are installed with apt-get when running as root.
 #
 # usage: scripts/lockbench.sh [--duration S] [--clients N[,N...]] [--only BACKEND[,BACKEND...]]
+#                             [--rounds R]
 #        e.g. scripts/lockbench.sh --duration 5 --clients 16,64,256 --only deadbolt,redis-aof-always,etcd1
+#             scripts/lockbench.sh --duration 5 --clients 16,64,256 --only deadbolt,redis-aof-always --rounds 3
 # env:   LOCKBENCH_SRC      lockbench to copy    (default: <repo>/../shared/lockbench)
 #        LOCKBENCH_SCRATCH  scratch dir          (default: /tmp/deadbolt-lockbench)
 #                           holds lockbench/ (patched copy), target/, deadbolt-data/, state/,
-#                           results/ (one JSONL + one log per invocation)
+#                           results/ (one JSONL, or one per round, and one log per invocation)
 #        DEADBOLT_BIN       run this deadbolt binary (one node and 3 nodes) instead of
 #                           building this checkout: to measure an experiment's build
 set -euo pipefail
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; }
 
 DUR=10
 N=16
 ONLY=""
+ROUNDS=1
 while (($#)); do
   case $1 in
     --duration) DUR=${2:?--duration needs seconds}; shift 2 ;;
@@ -43,12 +51,15 @@ while (($#)); do
     --clients=*) N=${1#*=}; shift ;;
     --only) ONLY=${2:?--only needs a backend list}; shift 2 ;;
     --only=*) ONLY=${1#*=}; shift ;;
+    --rounds) ROUNDS=${2:?--rounds needs a number}; shift 2 ;;
+    --rounds=*) ROUNDS=${1#*=}; shift ;;
     -h | --help) usage; exit 0 ;;
     *) echo "lockbench.sh: unknown argument: $1" >&2; usage >&2; exit 2 ;;
   esac
 done
 [[ $DUR =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "lockbench.sh: --duration wants seconds, got $DUR" >&2; exit 2; }
 [[ $N =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || { echo "lockbench.sh: --clients wants positive integers (16 or 16,64,256), got $N" >&2; exit 2; }
+[[ $ROUNDS =~ ^[1-9][0-9]?$ ]] || { echo "lockbench.sh: --rounds wants 1 to 99, got $ROUNDS" >&2; exit 2; }
 CLIENTS=${N//,/ }
 
 ALL_BACKENDS="deadbolt redis-aof-always etcd1 deadbolt3 etcd3 redis postgres"
@@ -271,7 +282,7 @@ start_deadbolt() {
   fi
   rm -rf "$SCRATCH/deadbolt-data"
   "$DEADBOLT" server --listen "$DEADBOLT_ADDR" --data-dir "$SCRATCH/deadbolt-data" --log-format json \
-    >"$RES/deadbolt-server-$STAMP.log" 2>&1 &
+    >>"$RES/deadbolt-server-$STAMP.log" 2>&1 &
   DEADBOLT_PID=$!
   for _ in $(seq 1 100); do
     if ! kill -0 "$DEADBOLT_PID" 2>/dev/null; then
@@ -333,48 +344,66 @@ one() { # one <backend> <workload> <clients>
   after_run "$b"
 }
 
-for b in $RUN; do
-  if [[ $b == deadbolt ]]; then
-    start_deadbolt || continue
-  elif [[ $b == deadbolt3 ]]; then
-    start_deadbolt3 || continue
-  else
-    if ! LB_STATE=$STATE "$LB/servers.sh" start "$b" 2>>"$LOG"; then
-      say "failed to start $b; see $LOG"
-      stop_peer "$b"
-      continue
+# Each round's results go to a file of their own, so that a run that failed in one round
+# cannot pair another round's figures in a ratio.
+OUTS=()
+order=$RUN
+for round in $(seq "$ROUNDS"); do
+  if ((ROUNDS > 1)); then
+    OUT=$RES/lockbench-$STAMP-round$round.jsonl
+    say "round $round of $ROUNDS: $order"
+  fi
+  OUTS+=("$OUT")
+  for b in $order; do
+    if [[ $b == deadbolt ]]; then
+      start_deadbolt || continue
+    elif [[ $b == deadbolt3 ]]; then
+      start_deadbolt3 || continue
+    else
+      if ! LB_STATE=$STATE "$LB/servers.sh" start "$b" 2>>"$LOG"; then
+        say "failed to start $b; see $LOG"
+        stop_peer "$b"
+        continue
+      fi
+      PEERS_STARTED+=("$b")
     fi
-    PEERS_STARTED+=("$b")
-  fi
-  sleep 1
-  for n in $CLIENTS; do
-    for w in uncontended contended; do one "$b" "$w" "$n"; done
+    sleep 1
+    for n in $CLIENTS; do
+      for w in uncontended contended; do one "$b" "$w" "$n"; done
+    done
+    if [[ $b == deadbolt ]]; then
+      kill -0 "$DEADBOLT_PID" 2>/dev/null || say "deadbolt server died during the runs; see $RES/deadbolt-server-$STAMP.log"
+      stop_deadbolt
+    elif [[ $b == deadbolt3 ]]; then
+      stop_deadbolt3
+    else
+      stop_peer "$b"
+    fi
   done
-  if [[ $b == deadbolt ]]; then
-    kill -0 "$DEADBOLT_PID" 2>/dev/null || say "deadbolt server died during the runs; see $RES/deadbolt-server-$STAMP.log"
-    stop_deadbolt
-  elif [[ $b == deadbolt3 ]]; then
-    stop_deadbolt3
-  else
-    stop_peer "$b"
-  fi
+  reversed=""
+  for b in $order; do reversed="$b $reversed"; done
+  order=$reversed
 done
 
 # ------------------------------------------------------------------ table
 echo
-python3 - "$OUT" "$RUN" <<'PY' | tee -a "$LOG"
+python3 - "$RUN" "${OUTS[@]}" <<'PY' | tee -a "$LOG"
 import json
 import os
+import statistics
 import sys
 
-path, order = sys.argv[1], sys.argv[2].split()
-runs = {}
-if os.path.exists(path):
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                runs[(r["label"], r["workload"], r["clients"])] = r
+order, paths = sys.argv[1].split(), sys.argv[2:]
+rounds = []  # one {(label, workload, clients): record} per round
+for path in paths:
+    runs = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    runs[(r["label"], r["workload"], r["clients"])] = r
+    rounds.append(runs)
 
 def checks(rs):
     bad = []
@@ -385,11 +414,11 @@ def checks(rs):
                 bad.append(f"{r['workload'][0]}:{name}={r[field]}")
     return " ".join(bad) or "ok"
 
-def tput(label, w, n):
+def tput(runs, label, w, n):
     r = runs.get((label, w, n))
     return r["throughput_per_s"] if r else None
 
-def cpu_us(label, w, n):
+def cpu_us(runs, label, w, n):
     """The server's CPU per operation (pair or grant), in microseconds: its
     processes' CPU share over the run (server_cpu_pct, of one core) divided
     by the throughput. The figure issue 33 judges changes by: it holds on a
@@ -399,24 +428,46 @@ def cpu_us(label, w, n):
         return None
     return r["server_cpu_pct"] * 1e4 / r["throughput_per_s"]
 
+def median(of, label, w, n):
+    values = [v for v in (of(runs, label, w, n) for runs in rounds) if v is not None]
+    return statistics.median(values) if values else None
+
 fmt = lambda v: f"{v:.0f}" if v is not None else "n/a"
-clients = sorted({n for (_, _, n) in runs})
-dur = next((r["duration_s"] for r in runs.values()), "?")
-print(f"{dur} s measured per run (+1 s warmup), one run each, same session; JSONL: {path}\n")
+clients = sorted({n for runs in rounds for (_, _, n) in runs})
+dur = next((r["duration_s"] for runs in rounds for r in runs.values()), "?")
+if len(rounds) == 1:
+    print(f"{dur} s measured per run (+1 s warmup), one run each, same session; JSONL: {paths[0]}\n")
+else:
+    print(f"{dur} s measured per run (+1 s warmup), {len(rounds)} rounds, backends in turn "
+          f"(each round's order the last one's reversed); each figure the median of the rounds; "
+          f"JSONL: {' '.join(paths)}\n")
 print("| backend | N | uncontended pairs/s | server µs/pair | contended grants/s | server µs/grant | checks |")
 print("|---|---:|---:|---:|---:|---:|---|")
 for label in order:
     for n in clients:
-        rs = [r for (l, _, rn), r in runs.items() if l == label and rn == n]
+        per_round = [[r for (l, _, rn), r in runs.items() if l == label and rn == n] for runs in rounds]
+        rs = [r for rr in per_round for r in rr]
         note = checks(rs) if rs else "no result"
-        if rs and len(rs) < 2:
-            note += " (a run is missing)"
-        print(f"| {label} | {n} | {fmt(tput(label, 'uncontended', n))} | {fmt(cpu_us(label, 'uncontended', n))} "
-              f"| {fmt(tput(label, 'contended', n))} | {fmt(cpu_us(label, 'contended', n))} | {note} |")
+        missing = sum(2 - len(rr) for rr in per_round)
+        if rs and missing:
+            note += f" ({missing} run{'s' if missing > 1 else ''} missing)"
+        print(f"| {label} | {n} | {fmt(median(tput, label, 'uncontended', n))} "
+              f"| {fmt(median(cpu_us, label, 'uncontended', n))} "
+              f"| {fmt(median(tput, label, 'contended', n))} | {fmt(median(cpu_us, label, 'contended', n))} "
+              f"| {note} |")
 
 def ratio(of, a, b, w, n):
-    x, y = of(a, w, n), of(b, w, n)
-    return f"{x / y:.2f}x" if x is not None and y else "n/a"
+    """a / b within each round; with several rounds, their median and range."""
+    ratios = []
+    for runs in rounds:
+        x, y = of(runs, a, w, n), of(runs, b, w, n)
+        if x is not None and y:
+            ratios.append(x / y)
+    if not ratios:
+        return "n/a"
+    if len(rounds) == 1:
+        return f"{ratios[0]:.2f}x"
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} rounds)"
 
 print()
 print("| ratio | N | uncontended | contended | server CPU per pair | per grant |")
@@ -427,4 +478,4 @@ for a, b in [("deadbolt", "redis-aof-always"), ("deadbolt", "etcd1"), ("deadbolt
             print(f"| **{a} / {b}** | {n} | {ratio(tput, a, b, 'uncontended', n)} | {ratio(tput, a, b, 'contended', n)} "
                   f"| {ratio(cpu_us, a, b, 'uncontended', n)} | {ratio(cpu_us, a, b, 'contended', n)} |")
 PY
-say "results: $OUT  log: $LOG"
+say "results: ${OUTS[*]}  log: $LOG"
