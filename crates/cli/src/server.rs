@@ -200,7 +200,7 @@ impl ServerArgs {
 /// used for a second back to the kernel; using it again then faulted in a
 /// whole 2 MiB page, which the kernel zeroes. Under lockbench at 256
 /// clients that zeroing took 2.0-2.7 % of the server's CPU, and 0.1 %
-/// with huge pages off, with a sixth less RSS (95-98 MB against 112-119;
+/// with huge pages off, with less RSS (104-110 MB against 112-119;
 /// `bench/results/2026-12-06.md`). The flag is inherited by child
 /// processes, so only the server sets it: `deadbolt run`'s children are the
 /// user's.
