@@ -30,6 +30,7 @@ use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{CallRequest, CallResponse, CancelCall};
 use deadbolt_proto::{ErrorKind, MAX_CALLS_PER_STREAM};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -44,7 +45,16 @@ const MAX_CALL_BYTES: usize = 64 * 1024;
 #[derive(Debug, Clone)]
 pub(crate) struct Calls {
     requests: mpsc::Sender<CallRequest>,
-    state: Arc<Mutex<State>>,
+    shared: Arc<Shared>,
+}
+
+/// What the callers and the stream's task share.
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Set once `state.ended` is: the client asks before every call whether
+    /// the stream has ended, and this answers without taking the lock.
+    ended: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -65,13 +75,13 @@ impl Calls {
     pub(crate) fn open(channel: Link, framed: Option<FramedTarget>) -> Calls {
         // A request and a cancel for each call in flight.
         let (requests, outgoing) = mpsc::channel(2 * MAX_CALLS_PER_STREAM);
-        let state = Arc::new(Mutex::new(State::default()));
-        tokio::spawn(deliver_answers(channel, framed, outgoing, state.clone()));
-        Calls { requests, state }
+        let shared = Arc::new(Shared::default());
+        tokio::spawn(deliver_answers(channel, framed, outgoing, shared.clone()));
+        Calls { requests, shared }
     }
 
     pub(crate) fn has_ended(&self) -> bool {
-        self.state().ended.is_some()
+        self.shared.ended.load(Ordering::Acquire)
     }
 
     /// Sends `call` and waits for its answer.
@@ -125,7 +135,7 @@ impl Calls {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
+        lock(&self.shared.state)
     }
 }
 
@@ -158,17 +168,17 @@ async fn deliver_answers(
     channel: Link,
     framed: Option<FramedTarget>,
     outgoing: mpsc::Receiver<CallRequest>,
-    state: Arc<Mutex<State>>,
+    shared: Arc<Shared>,
 ) {
     // Also if this task is cancelled (its runtime shut down) or panics: no
     // call may wait forever on a stream nobody reads.
     let mut ending = Ending {
-        state: state.clone(),
+        shared: shared.clone(),
         reason: Status::unavailable("the call stream's task stopped"),
     };
     let deliver = |id, result: Option<Answer>| {
         // No one waiting: the call was cancelled meanwhile.
-        if let Some(reply) = lock(&state).waiting.remove(&id) {
+        if let Some(reply) = lock(&shared.state).waiting.remove(&id) {
             let _ = reply
                 .send(result.ok_or_else(|| Status::internal("the server sent an empty answer")));
         }
@@ -205,7 +215,7 @@ async fn deliver_answers(
 /// Ends the stream for its callers when dropped: marks it ended and fails
 /// every call still waiting with `reason`.
 struct Ending {
-    state: Arc<Mutex<State>>,
+    shared: Arc<Shared>,
     reason: Status,
 }
 
@@ -213,8 +223,9 @@ impl Drop for Ending {
     fn drop(&mut self) {
         tracing::debug!(reason = %self.reason, "call stream ended");
         let waiting = {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.shared.state);
             state.ended = Some(self.reason.clone());
+            self.shared.ended.store(true, Ordering::Release);
             std::mem::take(&mut state.waiting)
         };
         for (_, reply) in waiting {

@@ -38,7 +38,11 @@ struct Inner {
     /// Locks held, or being acquired, through this session. The server
     /// knows only the session, so two callers taking one lock through one
     /// session would both be told they hold it: that is refused here.
-    in_use: std::sync::Mutex<std::collections::HashMap<String, InUse>>,
+    /// Keyed by the [`Claim`]'s own copy of the name: one allocation per
+    /// acquire, not two. Ordered rather than hashed: a session uses a few
+    /// names at a time, and hashing each with SipHash cost more than
+    /// comparing it.
+    in_use: std::sync::Mutex<std::collections::BTreeMap<Arc<str>, InUse>>,
     /// Lock-delay asked for with every acquire, in milliseconds.
     lock_delay_ms: std::sync::atomic::AtomicU64,
 }
@@ -58,7 +62,7 @@ enum InUse {
 #[derive(Debug)]
 pub(crate) struct Claim {
     session: Arc<Inner>,
-    lock: String,
+    lock: Arc<str>,
 }
 
 impl Claim {
@@ -74,7 +78,7 @@ impl Drop for Claim {
             .in_use
             .lock()
             .expect("in-use lock poisoned")
-            .remove(&self.lock);
+            .remove(&*self.lock);
         if let Some(InUse::CleanUp(done)) = freed {
             done.notify_waiters();
         }
@@ -284,8 +288,7 @@ impl Session {
     /// Whether the lease is over: its deadline passed, the server ended the
     /// session, or it was closed.
     pub fn is_lost(&self) -> bool {
-        let lease = self.inner.lease.borrow();
-        lease.ended.is_some() || BootInstant::now() >= lease.deadline
+        self.lost_now().is_some()
     }
 
     /// Completes once the lease is lost, or is within `margin` of its
@@ -310,17 +313,11 @@ impl Session {
                         None => return LeaseLost::Expired,
                     }
                 };
-                if BootInstant::now() >= alarm {
-                    return LeaseLost::Expired;
-                }
-                // Wake at the alarm, and now and then before it: a suspend
-                // delays tokio's timers but not the lease.
-                let wake = alarm.to_instant().min(crate::clock::now() + SUSPEND_CHECK);
                 tokio::select! {
-                    () = tokio::time::sleep_until(wake.into()) => {
+                    () = until(alarm) => {
                         // A renewal that landed as the alarm went off still
                         // counts: the loop looks at the new deadline first.
-                        if BootInstant::now() >= alarm && !lease.has_changed().unwrap_or(false) {
+                        if !lease.has_changed().unwrap_or(false) {
                             return LeaseLost::Expired;
                         }
                     }
@@ -651,10 +648,11 @@ impl Session {
             return None;
         }
         let done = Arc::new(tokio::sync::Notify::new());
-        in_use.insert(lock.to_owned(), InUse::CleanUp(done));
+        let lock: Arc<str> = lock.into();
+        in_use.insert(lock.clone(), InUse::CleanUp(done));
         Some(Claim {
             session: self.inner.clone(),
-            lock: lock.to_owned(),
+            lock,
         })
     }
 
@@ -666,10 +664,11 @@ impl Session {
                 let mut in_use = self.inner.in_use.lock().expect("in-use lock poisoned");
                 match in_use.get(lock) {
                     None => {
-                        in_use.insert(lock.to_owned(), InUse::Caller);
+                        let lock: Arc<str> = lock.into();
+                        in_use.insert(lock.clone(), InUse::Caller);
                         return Ok(Claim {
                             session: self.inner.clone(),
-                            lock: lock.to_owned(),
+                            lock,
                         });
                     }
                     Some(InUse::Caller) => {
@@ -743,12 +742,38 @@ impl Session {
     where
         Fut: Future<Output = Result<T, Error>>,
     {
-        // Lease first: an answer that arrives just as the lease is lost
-        // cannot be relied on, so it is not reported as a success.
-        tokio::select! {
+        // The watchdog ends the lease at its deadline (see `watchdog`), so a
+        // request waits on that signal alone. Racing a timer of its own as
+        // well (`lost`) put a timer entry in tokio's wheel and took it out
+        // again for every request (bench/results/2026-12-06.md).
+        if let Some(reason) = self.lost_now() {
+            return Err(reason.into_error(self.id()));
+        }
+        let mut lease = self.inner.lease.subscribe();
+        let result = tokio::select! {
             biased;
-            reason = self.lost(Duration::ZERO) => Err(reason.into_error(self.id())),
+            ended = lease.wait_for(|lease| lease.ended.is_some()) => {
+                let reason = ended.ok().and_then(|lease| lease.ended.clone());
+                return Err(reason.unwrap_or(LeaseLost::Closed).into_error(self.id()));
+            }
             result = retry(what, self.id(), give_up, Error::is_transient, request) => result,
+        };
+        // An answer that arrives just as the lease is lost cannot be relied
+        // on, so it is not reported as a success.
+        match self.lost_now() {
+            Some(reason) => Err(reason.into_error(self.id())),
+            None => result,
+        }
+    }
+
+    /// Why the lease is over, if it is: on the suspend-aware clock, so
+    /// also before the watchdog has woken to say so.
+    fn lost_now(&self) -> Option<LeaseLost> {
+        let lease = self.inner.lease.borrow();
+        match &lease.ended {
+            Some(reason) => Some(reason.clone()),
+            None if BootInstant::now() >= lease.deadline => Some(LeaseLost::Expired),
+            None => None,
         }
     }
 }
@@ -783,8 +808,11 @@ impl Drop for Inner {
 }
 
 /// Renews the lease every third of its TTL until the server rejects it or
-/// the deadline passes unrenewed. Holds no [`Session`], so that dropping
-/// the last one can stop it.
+/// the deadline passes unrenewed, and then ends it: requests in flight
+/// learn that the lease is lost from this task alone, so it waits on the
+/// suspend-aware clock (`until`) and ends the lease at its deadline even
+/// when the machine slept through it. Holds no [`Session`], so that
+/// dropping the last one can stop it.
 async fn watchdog(
     client: Client,
     handle: SessionHandle,
@@ -795,15 +823,15 @@ async fn watchdog(
     let interval = ttl / 3;
     let (client, handle, id) = (&client, &handle, handle.id());
     let reason = loop {
-        tokio::time::sleep_until((last_sent + interval).to_instant().into()).await;
-        let deadline = lease.borrow().deadline.to_instant();
+        until(last_sent + interval).await;
+        let deadline = lease.borrow().deadline;
         // Anything short of the server disowning the session is worth
         // retrying while the lease lasts; an attempt that hangs is abandoned
         // after `interval` so a fresh one can go out.
         let renewal = retry(
             "keepalive",
             id,
-            Some(deadline),
+            Some(deadline.to_instant()),
             |error| !error.ends_session(),
             || async move {
                 let sent = BootInstant::now();
@@ -813,7 +841,12 @@ async fn watchdog(
                 }
             },
         );
-        match tokio::time::timeout_at(deadline.into(), renewal).await {
+        let renewed = tokio::select! {
+            biased;
+            renewed = renewal => Ok(renewed),
+            () = until(deadline) => Err(()),
+        };
+        match renewed {
             Ok(Ok((sent, granted))) => {
                 last_sent = sent;
                 lease.send_modify(|lease| {
@@ -858,6 +891,15 @@ const CLEAN_UP_DELAY: Duration = Duration::from_secs(1);
 
 /// How often a waiter on the lease re-checks the suspend-aware clock.
 const SUSPEND_CHECK: Duration = Duration::from_secs(1);
+
+/// Sleeps until the suspend-aware clock reaches `at`. Tokio's timers stop
+/// while the machine is suspended, so it wakes now and then to look.
+async fn until(at: BootInstant) {
+    while BootInstant::now() < at {
+        let wake = at.to_instant().min(crate::clock::now() + SUSPEND_CHECK);
+        tokio::time::sleep_until(wake.into()).await;
+    }
+}
 
 /// How long `close` keeps trying when the lease is (nearly) over anyway.
 const CLOSE_AT_LEAST: Duration = Duration::from_secs(1);
