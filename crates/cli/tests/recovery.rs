@@ -9,8 +9,8 @@
 
 mod common;
 
-use common::TestServer;
-use deadbolt_client::{Client, Session};
+use common::{signal, TestServer};
+use deadbolt_client::{Client, ErrorKind, Session};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -301,5 +301,39 @@ async fn an_acquire_given_up_by_its_caller_does_not_leak_the_lock() {
     assert!(
         !impatient.is_lost(),
         "only the grant is given back, not the session"
+    );
+}
+
+/// A blocking acquire waiting on a server that stops answering (frozen by
+/// SIGSTOP) ends once the session's lease is lost, with that reason, rather
+/// than waiting for an answer that may never come. A request has no timer
+/// of its own: the session's watchdog ends the lease at its deadline, and
+/// the request hears it from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_on_a_frozen_server_ends_with_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let client = server.client().await;
+    let [holder] = long_sessions(&client).await;
+    let _held = holder.lock("frozen").await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let waiter = client.open_session(ttl).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let outcome = waiter.lock("frozen").await;
+        (outcome.map(|guard| guard.token()), waiter.lease_deadline())
+    });
+    wait_for_waiters(&client, "frozen", 1).await;
+    signal(server.pid(), libc::SIGSTOP);
+    let frozen_at = Instant::now();
+    // A hang guard, far past the lease: the wait ends at the deadline.
+    let ended = tokio::time::timeout(ttl * 10, waiting).await;
+    signal(server.pid(), libc::SIGCONT);
+    let (outcome, deadline) = ended.expect("the wait outlived the lease").unwrap();
+    let error = outcome.expect_err("no grant can come from a frozen server");
+    assert_eq!(error.kind(), ErrorKind::SessionExpiring, "{error}");
+    assert!(
+        Instant::now() >= deadline,
+        "the wait ended before the lease did ({:?} after the freeze)",
+        frozen_at.elapsed()
     );
 }
