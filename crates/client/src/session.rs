@@ -34,6 +34,9 @@ struct Inner {
     handle: SessionHandle,
     ttl: Duration,
     lease: watch::Sender<Lease>,
+    /// Notified whenever `lease.ended` is set: what each request in flight
+    /// waits on, for less than a subscription to the watch costs.
+    lease_ended: Arc<tokio::sync::Notify>,
     watchdog: AbortHandle,
     /// Locks held, or being acquired, through this session. The server
     /// knows only the session, so two callers taking one lock through one
@@ -214,12 +217,14 @@ impl Session {
             deadline: sent + ttl,
             ended: None,
         });
+        let lease_ended = Arc::new(tokio::sync::Notify::new());
         let watchdog = tokio::spawn(watchdog(
             client.clone(),
             handle.clone(),
             ttl,
             sent,
             lease.clone(),
+            lease_ended.clone(),
         ))
         .abort_handle();
         tracing::debug!(session = handle.id(), ?ttl, "opened session");
@@ -229,6 +234,7 @@ impl Session {
                 handle,
                 ttl,
                 lease,
+                lease_ended,
                 watchdog,
                 in_use: Default::default(),
                 lock_delay_ms: Default::default(),
@@ -336,13 +342,11 @@ impl Session {
     /// counts as closed.
     pub async fn close(&self) -> Result<(), Error> {
         self.inner.watchdog.abort();
-        self.inner.lease.send_if_modified(|lease| {
-            let open = lease.ended.is_none();
-            if open {
-                lease.ended = Some(LeaseLost::Closed);
-            }
-            open
-        });
+        end_lease(
+            &self.inner.lease,
+            &self.inner.lease_ended,
+            LeaseLost::Closed,
+        );
         let (client, handle) = (&self.inner.client, self.handle());
         // Past the deadline the server ends the session anyway; until then,
         // keep trying so its locks are freed now rather than at expiry.
@@ -746,15 +750,17 @@ impl Session {
         // request waits on that signal alone. Racing a timer of its own as
         // well (`lost`) put a timer entry in tokio's wheel and took it out
         // again for every request (bench/results/2026-12-06.md).
+        // Made before the look at the lease: an end signalled after it
+        // still reaches this wait.
+        let ended = self.inner.lease_ended.notified();
         if let Some(reason) = self.lost_now() {
             return Err(reason.into_error(self.id()));
         }
-        let mut lease = self.inner.lease.subscribe();
         let result = tokio::select! {
             biased;
-            ended = lease.wait_for(|lease| lease.ended.is_some()) => {
-                let reason = ended.ok().and_then(|lease| lease.ended.clone());
-                return Err(reason.unwrap_or(LeaseLost::Closed).into_error(self.id()));
+            () = ended => {
+                let reason = self.lost_now().unwrap_or(LeaseLost::Closed);
+                return Err(reason.into_error(self.id()));
             }
             result = retry(what, self.id(), give_up, Error::is_transient, request) => result,
         };
@@ -819,6 +825,7 @@ async fn watchdog(
     ttl: Duration,
     mut last_sent: BootInstant,
     lease: watch::Sender<Lease>,
+    lease_ended: Arc<tokio::sync::Notify>,
 ) {
     let interval = ttl / 3;
     let (client, handle, id) = (&client, &handle, handle.id());
@@ -868,7 +875,7 @@ async fn watchdog(
         }
     };
     let expired = reason == LeaseLost::Expired;
-    end_lease(&lease, reason);
+    end_lease(&lease, &lease_ended, reason);
     if expired {
         // The server may still count the lease as live; ending it now frees
         // its locks for others sooner. Best effort: the server was likely
@@ -912,10 +919,11 @@ fn no_answer(what: &str, waited: Duration) -> Error {
     )
 }
 
-fn end_lease(lease: &watch::Sender<Lease>, reason: LeaseLost) {
+fn end_lease(lease: &watch::Sender<Lease>, ended: &tokio::sync::Notify, reason: LeaseLost) {
     lease.send_modify(|lease| {
         lease.ended.get_or_insert(reason);
     });
+    ended.notify_waiters();
 }
 
 /// The deadline after a keepalive sent at `sent` was granted `granted`. The
