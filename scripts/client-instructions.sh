@@ -30,6 +30,9 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 [[ $rounds =~ ^[1-9][0-9]?$ ]] || { echo "client-instructions.sh: --rounds wants 1 to 99, got $rounds" >&2; exit 2; }
+# Whole seconds: the pairs are counted as the bench's rate times this.
+[[ $duration =~ ^[1-9][0-9]*s$ ]] || { echo "client-instructions.sh: --duration wants whole seconds (5s), got $duration" >&2; exit 2; }
+seconds=${duration%s}
 
 log() { echo "[client-instructions.sh] $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -54,13 +57,16 @@ for round in $(seq "$rounds"); do
             curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
             sleep 0.1
         done
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null ||
+            die "the server did not start; its log: $(tail -5 "$work/server.log")"
         valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
             "$client" bench uncontended --clients "$clients" --duration "$duration" --warmup 0s \
-            --endpoint "http://127.0.0.1:$port" >"$work/bench.out" 2>"$work/valgrind.log"
+            --endpoint "http://127.0.0.1:$port" >"$work/bench.out" 2>"$work/valgrind.log" ||
+            die "$client bench failed: $(tail -5 "$work/valgrind.log")"
         kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
         instructions=$(awk '/^(summary|totals):/ {print $2; exit}' "$work/callgrind.out")
-        rate=$(grep -oE '[0-9]+ acquire\+release pairs/s' "$work/bench.out" | grep -oE '^[0-9]+')
-        seconds=${duration%s}
+        rate=$(grep -oE '[0-9]+ acquire\+release pairs/s' "$work/bench.out" | grep -oE '^[0-9]+') ||
+            die "no pairs/s in $client's bench output: $(tail -5 "$work/bench.out")"
         python3 -c "
 i, rate, s = $instructions, $rate, $seconds
 print(f'round $round  $client: {i / (rate * s):,.0f} instructions per pair ({i:,} over {rate * s:,.0f} pairs)')"
