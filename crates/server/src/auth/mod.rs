@@ -80,7 +80,9 @@ impl Credentials {
 #[derive(Debug)]
 pub struct InFlight {
     limit: usize,
-    counts: Mutex<HashMap<Option<String>, usize>>,
+    /// Looked up twice per call (in and out): foldhash, not SipHash, as the
+    /// stream's map of calls (`calls.rs`).
+    counts: Mutex<HashMap<Option<String>, usize, foldhash::fast::RandomState>>,
 }
 
 impl InFlight {
@@ -88,7 +90,7 @@ impl InFlight {
         assert!(limit > 0, "the limit of calls in flight must be positive");
         Arc::new(InFlight {
             limit,
-            counts: Mutex::new(HashMap::new()),
+            counts: Mutex::new(HashMap::default()),
         })
     }
 
