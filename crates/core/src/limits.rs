@@ -273,10 +273,22 @@ fn check_name(what: &str, name: &str) -> Result<(), String> {
             name.len()
         ));
     }
-    if name.chars().any(char::is_control) {
+    if has_control_characters(name) {
         return Err(format!("{what} contains control characters"));
     }
     Ok(())
+}
+
+/// Whether `name` has a control character (Unicode's `Cc`: U+0000-U+001F
+/// and U+007F-U+009F). Every lock name is checked when it arrives and again
+/// when applied; names are nearly always ASCII, and an ASCII name is
+/// checked a byte at a time, with no character decoded.
+fn has_control_characters(name: &str) -> bool {
+    if name.is_ascii() {
+        name.bytes().any(|byte| byte.is_ascii_control())
+    } else {
+        name.chars().any(char::is_control)
+    }
 }
 
 /// Checks a session TTL against [`Limits::STANDARD`].
@@ -290,4 +302,24 @@ pub fn validate_ttl(ttl: Duration) -> Result<(), LockError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The ASCII shortcut finds exactly the characters Unicode calls
+        /// control characters, in ASCII and other names alike.
+        #[test]
+        fn control_characters_are_found_as_unicode_defines_them(
+            name in "[ -~\\x00-\\x1f\\x7f]{0,12}|(\\PC|[\\x00-\\x1f\\x7f\\u{80}-\\u{9f}]){0,12}"
+        ) {
+            prop_assert_eq!(
+                has_control_characters(&name),
+                name.chars().any(char::is_control)
+            );
+        }
+    }
 }

@@ -9,15 +9,14 @@
 //! lock operation (issue 33). The handshake and the rules are in
 //! `proto/deadbolt.proto` (`CallsHello`).
 //!
-//! [`FrameCodec`] is tokio-util's length-delimited codec with a protobuf
-//! message on each side: one type for both ends, so the two cannot frame
-//! differently.
+//! [`FrameCodec`] frames a protobuf message on each side: one type for
+//! both ends, so the two cannot frame differently.
 
-use bytes::{BufMut, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use prost::Message;
 use std::io;
 use std::marker::PhantomData;
-use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+use tokio_util::codec::{Decoder, Encoder};
 
 /// What a client sends first on a connection to the client port to ask
 /// for framed calls. Its first byte (NUL) starts neither a TLS handshake
@@ -41,20 +40,25 @@ pub const ALPN: &[u8] = b"deadbolt-framed-calls/1";
 /// send one over 64 KiB. A larger frame ends the connection.
 pub const MAX_FRAME_BYTES: usize = 128 * 1024;
 
+/// The length before each message.
+const LENGTH_BYTES: usize = 4;
+
 /// Frames `Out` messages for sending and reads `In` messages.
+///
+/// Written out rather than tokio-util's `LengthDelimitedCodec` under a
+/// message codec: that one split each frame off the read buffer as a
+/// `BytesMut` of its own (a reference count taken and given back per
+/// message), and prost then decoded from it through `Buf`, paying
+/// `BytesMut::advance` for every field. Here a message is decoded from a
+/// slice of the read buffer, which then drops the frame at once.
 #[derive(Debug)]
 pub struct FrameCodec<Out, In> {
-    lengths: LengthDelimitedCodec,
     messages: PhantomData<fn(Out) -> In>,
 }
 
 impl<Out, In> FrameCodec<Out, In> {
     pub fn new() -> Self {
         FrameCodec {
-            lengths: LengthDelimitedCodec::builder()
-                .length_field_type::<u32>()
-                .max_frame_length(MAX_FRAME_BYTES)
-                .new_codec(),
             messages: PhantomData,
         }
     }
@@ -77,11 +81,11 @@ impl<Out: Message, In> Encoder<Out> for FrameCodec<Out, In> {
                 format!("a message of {length} bytes; a frame holds at most {MAX_FRAME_BYTES}"),
             ));
         }
-        frames.reserve(4 + length);
+        frames.reserve(LENGTH_BYTES + length);
         frames.put_u32(length as u32);
-        message
-            .encode(frames)
-            .expect("the buffer was reserved for the whole message");
+        // `encode_raw`, not `encode`, which would work the length out again
+        // only to check the room reserved just above.
+        message.encode_raw(frames);
         Ok(())
     }
 }
@@ -91,12 +95,25 @@ impl<Out, In: Message + Default> Decoder for FrameCodec<Out, In> {
     type Error = io::Error;
 
     fn decode(&mut self, frames: &mut BytesMut) -> io::Result<Option<In>> {
-        let Some(frame) = self.lengths.decode(frames)? else {
+        let Some(length) = frames.get(..LENGTH_BYTES) else {
             return Ok(None);
         };
-        In::decode(frame)
-            .map(Some)
-            .map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))
+        let length = u32::from_be_bytes(length.try_into().expect("four bytes")) as usize;
+        if length > MAX_FRAME_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a frame of {length} bytes; a frame holds at most {MAX_FRAME_BYTES}"),
+            ));
+        }
+        let Some(message) = frames.get(LENGTH_BYTES..LENGTH_BYTES + length) else {
+            // Room for the rest of the frame, read in as it arrives.
+            frames.reserve(LENGTH_BYTES + length - frames.len());
+            return Ok(None);
+        };
+        let message =
+            In::decode(message).map_err(|err| io::Error::new(io::ErrorKind::InvalidData, err))?;
+        frames.advance(LENGTH_BYTES + length);
+        Ok(Some(message))
     }
 }
 
