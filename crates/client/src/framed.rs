@@ -16,11 +16,14 @@ use crate::simulation::Dial;
 use deadbolt_proto::frames::{FrameCodec, ALPN, PREFACE};
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::{CallRequest, CallResponse, CallsHello, CallsWelcome};
+use deadbolt_proto::woken::WokenOnly;
 use futures::{SinkExt, StreamExt};
 use std::fmt;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
@@ -270,17 +273,22 @@ impl FramedConnection {
             }
         };
         tokio::pin!(send, receive);
+        // Each is polled only when it woke the task: a request queued by a
+        // caller does not read the socket, nor an answer the queue.
+        let (send_woken, receive_woken) = (WokenOnly::new(), WokenOnly::new());
         let mut sending = true;
-        loop {
-            tokio::select! {
-                sent = &mut send, if sending => match sent {
-                    Ok(()) => sending = false,
-                    Err(err) => {
-                        return Status::unavailable(format!("the call connection failed: {err}"))
+        poll_fn(|cx| {
+            if sending {
+                if let Poll::Ready(sent) = send_woken.poll(cx, |cx| send.as_mut().poll(cx)) {
+                    if let Err(err) = sent {
+                        let failed = format!("the call connection failed: {err}");
+                        return Poll::Ready(Status::unavailable(failed));
                     }
-                },
-                ended = &mut receive => return ended,
+                    sending = false;
+                }
             }
-        }
+            receive_woken.poll(cx, |cx| receive.as_mut().poll(cx))
+        })
+        .await
     }
 }

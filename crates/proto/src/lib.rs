@@ -2,6 +2,7 @@
 //! by the server and the client so both always speak the same schema.
 
 pub mod frames;
+pub mod woken;
 
 pub mod v1 {
     tonic::include_proto!("deadbolt.v1");

@@ -26,13 +26,12 @@ use crate::node::ApiError;
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::{CallError, CallRequest, CallResponse};
+use deadbolt_proto::woken::WokenOnly;
 use deadbolt_proto::{ErrorKind, MAX_CALLS_PER_STREAM};
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
-use futures::task::{ArcWake, AtomicWaker};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use tokio::sync::{oneshot, watch};
@@ -82,9 +81,10 @@ pub struct CallStream {
     /// `None` once the client has sent its last request: the stream then
     /// ends when the calls in flight have been answered.
     requests: Option<Requests>,
-    /// Whether `requests` may have more, and the waker it is polled with.
-    requests_wake: Arc<RequestsWake>,
-    requests_waker: Waker,
+    /// The stream is polled a few times per call (for each answer, and
+    /// when a call in flight is woken): the requests are read only when
+    /// they woke it.
+    requests_woken: WokenOnly,
     /// When the server begins to shut down: from then on new calls are
     /// turned away (to another node), and the stream ends once the calls in
     /// flight are answered. A client never half-closes its stream, which
@@ -148,27 +148,6 @@ impl Stopping {
     }
 }
 
-/// Says whether a stream's requests may have more to give. The stream is
-/// polled a few times per call (for each answer, and when a call in flight
-/// is woken), and reading the requests each time found nothing new: the
-/// connection's readiness checked, the split connection's lock taken, the
-/// codec run, about 5 % of the server's instructions per call under
-/// callgrind. So the requests are polled with a waker of their own, which
-/// sets `ready` and wakes the stream's task, and are read again only once
-/// it is set (as `FuturesUnordered` polls only the futures that woke).
-struct RequestsWake {
-    ready: AtomicBool,
-    /// The task the stream was last polled by.
-    task: AtomicWaker,
-}
-
-impl ArcWake for RequestsWake {
-    fn wake_by_ref(this: &Arc<Self>) {
-        this.ready.store(true, Ordering::Release);
-        this.task.wake();
-    }
-}
-
 impl CallStream {
     pub fn new(
         api: Api,
@@ -176,16 +155,11 @@ impl CallStream {
         requests: impl Stream<Item = Result<CallRequest, Status>> + Send + 'static,
         stopping: watch::Receiver<bool>,
     ) -> Self {
-        let requests_wake = Arc::new(RequestsWake {
-            ready: AtomicBool::new(true),
-            task: AtomicWaker::new(),
-        });
         CallStream {
             api: Arc::new(api),
             credentials: Arc::new(credentials),
             requests: Some(Box::pin(requests)),
-            requests_waker: futures::task::waker(requests_wake.clone()),
-            requests_wake,
+            requests_woken: WokenOnly::new(),
             stopping: Stopping::new(stopping),
             stopped: false,
             running: FuturesUnordered::new(),
@@ -327,8 +301,6 @@ impl Stream for CallStream {
         if !this.stopped && this.stopping.poll_stopped(cx) {
             this.stopped = true;
         }
-        // Before `ready` is read: a wake after this reaches this task.
-        this.requests_wake.task.register(cx.waker());
         loop {
             // Read every request that has arrived: each is started, refused
             // or a cancel, so reading never waits on a call in flight; only
@@ -339,17 +311,9 @@ impl Stream for CallStream {
                 {
                     break;
                 }
-                // Cleared before the poll, so that a wake during it counts.
-                if !this.requests_wake.ready.swap(false, Ordering::AcqRel) {
-                    break;
-                }
-                let mut requests_cx = Context::from_waker(&this.requests_waker);
-                match requests.poll_next_unpin(&mut requests_cx) {
-                    Poll::Ready(Some(Ok(request))) => {
-                        // Whatever follows it has not been asked for yet.
-                        this.requests_wake.ready.store(true, Ordering::Release);
-                        this.start(request);
-                    }
+                let read = (this.requests_woken).poll(cx, |cx| requests.poll_next_unpin(cx));
+                match read {
+                    Poll::Ready(Some(Ok(request))) => this.start(request),
                     // A malformed message or a broken connection: the
                     // stream ends with this status, and the calls in flight
                     // are abandoned with it.
