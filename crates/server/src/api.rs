@@ -50,6 +50,11 @@ impl Api {
     /// is handed twice over (as its argument, and again while awaiting it),
     /// which made every call's future twice the size of its work (1,944
     /// bytes for a release; `calls.rs` allocates and copies one per call).
+    /// For the same reason the calls below are plain functions that return
+    /// `timed` around an `async move` block: an `async fn` keeps its
+    /// arguments twice (as given, and as the locals its body moves them
+    /// into), so each request was held twice, and its future once more
+    /// around the block's.
     fn timed<'a, T: 'a>(
         &'a self,
         call: Call,
@@ -109,12 +114,12 @@ impl Api {
             .await
     }
 
-    pub async fn open_session(
-        &self,
-        credentials: &Credentials,
+    pub fn open_session<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: OpenSessionRequest,
-    ) -> Reply<OpenSessionResponse> {
-        self.timed(Call::OpenSession, async {
+    ) -> impl Future<Output = Reply<OpenSessionResponse>> + 'a {
+        self.timed(Call::OpenSession, async move {
             let caller = self.caller(credentials, Permission::Lock, None).await?;
             let ttl = Duration::from_millis(request.ttl_ms);
             let (secret, hash) = self.secrets.draw();
@@ -125,15 +130,14 @@ impl Api {
                 session_secret: secret,
             })
         })
-        .await
     }
 
-    pub async fn keep_alive(
-        &self,
-        credentials: &Credentials,
+    pub fn keep_alive<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: KeepAliveRequest,
-    ) -> Reply<KeepAliveResponse> {
-        self.timed(Call::KeepAlive, async {
+    ) -> impl Future<Output = Reply<KeepAliveResponse>> + 'a {
+        self.timed(Call::KeepAlive, async move {
             let caller = self.caller(credentials, Permission::Lock, None).await?;
             let session = self
                 .owned(&caller, request.session_id, &request.session_secret)
@@ -143,15 +147,14 @@ impl Api {
                 ttl_ms: millis(ttl),
             })
         })
-        .await
     }
 
-    pub async fn close_session(
-        &self,
-        credentials: &Credentials,
+    pub fn close_session<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: CloseSessionRequest,
-    ) -> Reply<CloseSessionResponse> {
-        self.timed(Call::CloseSession, async {
+    ) -> impl Future<Output = Reply<CloseSessionResponse>> + 'a {
+        self.timed(Call::CloseSession, async move {
             let caller = self.caller(credentials, Permission::Lock, None).await?;
             let session = self
                 .owned(&caller, request.session_id, &request.session_secret)
@@ -159,15 +162,14 @@ impl Api {
             self.node.close_session(session).await?;
             Ok(CloseSessionResponse {})
         })
-        .await
     }
 
-    pub async fn acquire(
-        &self,
-        credentials: &Credentials,
+    pub fn acquire<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: AcquireRequest,
-    ) -> Reply<AcquireResponse> {
-        self.timed(Call::Acquire, async {
+    ) -> impl Future<Output = Reply<AcquireResponse>> + 'a {
+        self.timed(Call::Acquire, async move {
             let lock = Some(request.lock.as_str());
             let caller = self.caller(credentials, Permission::Lock, lock).await?;
             let mode = rw_mode(&request.mode)?;
@@ -200,14 +202,13 @@ impl Api {
             };
             Ok(AcquireResponse { token: token.0 })
         })
-        .await
     }
 
-    pub async fn release(
-        &self,
-        credentials: &Credentials,
+    pub fn release<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: ReleaseRequest,
-    ) -> Reply<ReleaseResponse> {
+    ) -> impl Future<Output = Reply<ReleaseResponse>> + 'a {
         self.timed(Call::Release, async move {
             let lock = Some(request.lock.as_str());
             let caller = self.caller(credentials, Permission::Lock, lock).await?;
@@ -219,15 +220,14 @@ impl Api {
                 .await?;
             Ok(ReleaseResponse {})
         })
-        .await
     }
 
-    pub async fn acquire_permits(
-        &self,
-        credentials: &Credentials,
+    pub fn acquire_permits<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: AcquirePermitsRequest,
-    ) -> Reply<AcquirePermitsResponse> {
-        self.timed(Call::Acquire, async {
+    ) -> impl Future<Output = Reply<AcquirePermitsResponse>> + 'a {
+        self.timed(Call::Acquire, async move {
             let semaphore = Some(request.semaphore.as_str());
             let caller = self
                 .caller(credentials, Permission::Lock, semaphore)
@@ -252,15 +252,14 @@ impl Api {
                 permits: permits.iter().map(permit).collect(),
             })
         })
-        .await
     }
 
-    pub async fn campaign(
-        &self,
-        credentials: &Credentials,
+    pub fn campaign<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: CampaignRequest,
-    ) -> Reply<CampaignResponse> {
-        self.timed(Call::Acquire, async {
+    ) -> impl Future<Output = Reply<CampaignResponse>> + 'a {
+        self.timed(Call::Acquire, async move {
             let election = Some(request.election.as_str());
             let caller = self.caller(credentials, Permission::Lock, election).await?;
             let session = self
@@ -275,15 +274,14 @@ impl Api {
                 .await?;
             Ok(CampaignResponse { term: term.0 })
         })
-        .await
     }
 
-    pub async fn proclaim(
-        &self,
-        credentials: &Credentials,
+    pub fn proclaim<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: ProclaimRequest,
-    ) -> Reply<ProclaimResponse> {
-        self.timed(Call::Proclaim, async {
+    ) -> impl Future<Output = Reply<ProclaimResponse>> + 'a {
+        self.timed(Call::Proclaim, async move {
             let election = Some(request.election.as_str());
             let caller = self.caller(credentials, Permission::Lock, election).await?;
             let session = self
@@ -295,15 +293,14 @@ impl Api {
                 .await?;
             Ok(ProclaimResponse {})
         })
-        .await
     }
 
-    pub async fn leader(
-        &self,
-        credentials: &Credentials,
+    pub fn leader<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: LeaderRequest,
-    ) -> Reply<LeaderResponse> {
-        self.timed(Call::LockStatus, async {
+    ) -> impl Future<Output = Reply<LeaderResponse>> + 'a {
+        self.timed(Call::LockStatus, async move {
             let election = Some(request.election.as_str());
             let _caller = self.caller(credentials, Permission::Read, election).await?;
             let read = self.node.election(&request.election).await?;
@@ -323,7 +320,6 @@ impl Api {
                 },
             })
         })
-        .await
     }
 
     /// Starts a watch (see `watches.rs`) of `request.name`, or of every
@@ -367,12 +363,12 @@ impl Api {
         .await
     }
 
-    pub async fn semaphore_status(
-        &self,
-        credentials: &Credentials,
+    pub fn semaphore_status<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: SemaphoreStatusRequest,
-    ) -> Reply<SemaphoreStatusResponse> {
-        self.timed(Call::LockStatus, async {
+    ) -> impl Future<Output = Reply<SemaphoreStatusResponse>> + 'a {
+        self.timed(Call::LockStatus, async move {
             let semaphore = Some(request.semaphore.as_str());
             let _caller = self
                 .caller(credentials, Permission::Read, semaphore)
@@ -380,16 +376,15 @@ impl Api {
             let info = self.node.semaphore_status(&request.semaphore).await?;
             Ok(semaphore_state(info))
         })
-        .await
     }
 
     /// Creates or resizes a semaphore; an admin's call.
-    pub async fn define_semaphore(
-        &self,
-        credentials: &Credentials,
+    pub fn define_semaphore<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: DefineSemaphoreRequest,
-    ) -> Reply<SemaphoreStatusResponse> {
-        self.timed(Call::DefineSemaphore, async {
+    ) -> impl Future<Output = Reply<SemaphoreStatusResponse>> + 'a {
+        self.timed(Call::DefineSemaphore, async move {
             let caller = self.caller(credentials, Permission::Admin, None).await?;
             let DefineSemaphoreRequest {
                 semaphore,
@@ -407,16 +402,15 @@ impl Api {
             );
             Ok(semaphore_state(info))
         })
-        .await
     }
 
     /// Drops a semaphore's definition; an admin's call.
-    pub async fn delete_semaphore(
-        &self,
-        credentials: &Credentials,
+    pub fn delete_semaphore<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: DeleteSemaphoreRequest,
-    ) -> Reply<SemaphoreStatusResponse> {
-        self.timed(Call::DefineSemaphore, async {
+    ) -> impl Future<Output = Reply<SemaphoreStatusResponse>> + 'a {
+        self.timed(Call::DefineSemaphore, async move {
             let caller = self.caller(credentials, Permission::Admin, None).await?;
             let info = self.node.define_semaphore(&request.semaphore, None).await?;
             let semaphore = request.semaphore;
@@ -427,15 +421,14 @@ impl Api {
             );
             Ok(semaphore_state(info))
         })
-        .await
     }
 
-    pub async fn lock_status(
-        &self,
-        credentials: &Credentials,
+    pub fn lock_status<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: LockStatusRequest,
-    ) -> Reply<LockStatusResponse> {
-        self.timed(Call::LockStatus, async {
+    ) -> impl Future<Output = Reply<LockStatusResponse>> + 'a {
+        self.timed(Call::LockStatus, async move {
             let lock = Some(request.lock.as_str());
             let _caller = self.caller(credentials, Permission::Read, lock).await?;
             let read = self.node.lock_status(&request.lock).await?;
@@ -444,16 +437,15 @@ impl Api {
                 index: read.index,
             })
         })
-        .await
     }
 
     /// A page of locks, without those the caller may not read.
-    pub async fn list_locks(
-        &self,
-        credentials: &Credentials,
+    pub fn list_locks<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: ListLocksRequest,
-    ) -> Reply<ListLocksResponse> {
-        self.timed(Call::ListLocks, async {
+    ) -> impl Future<Output = Reply<ListLocksResponse>> + 'a {
+        self.timed(Call::ListLocks, async move {
             let caller = self.caller(credentials, Permission::Read, None).await?;
             let read = self
                 .node
@@ -467,7 +459,6 @@ impl Api {
                 index: read.index,
             })
         })
-        .await
     }
 
     /// A backup file of the applied table (`backup.rs`), from the leader.
@@ -511,12 +502,12 @@ impl Api {
 }
 
 impl Api {
-    pub async fn check_token(
-        &self,
-        credentials: &Credentials,
+    pub fn check_token<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: CheckTokenRequest,
-    ) -> Reply<CheckTokenResponse> {
-        self.timed(Call::CheckToken, async {
+    ) -> impl Future<Output = Reply<CheckTokenResponse>> + 'a {
+        self.timed(Call::CheckToken, async move {
             let lock = Some(request.lock.as_str());
             let _caller = self.caller(credentials, Permission::Read, lock).await?;
             let (current, token) = self
@@ -528,15 +519,14 @@ impl Api {
                 current_token: token.map(|t| t.0),
             })
         })
-        .await
     }
 
-    pub async fn lock_history(
-        &self,
-        credentials: &Credentials,
+    pub fn lock_history<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: LockHistoryRequest,
-    ) -> Reply<LockHistoryResponse> {
-        self.timed(Call::LockHistory, async {
+    ) -> impl Future<Output = Reply<LockHistoryResponse>> + 'a {
+        self.timed(Call::LockHistory, async move {
             let lock = Some(request.lock.as_str());
             let _caller = self.caller(credentials, Permission::Read, lock).await?;
             let entries = self
@@ -555,15 +545,14 @@ impl Api {
                 .collect();
             Ok(LockHistoryResponse { entries })
         })
-        .await
     }
 
-    pub async fn store_put(
-        &self,
-        credentials: &Credentials,
+    pub fn store_put<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: StorePutRequest,
-    ) -> Reply<StorePutResponse> {
-        self.timed(Call::StorePut, async {
+    ) -> impl Future<Output = Reply<StorePutResponse>> + 'a {
+        self.timed(Call::StorePut, async move {
             let key = Some(request.key.as_str());
             let _caller = self
                 .caller(credentials, Permission::StoreWrite, key)
@@ -577,15 +566,14 @@ impl Api {
             let fence = self.node.store_change(put).await?;
             Ok(StorePutResponse { fence: fence.0 })
         })
-        .await
     }
 
-    pub async fn store_get(
-        &self,
-        credentials: &Credentials,
+    pub fn store_get<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: StoreGetRequest,
-    ) -> Reply<StoreGetResponse> {
-        self.timed(Call::StoreGet, async {
+    ) -> impl Future<Output = Reply<StoreGetResponse>> + 'a {
+        self.timed(Call::StoreGet, async move {
             let key = Some(request.key.as_str());
             let _caller = self.caller(credentials, Permission::StoreRead, key).await?;
             let read = match request.token {
@@ -604,15 +592,14 @@ impl Api {
                 None => StoreGetResponse::default(),
             })
         })
-        .await
     }
 
-    pub async fn store_delete(
-        &self,
-        credentials: &Credentials,
+    pub fn store_delete<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: StoreDeleteRequest,
-    ) -> Reply<StoreDeleteResponse> {
-        self.timed(Call::StoreDelete, async {
+    ) -> impl Future<Output = Reply<StoreDeleteResponse>> + 'a {
+        self.timed(Call::StoreDelete, async move {
             let key = Some(request.key.as_str());
             let _caller = self
                 .caller(credentials, Permission::StoreWrite, key)
@@ -621,7 +608,6 @@ impl Api {
             let existed = self.node.store_change(delete).await?;
             Ok(StoreDeleteResponse { existed })
         })
-        .await
     }
 }
 
@@ -634,32 +620,30 @@ impl Api {
         self.node.cluster_status().await
     }
 
-    pub async fn add_member(
-        &self,
-        credentials: &Credentials,
+    pub fn add_member<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: AddMemberRequest,
-    ) -> Reply<ClusterStatusResponse> {
-        self.timed(Call::AddMember, async {
+    ) -> impl Future<Output = Reply<ClusterStatusResponse>> + 'a {
+        self.timed(Call::AddMember, async move {
             let _caller = self.caller(credentials, Permission::Admin, None).await?;
             self.node
                 .add_member(request.node_id, &request.address)
                 .await?;
             Ok(self.node.cluster_status().await)
         })
-        .await
     }
 
-    pub async fn remove_member(
-        &self,
-        credentials: &Credentials,
+    pub fn remove_member<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: RemoveMemberRequest,
-    ) -> Reply<ClusterStatusResponse> {
-        self.timed(Call::RemoveMember, async {
+    ) -> impl Future<Output = Reply<ClusterStatusResponse>> + 'a {
+        self.timed(Call::RemoveMember, async move {
             let _caller = self.caller(credentials, Permission::Admin, None).await?;
             self.node.remove_member(request.node_id).await?;
             Ok(self.node.cluster_status().await)
         })
-        .await
     }
 
     /// Open to everyone, like [`cluster_status`](Self::cluster_status):
@@ -669,12 +653,12 @@ impl Api {
     }
 
     /// Needs `admin`, like membership changes; logged with who made it.
-    pub async fn set_limits(
-        &self,
-        credentials: &Credentials,
+    pub fn set_limits<'a>(
+        &'a self,
+        credentials: &'a Credentials,
         request: SetLimitsRequest,
-    ) -> Reply<LimitsResponse> {
-        self.timed(Call::SetLimits, async {
+    ) -> impl Future<Output = Reply<LimitsResponse>> + 'a {
+        self.timed(Call::SetLimits, async move {
             let caller = self.caller(credentials, Permission::Admin, None).await?;
             let change = crate::limits::change_of(&request);
             let limits = self.node.set_limits(change).await?;
@@ -684,7 +668,6 @@ impl Api {
             response.limits = Some(crate::limits::to_proto(limits));
             Ok(response)
         })
-        .await
     }
 }
 

@@ -20,6 +20,7 @@ use deadbolt_core::{
 use deadbolt_proto::ErrorKind;
 use futures::StreamExt;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -52,26 +53,27 @@ impl Node {
     /// passes. If the returned future is dropped first (the caller went
     /// away), the wait or grant is abandoned after a grace period, unless a
     /// retry of the acquire has come since (see [`AcquireCall`]).
-    pub async fn acquire(
-        &self,
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` keeps its arguments twice"
+    )]
+    pub fn acquire<'a>(
+        &'a self,
         session: OwnedSession,
-        lock: &str,
+        lock: &'a str,
         wait: bool,
         timeout: Option<Duration>,
         attempt: u64,
         lock_delay: Duration,
-    ) -> Result<Token, ApiError> {
-        validate_lock_name(lock)?;
-        let lock_delay_ms = u64::try_from(lock_delay.as_millis()).unwrap_or(u64::MAX);
-        self.acquire_as(
-            session,
-            lock,
-            Asked::Lock { lock_delay_ms },
-            wait,
-            timeout,
-            attempt,
-        )
-        .await
+    ) -> impl Future<Output = Result<Token, ApiError>> + 'a {
+        // Not an `async fn`, which would keep its arguments twice in the
+        // future every call allocates (see `Node::propose`).
+        async move {
+            validate_lock_name(lock)?;
+            let lock_delay_ms = u64::try_from(lock_delay.as_millis()).unwrap_or(u64::MAX);
+            let asked = Asked::Lock { lock_delay_ms };
+            (self.acquire_as(session, lock, asked, wait, timeout, attempt)).await
+        }
     }
 
     /// Takes `count` permits of the semaphore `semaphore` (created with
@@ -145,33 +147,41 @@ impl Node {
             .await
     }
 
-    async fn acquire_as(
-        &self,
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` keeps its arguments twice"
+    )]
+    fn acquire_as<'a>(
+        &'a self,
         session: OwnedSession,
-        name: &str,
+        name: &'a str,
         asked: Asked,
         wait: bool,
         timeout: Option<Duration>,
         attempt: u64,
-    ) -> Result<Token, ApiError> {
-        let mut call = AcquireCall {
-            node: self,
-            session: session.id(),
-            lock: name,
-            attempt,
-            asked,
-            subscription: None,
-            answered: false,
-        };
-        let answer = call.run(wait, timeout).await;
-        // An outage answer leaves the request's effect unknown to the caller,
-        // who may never retry: treat it like a caller that went away. (A
-        // `not_leader` answer means the acquire never reached the log: there
-        // is nothing to give back.)
-        call.answered = !answer
-            .as_ref()
-            .is_err_and(|err| matches!(err.kind, ErrorKind::Unavailable | ErrorKind::Internal));
-        answer
+    ) -> impl Future<Output = Result<Token, ApiError>> + 'a {
+        // Made when first polled, as in an `async fn`: dropped unpolled,
+        // the call would be given up.
+        async move {
+            let mut call = AcquireCall {
+                node: self,
+                session: session.id(),
+                lock: name,
+                attempt,
+                asked,
+                subscription: None,
+                answered: false,
+            };
+            let answer = call.run(wait, timeout).await;
+            // An outage answer leaves the request's effect unknown to the caller,
+            // who may never retry: treat it like a caller that went away. (A
+            // `not_leader` answer means the acquire never reached the log: there
+            // is nothing to give back.)
+            call.answered = !answer
+                .as_ref()
+                .is_err_and(|err| matches!(err.kind, ErrorKind::Unavailable | ErrorKind::Internal));
+            answer
+        }
     }
 
     /// Leaves the queue of `lock`; returns the token if the grant came first.

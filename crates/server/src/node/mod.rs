@@ -43,6 +43,8 @@ use deadbolt_core::{
     SessionSecret, StoredValue, Token,
 };
 use deadbolt_proto::ErrorKind;
+use futures::FutureExt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,29 +126,40 @@ pub const LIST_PAGE: usize = 1000;
 impl Node {
     /// Commits `proposal` and reads its answer; refused as overloaded
     /// when the queue is full and [`Admission::of`] the command allows.
-    pub(crate) async fn propose<A>(&self, proposal: Proposal<A>) -> Result<A, ApiError> {
+    ///
+    /// This and the functions on the call path below return futures rather
+    /// than being `async fn`s: an `async fn` keeps its arguments twice (as
+    /// given, and as the locals its body moves them into) and a wrapper's
+    /// future holds the whole of the future it awaits, so each layer added
+    /// to the future every call allocates (see `calls.rs`).
+    pub(crate) fn propose<'a, A: 'a>(
+        &'a self,
+        proposal: Proposal<A>,
+    ) -> impl Future<Output = Result<A, ApiError>> + 'a {
         let admission = Admission::of(proposal.command());
-        self.propose_with(proposal, admission, Pace::Prompt).await
+        self.propose_with(proposal, admission, Pace::Prompt)
     }
 
     /// [`propose`](Self::propose), with the caller deciding whether the
     /// command may be refused and whether it may wait for company in the
     /// log. The one place an outcome is read: one of another command (a bug
     /// in the table) is an `internal` error.
-    async fn propose_with<A>(
-        &self,
+    fn propose_with<'a, A: 'a>(
+        &'a self,
         proposal: Proposal<A>,
         admission: Admission,
         pace: Pace,
-    ) -> Result<A, ApiError> {
+    ) -> impl Future<Output = Result<A, ApiError>> + 'a {
         let (command, answer) = proposal.into_parts();
-        let outcome = self
-            .proposer
-            .propose_with(command, admission, pace)
-            .await??;
-        answer.read(outcome).map_err(|wrong| {
-            tracing::error!(%wrong, "the state machine answered the wrong outcome");
-            ApiError::from(wrong)
+        // A combinator: an `async` block awaiting a future it was given
+        // would keep that future twice. Nothing is queued until it is
+        // polled, as with an `async fn`.
+        let proposing = self.proposer.propose_with(command, admission, pace);
+        proposing.map(move |outcome| {
+            answer.read(outcome??).map_err(|wrong| {
+                tracing::error!(%wrong, "the state machine answered the wrong outcome");
+                ApiError::from(wrong)
+            })
         })
     }
 
@@ -290,15 +303,21 @@ impl Node {
 
     /// Takes the request's name rather than a copy of it: the command
     /// carries it into the log.
-    pub async fn release(
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` keeps its arguments twice"
+    )]
+    pub fn release(
         &self,
         session: OwnedSession,
         lock: String,
         token: Token,
-    ) -> Result<(), ApiError> {
-        validate_lock_name(&lock)?;
-        self.propose(Proposal::release(session.id(), lock, token))
-            .await
+    ) -> impl Future<Output = Result<(), ApiError>> + '_ {
+        async move {
+            validate_lock_name(&lock)?;
+            self.propose(Proposal::release(session.id(), lock, token))
+                .await
+        }
     }
 
     /// Waits until this node's state machine reflects every write committed
