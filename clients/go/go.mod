@@ -1,0 +1,3 @@
+module github.com/deadbolt/deadbolt-go
+
+go 1.19
