@@ -17,18 +17,24 @@ type LeaderInfo struct {
 
 // Leader reads who leads the election: nil while nobody does.
 func (c *Client) Leader(ctx context.Context, election string) (*LeaderInfo, error) {
+	leader, _, err := c.leader(ctx, election)
+	return leader, err
+}
+
+// leader is Leader and the log index of the read.
+func (c *Client) leader(ctx context.Context, election string) (*LeaderInfo, uint64, error) {
 	var answer struct {
 		Leader     *LeaderInfo `json:"leader"`
 		Candidates []uint64    `json:"candidate_session_ids"`
 		Index      uint64      `json:"index"`
 	}
 	if err := c.call(ctx, get("/v1/election/leader", queryOf("election", election)), &answer); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if answer.Leader != nil {
 		answer.Leader.Candidates, answer.Leader.Index = answer.Candidates, answer.Index
 	}
-	return answer.Leader, nil
+	return answer.Leader, answer.Index, nil
 }
 
 // Leadership is a won election: a Guard whose token is the term. Releasing
@@ -112,7 +118,7 @@ func (c *Client) Observe(ctx context.Context, election string) <-chan LeaderInfo
 		first := true
 		var b backoff
 		for ctx.Err() == nil {
-			leader, err := c.Leader(ctx, election)
+			leader, index, err := c.leader(ctx, election)
 			if err != nil {
 				pause(ctx, b.next(err))
 				continue
@@ -130,10 +136,6 @@ func (c *Client) Observe(ctx context.Context, election string) <-chan LeaderInfo
 				}
 			}
 			last = leader
-			index := uint64(0)
-			if leader != nil {
-				index = leader.Index
-			}
 			if index == 0 {
 				// Without the index of the read, poll.
 				pause(ctx, time.Second)
