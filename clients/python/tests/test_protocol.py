@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -118,3 +119,28 @@ def test_an_answer_with_a_malformed_integer_is_refused_not_read_as_a_number() ->
     for bad in (-5, True, "7", 1.5):
         with pytest.raises(deadbolt.Internal, match="unsigned integer"):
             protocol.LockStatus.parse({"state": {**state, "token": bad}, "index": 9})
+
+
+def test_a_call_is_attempted_until_its_own_deadline() -> None:
+    # Not given up a backoff step early: the last attempts come closer and
+    # closer to the deadline.
+    started = protocol.now()
+    retry = protocol.Retry(give_up=started + 0.5)
+    with pytest.raises(deadbolt.NotLeader):
+        while True:
+            time.sleep(retry.delay_after(deadbolt.NotLeader("no leader yet")))
+    assert 0.48 < protocol.now() - started < 0.6
+
+
+def test_only_a_sent_request_with_no_answer_has_an_unknown_outcome() -> None:
+    sent = deadbolt.Unavailable("no answer")
+    unsent = deadbolt.Unavailable("refused")
+    unsent.unsent = True
+    assert protocol.outcome_unknown(sent)
+    assert not protocol.outcome_unknown(unsent)
+    assert not protocol.outcome_unknown(deadbolt.NotLeader("no leader yet"))
+    release = protocol.Repeats("not_holder")
+    assert not release.went_through(unsent)
+    assert not release.went_through(deadbolt.NotHolder("not holder"))
+    assert not release.went_through(sent)
+    assert release.went_through(deadbolt.NotHolder("not holder"))

@@ -1,7 +1,24 @@
 """Every request the clients make, as data: method, path, body, and how to
 read the answer. No I/O, so the synchronous and the asyncio client send
 exactly the same requests and read the answers the same way; each only
-decides how to send and when to retry (by ``Call.retry``)."""
+decides how to send.
+
+Every call here is safe to repeat, and the clients repeat each one through
+outages and leader changes until its own deadline (a timed wait's timeout,
+``CALL_TIMEOUT`` for the rest), even after an attempt whose outcome is
+unknown (sent, and no answer came back):
+
+- reads do nothing;
+- an acquire by the same session answers the grant it already has, or its
+  place in the queue (a fresh ``attempt`` id per send replaces the last);
+- a keepalive is a keepalive; a proclaim with the same term and value, and
+  the fenced store's writes with the same token, do the same thing again;
+- a release or resign answers ``not_holder``, and a close
+  ``unknown_session``, when an earlier attempt did it (``Call.done``);
+- opening a session is the exception that is repeated anyway: a first
+  attempt whose answer was lost may leave a session nobody knows of. It
+  holds nothing, and expires after its TTL (see ``open_session``).
+"""
 
 from __future__ import annotations
 
@@ -32,9 +49,10 @@ class Call(Generic[T]):
     path: str
     body: dict[str, Any] | None
     parse: Callable[[dict[str, Any]], T]
-    retry: bool = True
-    """Whether repeating it after an outage is safe: reads, and writes that
-    do the same thing twice (the fenced store's, with the same token)."""
+    done: str | None = None
+    """The error kind a repeat answers when an earlier attempt, whose
+    answer was lost, did it: after such an attempt, that error is success
+    (and the answer is read as an empty one)."""
 
 
 def _get(path: str, parse: Callable[[dict[str, Any]], T], **query: str | int) -> Call[T]:
@@ -126,14 +144,17 @@ def _ttl(answer: dict[str, Any]) -> float:
 
 
 def open_session(ttl: float) -> Call[tuple[SessionHandle, float]]:
-    """Not retried blindly: a repeat may open a second session (which then
-    expires unused); see ``Client._once_around``."""
+    """Repeated like every call, although it is not idempotent: an attempt
+    whose answer was lost (the leader killed after committing it) leaves
+    an orphan session, which nobody can use (its secret went nowhere),
+    holds no lock, and expires ``ttl`` later. Not repeating it would
+    instead fail the caller in every failover."""
 
     def parse(answer: dict[str, Any]) -> tuple[SessionHandle, float]:
         handle = SessionHandle(int(answer["session_id"]), str(answer["session_secret"]))
         return handle, int(answer.get("ttl_ms", millis(ttl))) / 1000
 
-    return Call("POST", "/v1/session/open", {"ttl_ms": millis(ttl)}, parse, retry=False)
+    return Call("POST", "/v1/session/open", {"ttl_ms": millis(ttl)}, parse)
 
 
 def keep_alive(handle: SessionHandle) -> Call[float]:
@@ -141,7 +162,7 @@ def keep_alive(handle: SessionHandle) -> Call[float]:
 
 
 def close_session(handle: SessionHandle) -> Call[dict[str, Any]]:
-    return Call("POST", "/v1/session/close", handle.fields(), dict)
+    return Call("POST", "/v1/session/close", handle.fields(), dict, done="unknown_session")
 
 
 def semaphore_status(name: str) -> Call[SemaphoreStatus | None]:
@@ -203,7 +224,8 @@ class Target:
         path = {"lock": "/v1/lock/release", "semaphore": "/v1/semaphore/release"}.get(
             self.kind, "/v1/election/resign"
         )
-        return Call("POST", path, {**handle.fields(), "lock": self.name, "token": token}, dict)
+        body = {**handle.fields(), "lock": self.name, "token": token}
+        return Call("POST", path, body, dict, done="not_holder")
 
     def held_by(self, session_id: int) -> Call[int | None]:
         """The token ``session_id`` holds this with, if it does: how the

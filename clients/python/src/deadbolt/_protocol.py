@@ -31,7 +31,6 @@ from ._errors import (
     Internal,
     InvalidArgument,
     LeaseLost,
-    NotHolder,
     NotLeader,
     Overloaded,
     Unavailable,
@@ -153,23 +152,46 @@ def acquire_request(
         return body, None
     left = max(give_up - now(), 0.0)
     body["timeout_ms"] = millis(left)
-    return body, left + call_timeout
+    return body, left + min(call_timeout, WAIT_GRACE)
+
+
+def outcome_unknown(error: DeadboltError) -> bool:
+    """The request may have been done without its answer reaching us: it
+    was sent (or a forwarding node sent it on) and no answer came back. An
+    ``unavailable`` marked ``unsent`` never left this process, and a
+    ``not_leader`` or ``overloaded`` answer means nothing was done."""
+    return isinstance(error, Unavailable) and not error.unsent
 
 
 @dataclass
-class ReleaseAttempts:
-    """A release retried through outages: a live session holds its locks
-    until it releases them, so ``not_holder`` after a send whose reply was
-    lost means that send went through."""
+class Repeats:
+    """A request repeated through outages whose repeat can find its own
+    earlier attempt done: ``done`` is the error kind such a repeat answers
+    (a release's ``not_holder``: a live session holds its locks until it
+    releases them; a close's ``unknown_session``). That answer, after an
+    attempt whose outcome is unknown, means the earlier attempt went
+    through, and is the success it would have been."""
 
+    done: str | None
     maybe_applied: bool = False
 
     def went_through(self, error: DeadboltError) -> bool:
-        if isinstance(error, NotHolder) and self.maybe_applied:
+        if self.done is not None and error.kind == self.done and self.maybe_applied:
             return True
-        if isinstance(error, Unavailable):
+        if outcome_unknown(error):
             self.maybe_applied = True
         return False
+
+
+class SendTime:
+    """When the latest attempt of a repeated request was sent (``stamp``
+    before each)."""
+
+    def __init__(self) -> None:
+        self.last = now()
+
+    def stamp(self) -> None:
+        self.last = now()
 
 
 _attempt_lock = threading.Lock()
@@ -188,8 +210,21 @@ def next_attempt() -> int:
 
 
 CALL_TIMEOUT = 10.0
-"""How long a call that does not wait on a lock may take before it counts as
-unanswered (and, where safe, is retried elsewhere)."""
+"""The deadline of a call the caller gave none (every call but a timed
+wait): it is repeated through outages and leader changes for this long
+before its last error is raised."""
+
+WAIT_GRACE = 2.0
+"""How long past its timeout a timed wait's answer may take (the server
+answers ``wait_timeout`` at the timeout) before the wait counts as
+unanswered."""
+
+
+def call_deadline(give_up: float | None) -> float:
+    """The instant a call's repeats stop: the caller's, or ``CALL_TIMEOUT``
+    from now for a call without one."""
+    return now() + CALL_TIMEOUT if give_up is None else give_up
+
 
 CONNECT_TIMEOUT = 2.0
 
@@ -227,6 +262,10 @@ BACKOFF_CAP = 1.0
 """Longest delay between retries, so recovery is noticed within a second."""
 
 
+LAST_ATTEMPT = 0.01
+"""How close to its deadline a call is still attempted again."""
+
+
 @dataclass
 class Backoff:
     """Exponential backoff with full jitter: every client of a failed-over
@@ -247,9 +286,9 @@ class Retry:
     """The policy of one retried request, shared by the synchronous and the
     asyncio client, which only sleep differently: which errors are worth
     another attempt (``retryable``), the jittered backoff between attempts,
-    and when to stop: at ``give_up`` (a ``now()`` instant), after ``tries``
-    attempts, or as soon as ``lost`` reports the lease gone (anything a lock
-    call could achieve is gone with it, and that is the answer)."""
+    and when to stop: at ``give_up`` (a ``now()`` instant: the call's own
+    deadline), or as soon as ``lost`` reports the lease gone (anything a
+    lock call could achieve is gone with it, and that is the answer)."""
 
     def __init__(
         self,
@@ -257,12 +296,10 @@ class Retry:
         give_up: float | None = None,
         lost: Callable[[], DeadboltError | None] | None = None,
         retryable: Callable[[DeadboltError], bool] | None = None,
-        tries: int | None = None,
     ) -> None:
         self._give_up = give_up
         self._lost = lost
         self._retryable = retryable or is_transient
-        self._tries_left = tries
         self._backoff = Backoff()
 
     def check(self) -> None:
@@ -273,23 +310,17 @@ class Retry:
     def delay_after(self, error: DeadboltError) -> float:
         """The pause before the next attempt after ``error``; raises
         ``error`` when there is to be none."""
-        if self._tries_left is not None:
-            self._tries_left -= 1
-            if self._tries_left <= 0:
-                raise error
         if not self._retryable(error):
             raise error
         delay = overloaded_delay(error, self._backoff)
-        if self._give_up is not None and now() + delay >= self._give_up:
-            raise error
+        if self._give_up is not None:
+            # Attempts go on until the deadline itself, closer and closer:
+            # never more than half of what is left is slept away.
+            left = self._give_up - now()
+            if left < LAST_ATTEMPT:
+                raise error
+            delay = min(delay, left / 2)
         return delay
-
-
-def had_no_effect(error: DeadboltError) -> bool:
-    """The request certainly did nothing: a follower refused it, or it could
-    not even be sent. Only then is a request that is not idempotent
-    (opening a session) sent again, to the next endpoint."""
-    return error.kind == "not_leader" or (isinstance(error, Unavailable) and error.unsent)
 
 
 def claim(in_use: set[str], name: str, session_id: int) -> None:
@@ -331,8 +362,10 @@ def within_lease(deadline: float, limit: float) -> float:
 
 def is_transient(error: DeadboltError) -> bool:
     """Worth repeating as is after a backoff: the server could not be
-    reached, was not the one to answer, or was too busy (nothing was done,
-    or an idempotent request did the same thing)."""
+    reached, was not the one to answer (a follower that lost the leader
+    answers ``not_leader`` naming no leader until one is elected), or was
+    too busy. Every call the clients make is safe to repeat (``_calls``
+    says how), so a repeat does nothing twice."""
     return error.kind in ("unavailable", "not_leader", "overloaded")
 
 

@@ -42,20 +42,22 @@ from ._protocol import (
     Leader,
     Lease,
     LockStatus,
-    ReleaseAttempts,
+    Repeats,
     Retry,
     SemaphoreStatus,
+    SendTime,
     SessionHandle,
     Stored,
     WatchEvent,
     acquire_failure,
     acquire_request,
+    call_deadline,
     claim,
     default_margin,
     ends_session,
-    had_no_effect,
     lost_in_block,
     now,
+    outcome_unknown,
     parse_answer,
     request_headers,
     seconds,
@@ -135,7 +137,7 @@ class AsyncClient:
         return call.parse(answer)
 
     async def _retrying(self, request: Callable[[], Awaitable[T]], retry: Retry) -> T:
-        """As ``Client._retrying``: idempotent requests only."""
+        """As ``Client._retrying``."""
         while True:
             retry.check()
             try:
@@ -144,24 +146,56 @@ class AsyncClient:
                 delay = retry.delay_after(error)
             await asyncio.sleep(delay)
 
-    async def _call(self, call: calls.Call[T], *, retry: bool = True) -> T:
-        if not (retry and call.retry):
-            return await self._send(call)
-        return await self._retrying(lambda: self._send(call), Retry(give_up=now() + CALL_TIMEOUT))
+    async def _call(
+        self,
+        call: calls.Call[T],
+        *,
+        give_up: float | None = None,
+        lost: Callable[[], DeadboltError | None] | None = None,
+        lease: Callable[[], float] | None = None,
+        sent: Callable[[], None] | None = None,
+    ) -> T:
+        """As ``Client._call``: repeated until ``give_up`` (``CALL_TIMEOUT``
+        from now without one) or the lease is ``lost``."""
+        until = call_deadline(give_up)
+        repeats = Repeats(call.done)
+
+        async def send() -> T:
+            wait = within_lease(until, CALL_TIMEOUT)
+            if lease is not None:
+                wait = within_lease(lease(), wait)
+            if sent is not None:
+                sent()
+            try:
+                return await self._send(call, wait=wait)
+            except DeadboltError as error:
+                if repeats.went_through(error):
+                    return call.parse({})
+                raise
+
+        return await self._retrying(send, Retry(give_up=until, lost=lost))
 
     async def session(
         self, ttl: Duration = "30s", *, margin: Duration | None = None
     ) -> AsyncSession:
         """Opens a session whose lease a background task renews; see
-        ``Client.session``."""
+        ``Client.session`` (repeated through outages for up to
+        ``CALL_TIMEOUT``)."""
+        return await self._open(ttl, margin, None)
+
+    async def _open(
+        self, ttl: Duration, margin: Duration | None, give_up: float | None
+    ) -> AsyncSession:
         ttl_seconds = seconds(ttl, "ttl")
         margin_seconds = default_margin(ttl_seconds, margin)
-        sent = now()
-        retry = Retry(retryable=had_no_effect, tries=len(self._endpoints.urls) + 2)
-        handle, granted = await self._retrying(
-            lambda: self._send(calls.open_session(ttl_seconds)), retry
+        # The lease counts from the attempt that opened it, which the
+        # server received after it was sent (not from the first attempt:
+        # after a long failover, that would leave too short a lease).
+        sent = SendTime()
+        handle, granted = await self._call(
+            calls.open_session(ttl_seconds), give_up=give_up, sent=sent.stamp
         )
-        return AsyncSession(self, handle, granted, sent, margin_seconds)
+        return AsyncSession(self, handle, granted, sent.last, margin_seconds)
 
     def lock(
         self,
@@ -179,9 +213,15 @@ class AsyncClient:
     async def _lock(
         self, name: str, ttl: Duration, timeout: Duration | None, margin: Duration | None
     ) -> AsyncGuard:
-        session = await self.session(ttl, margin=margin)
+        # As ``Client.lock``: both steps repeated until ``timeout``.
+        give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        target = Target.lock(name)
         try:
-            guard = await session.lock(name, timeout=timeout)
+            session = await self._open(ttl, margin, give_up)
+        except DeadboltError as error:
+            raise acquire_failure(error, target.kind, name, give_up is not None) from None
+        try:
+            guard = await session._acquire(target, wait=True, give_up=give_up)
         except BaseException:
             await asyncio.shield(session.close())
             raise
@@ -268,7 +308,7 @@ class AsyncClient:
                 yield event
 
     async def keep_alive(self, handle: SessionHandle) -> float:
-        return await self._call(calls.keep_alive(handle), retry=False)
+        return await self._call(calls.keep_alive(handle))
 
     async def close(self) -> None:
         if self._http is not None:
@@ -414,16 +454,16 @@ class AsyncSession:
         Cancel-safe: a cancelled wait closes its connection, so the server
         gives its place back, and a grant answered as it was cancelled is
         released a moment later."""
-        return await self._acquire(Target.lock(name), wait=True, timeout=timeout)
+        return await self._timed(Target.lock(name), timeout)
 
     async def try_lock(self, name: str) -> AsyncGuard | None:
         return await self._try(Target.lock(name))
 
     async def read_lock(self, name: str, *, timeout: Duration | None = None) -> AsyncGuard:
-        return await self._acquire(Target.lock(name, "shared"), wait=True, timeout=timeout)
+        return await self._timed(Target.lock(name, "shared"), timeout)
 
     async def write_lock(self, name: str, *, timeout: Duration | None = None) -> AsyncGuard:
-        return await self._acquire(Target.lock(name, "exclusive"), wait=True, timeout=timeout)
+        return await self._timed(Target.lock(name, "exclusive"), timeout)
 
     async def try_read_lock(self, name: str) -> AsyncGuard | None:
         return await self._try(Target.lock(name, "shared"))
@@ -435,7 +475,7 @@ class AsyncSession:
         self, name: str, capacity: int, *, count: int = 1, timeout: Duration | None = None
     ) -> AsyncGuard:
         target = Target.semaphore(name, capacity, count)
-        return await self._acquire(target, wait=True, timeout=timeout)
+        return await self._timed(target, timeout)
 
     async def try_semaphore(self, name: str, capacity: int, *, count: int = 1) -> AsyncGuard | None:
         return await self._try(Target.semaphore(name, capacity, count))
@@ -444,7 +484,7 @@ class AsyncSession:
         self, election: str, value: str, *, timeout: Duration | None = None
     ) -> AsyncGuard:
         target = Target.election(election, value)
-        return await self._acquire(target, wait=True, timeout=timeout)
+        return await self._timed(target, timeout)
 
     async def queue_position(self, name: str) -> int | None:
         status = await self._client.status(name)
@@ -454,18 +494,27 @@ class AsyncSession:
 
     async def _try(self, target: Target) -> AsyncGuard | None:
         try:
-            return await self._acquire(target, wait=False, timeout=None)
+            return await self._acquire(target, wait=False, give_up=now() + CALL_TIMEOUT)
         except LockBusy:
             return None
 
-    async def _acquire(self, target: Target, *, wait: bool, timeout: Duration | None) -> AsyncGuard:
-        name = target.name
+    async def _timed(self, target: Target, timeout: Duration | None) -> AsyncGuard:
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        return await self._acquire(target, wait=True, give_up=give_up)
+
+    async def _acquire(self, target: Target, *, wait: bool, give_up: float | None) -> AsyncGuard:
+        """As ``Session._acquire``: repeated until ``give_up`` (none: while
+        the lease holds)."""
+        name = target.name
         claim(self._in_use, name, self.id)
         fields = {**self.handle.fields(), **target.fields}
 
         async def send() -> calls.Grant:
-            body, read_timeout = acquire_request(fields, wait, give_up, CALL_TIMEOUT)
+            if wait:
+                body, read_timeout = acquire_request(fields, True, give_up, CALL_TIMEOUT)
+            else:
+                answer_within = within_lease(call_deadline(give_up), CALL_TIMEOUT)
+                body, read_timeout = acquire_request(fields, False, None, answer_within)
             # No longer than the lease lasts: a server that stops answering
             # must not hold the caller past it. The wait is sent again (a
             # fresh attempt keeps the queue place) while the lease holds.
@@ -478,8 +527,13 @@ class AsyncSession:
                 send, Retry(give_up=give_up, lost=self.lost_reason)
             )
         except DeadboltError as error:
-            self._in_use.discard(name)
-            raise acquire_failure(error, target.kind, name, give_up is not None) from None
+            if outcome_unknown(error):
+                # The last attempt may have been granted with its answer
+                # lost: look for the grant, and give it back.
+                self._clean_up_abandoned(target)
+            else:
+                self._in_use.discard(name)
+            raise acquire_failure(error, target.kind, name, wait and give_up is not None) from None
         except BaseException:
             self._clean_up_abandoned(target)
             raise
@@ -512,21 +566,13 @@ class AsyncSession:
         task.add_done_callback(self._clean_ups.discard)
 
     async def _release(self, target: Target, token: int) -> None:
-        attempts = ReleaseAttempts()
-        release = target.release(self.handle, token)
-
-        async def send() -> dict[str, Any]:
-            try:
-                return await self._client._send(
-                    release, wait=within_lease(self.deadline, CALL_TIMEOUT)
-                )
-            except DeadboltError as error:
-                if attempts.went_through(error):
-                    return {}
-                raise
-
         try:
-            await self._client._retrying(send, Retry(lost=self.lost_reason))
+            await self._client._call(
+                target.release(self.handle, token),
+                give_up=float("inf"),
+                lost=self.lost_reason,
+                lease=lambda: self.deadline,
+            )
         finally:
             self._in_use.discard(target.name)
 
@@ -543,10 +589,7 @@ class AsyncSession:
 
     async def _close_quietly(self, within: float) -> None:
         with contextlib.suppress(DeadboltError):
-            await self._client._retrying(
-                lambda: self._client._send(calls.close_session(self.handle)),
-                Retry(give_up=now() + within),
-            )
+            await self._client._call(calls.close_session(self.handle), give_up=now() + within)
 
     async def __aenter__(self) -> AsyncSession:
         return self

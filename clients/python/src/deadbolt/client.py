@@ -35,19 +35,22 @@ from ._protocol import (
     Leader,
     Lease,
     LockStatus,
-    ReleaseAttempts,
+    Repeats,
     Retry,
     SemaphoreStatus,
+    SendTime,
     SessionHandle,
     Stored,
     WatchEvent,
     acquire_failure,
     acquire_request,
+    call_deadline,
     claim,
+    default_margin,
     ends_session,
-    had_no_effect,
     lost_in_block,
     now,
+    outcome_unknown,
     parse_answer,
     request_headers,
     seconds,
@@ -123,7 +126,7 @@ class Client:
         return call.parse(answer)
 
     def _retrying(self, request: Callable[[], T], retry: Retry) -> T:
-        """Repeats ``request`` as ``retry`` says (idempotent requests only)."""
+        """Repeats ``request`` as ``retry`` says."""
         while True:
             retry.check()
             try:
@@ -132,21 +135,63 @@ class Client:
                 delay = retry.delay_after(error)
             time.sleep(delay)
 
+    def _call(
+        self,
+        call: calls.Call[T],
+        *,
+        give_up: float | None = None,
+        lost: Callable[[], DeadboltError | None] | None = None,
+        lease: Callable[[], float] | None = None,
+        sent: Callable[[], None] | None = None,
+    ) -> T:
+        """Sends ``call``, repeating it through outages and leader changes
+        until ``give_up`` (``CALL_TIMEOUT`` from now without one), or, with
+        ``lost``, until the lease is gone; each attempt waits for its answer
+        no later than then, nor past ``lease()`` (the lease's end); ``sent``
+        is told before each. Every call is safe to repeat (``_calls``); one
+        that answers ``call.done`` after an attempt whose outcome is unknown
+        was done by that attempt."""
+        until = call_deadline(give_up)
+        repeats = Repeats(call.done)
+
+        def send() -> T:
+            wait = within_lease(until, CALL_TIMEOUT)
+            if lease is not None:
+                wait = within_lease(lease(), wait)
+            if sent is not None:
+                sent()
+            try:
+                return self._send(call, wait=wait)
+            except DeadboltError as error:
+                if repeats.went_through(error):
+                    return call.parse({})
+                raise
+
+        return self._retrying(send, Retry(give_up=until, lost=lost))
+
     # ---- sessions and locks ----------------------------------------------
 
     def session(self, ttl: Duration = "30s", *, margin: Duration | None = None) -> Session:
         """Opens a session: a lease, renewed every third of ``ttl`` by a
         watchdog thread. Its ``lost`` event is set ``margin`` before the
         lease could end unrenewed (default: a tenth of the TTL, at most 2s),
-        so work can stop in time. Close it (or use ``with``) when done."""
+        so work can stop in time. Close it (or use ``with``) when done.
+        Repeated through outages for up to ``CALL_TIMEOUT``: an attempt
+        whose answer was lost may leave an unused session behind, which
+        expires after its TTL holding nothing."""
+        return self._open(ttl, margin, None)
+
+    def _open(self, ttl: Duration, margin: Duration | None, give_up: float | None) -> Session:
         ttl_seconds = seconds(ttl, "ttl")
-        margin_seconds = min(ttl_seconds / 10, 2.0) if margin is None else seconds(margin, "margin")
-        sent = now()
-        # Not idempotent: tried on each endpoint (and at a leader a follower
-        # names), never again where it may have been applied.
-        retry = Retry(retryable=had_no_effect, tries=len(self._endpoints.urls) + 2)
-        handle, granted = self._retrying(lambda: self._send(calls.open_session(ttl_seconds)), retry)
-        return Session(self, handle, granted, sent, margin_seconds)
+        margin_seconds = default_margin(ttl_seconds, margin)
+        # The lease counts from the attempt that opened it, which the
+        # server received after it was sent (not from the first attempt:
+        # after a long failover, that would leave too short a lease).
+        sent = SendTime()
+        handle, granted = self._call(
+            calls.open_session(ttl_seconds), give_up=give_up, sent=sent.stamp
+        )
+        return Session(self, handle, granted, sent.last, margin_seconds)
 
     def lock(
         self,
@@ -160,10 +205,17 @@ class Client:
         at most ``timeout`` (forever without one; ``WaitTimeout`` after it).
         Releasing the guard (leaving its ``with`` block) closes the session.
         If the lock is not acquired, this raises: a ``with`` body never runs
-        without the lock."""
-        session = self.session(ttl, margin=margin)
+        without the lock. Outages and leader changes only make it take
+        longer: both steps (opening the session, then the wait) are
+        repeated until ``timeout``, after which it is ``WaitTimeout``."""
+        give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        target = Target.lock(name)
         try:
-            guard = session.lock(name, timeout=timeout)
+            session = self._open(ttl, margin, give_up)
+        except DeadboltError as error:
+            raise acquire_failure(error, target.kind, name, give_up is not None) from None
+        try:
+            guard = session._acquire(target, wait=True, give_up=give_up)
         except BaseException:
             session.close()
             raise
@@ -275,13 +327,7 @@ class Client:
     def keep_alive(self, handle: SessionHandle) -> float:
         """A raw keepalive of someone's session, by its handle; the TTL
         granted, in seconds. ``Session`` does this by itself."""
-        return self._call(calls.keep_alive(handle), retry=False)
-
-    def _call(self, call: calls.Call[T], *, retry: bool = True) -> T:
-        """Sends ``call``, retrying for up to ``CALL_TIMEOUT`` where safe."""
-        if not (retry and call.retry):
-            return self._send(call)
-        return self._retrying(lambda: self._send(call), Retry(give_up=now() + CALL_TIMEOUT))
+        return self._call(calls.keep_alive(handle))
 
     def close(self) -> None:
         """Closes the idle connections."""
@@ -424,7 +470,7 @@ class Session:
         server is unreachable or changing leader, for as long as the lease
         lasts: acquire is idempotent, and each retry asks the server to wait
         only for what is left of the timeout."""
-        return self._acquire(Target.lock(name), wait=True, timeout=timeout)
+        return self._timed(Target.lock(name), timeout)
 
     def try_lock(self, name: str) -> Guard | None:
         """Takes ``name`` if it is free; ``None`` if another session holds it."""
@@ -433,12 +479,12 @@ class Session:
     def read_lock(self, name: str, *, timeout: Duration | None = None) -> Guard:
         """Takes the read/write lock ``name`` shared, beside other readers,
         in FIFO order behind any writer that came first (docs/rw-locks.md)."""
-        return self._acquire(Target.lock(name, "shared"), wait=True, timeout=timeout)
+        return self._timed(Target.lock(name, "shared"), timeout)
 
     def write_lock(self, name: str, *, timeout: Duration | None = None) -> Guard:
         """Takes the read/write lock ``name`` exclusive: alone, once every
         holder and everyone queued ahead is done."""
-        return self._acquire(Target.lock(name, "exclusive"), wait=True, timeout=timeout)
+        return self._timed(Target.lock(name, "exclusive"), timeout)
 
     def try_read_lock(self, name: str) -> Guard | None:
         return self._try(Target.lock(name, "shared"))
@@ -453,7 +499,7 @@ class Session:
         permits (0: whatever capacity a defined one has), in FIFO order. Each
         permit in ``guard.permits`` has its own token and slot
         (docs/semaphores.md); ``guard.token`` is the first's."""
-        return self._acquire(Target.semaphore(name, capacity, count), wait=True, timeout=timeout)
+        return self._timed(Target.semaphore(name, capacity, count), timeout)
 
     def try_semaphore(self, name: str, capacity: int, *, count: int = 1) -> Guard | None:
         return self._try(Target.semaphore(name, capacity, count))
@@ -463,7 +509,7 @@ class Session:
         leader and earlier candidates in FIFO order (docs/elections.md).
         ``guard.token`` is the term, a fencing token; ``guard.proclaim``
         changes the value; releasing the guard resigns."""
-        return self._acquire(Target.election(election, value), wait=True, timeout=timeout)
+        return self._timed(Target.election(election, value), timeout)
 
     def queue_position(self, name: str) -> int | None:
         """This session's place in lock ``name``'s queue (0 is next), or
@@ -476,19 +522,30 @@ class Session:
 
     def _try(self, target: Target) -> Guard | None:
         try:
-            return self._acquire(target, wait=False, timeout=None)
+            return self._acquire(target, wait=False, give_up=now() + CALL_TIMEOUT)
         except LockBusy:
             return None
 
-    def _acquire(self, target: Target, *, wait: bool, timeout: Duration | None) -> Guard:
-        name = target.name
+    def _timed(self, target: Target, timeout: Duration | None) -> Guard:
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        return self._acquire(target, wait=True, give_up=give_up)
+
+    def _acquire(self, target: Target, *, wait: bool, give_up: float | None) -> Guard:
+        """Takes ``target``, repeating through outages and leader changes
+        until ``give_up`` (a waiting acquire: also what it asks the server
+        to wait for; none: for as long as the lease holds). A repeat by the
+        same session answers the grant it has, or keeps its queue place."""
+        name = target.name
         with self._changed:
             claim(self._in_use, name, self.id)
         fields = {**self.handle.fields(), **target.fields}
 
         def send() -> calls.Grant:
-            body, read_timeout = acquire_request(fields, wait, give_up, CALL_TIMEOUT)
+            if wait:
+                body, read_timeout = acquire_request(fields, True, give_up, CALL_TIMEOUT)
+            else:
+                answer_within = within_lease(call_deadline(give_up), CALL_TIMEOUT)
+                body, read_timeout = acquire_request(fields, False, None, answer_within)
             # No longer than the lease lasts: a server that stops answering
             # must not hold the caller past it. The wait is sent again (a
             # fresh attempt keeps the queue place) while the lease holds.
@@ -499,8 +556,13 @@ class Session:
         try:
             grant = self._client._retrying(send, Retry(give_up=give_up, lost=self._lease_error))
         except DeadboltError as error:
-            self._forget(name)
-            raise acquire_failure(error, target.kind, name, give_up is not None) from None
+            if outcome_unknown(error):
+                # The last attempt may have been granted with its answer
+                # lost: look for the grant, and give it back.
+                self._clean_up_abandoned(target)
+            else:
+                self._forget(name)
+            raise acquire_failure(error, target.kind, name, wait and give_up is not None) from None
         except BaseException:
             # Interrupted mid-wait (KeyboardInterrupt, a signal handler): the
             # server may grant the lock in a reply nobody reads. It gives back
@@ -542,19 +604,15 @@ class Session:
         threading.Thread(target=clean_up, daemon=True).start()
 
     def _release(self, target: Target, token: int) -> None:
-        attempts = ReleaseAttempts()
-        release = target.release(self.handle, token)
-
-        def send() -> dict[str, Any]:
-            try:
-                return self._client._send(release, wait=within_lease(self.deadline, CALL_TIMEOUT))
-            except DeadboltError as error:
-                if attempts.went_through(error):
-                    return {}
-                raise
-
+        """Repeated for as long as the lease holds: past it, the lock is
+        released anyway, and the lost lease is the answer."""
         try:
-            self._client._retrying(send, Retry(lost=self._lease_error))
+            self._client._call(
+                target.release(self.handle, token),
+                give_up=float("inf"),
+                lost=self._lease_error,
+                lease=lambda: self.deadline,
+            )
         finally:
             self._forget(target.name)
 
@@ -571,13 +629,9 @@ class Session:
         self._close_quietly(max(deadline - now(), 1.0))
 
     def _close_quietly(self, within: float) -> None:
-        give_up = now() + within
         # Best effort: if it fails, the lease ends by itself.
         with contextlib.suppress(DeadboltError):
-            self._client._retrying(
-                lambda: self._client._send(calls.close_session(self.handle)),
-                Retry(give_up=give_up),
-            )
+            self._client._call(calls.close_session(self.handle), give_up=now() + within)
 
     def __enter__(self) -> Session:
         return self
