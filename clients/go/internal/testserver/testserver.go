@@ -27,6 +27,7 @@ type Server struct {
 	dir      string
 	cmd      *exec.Cmd
 	exited   chan struct{}
+	extra    []string
 }
 
 // Binary is the server binary the tests run, and whether it exists.
@@ -97,7 +98,8 @@ func (s *Server) start() error {
 		return err
 	}
 	defer log.Close()
-	cmd := exec.Command(s.bin, "server", "--listen", s.listen, "--data-dir", filepath.Join(s.dir, "data"))
+	args := append([]string{"server", "--listen", s.listen, "--data-dir", filepath.Join(s.dir, "data")}, s.extra...)
+	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("cannot start %s: %w", s.bin, err)
@@ -151,3 +153,84 @@ func (s *Server) Restart() error { return s.start() }
 
 // Stop kills the server.
 func (s *Server) Stop() { s.Kill() }
+
+// Cluster is a cluster of nodes on loopback, in a plain-text cluster
+// with a peer secret.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// StartCluster starts size nodes (3 or 5), stopped when tb ends, and
+// waits until one of them leads.
+func StartCluster(tb testing.TB, size int) *Cluster {
+	tb.Helper()
+	bin := Available(tb)
+	dir := tb.TempDir()
+	secret := filepath.Join(dir, "peer-secret")
+	if out, err := exec.Command(bin, "peer-secret", "new", secret).CombinedOutput(); err != nil {
+		tb.Fatalf("deadbolt peer-secret new: %v: %s", err, out)
+	}
+	c := &Cluster{}
+	var initial string
+	for id := 1; id <= size; id++ {
+		listen := fmt.Sprintf("127.0.0.1:%d", FreePort())
+		node := &Server{Endpoint: "http://" + listen, bin: bin, listen: listen, dir: filepath.Join(dir, fmt.Sprint(id))}
+		if err := os.MkdirAll(node.dir, 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		if initial != "" {
+			initial += ","
+		}
+		initial += fmt.Sprintf("%d=%s", id, listen)
+		c.Nodes = append(c.Nodes, node)
+	}
+	errs := make(chan error, size)
+	for id, node := range c.Nodes {
+		node.extra = []string{"--node-id", fmt.Sprint(id + 1), "--initial-cluster", initial, "--peer-secret-file", secret}
+		go func(node *Server) { errs <- node.start() }(node)
+	}
+	tb.Cleanup(func() {
+		for _, node := range c.Nodes {
+			node.Stop()
+		}
+	})
+	for range c.Nodes {
+		if err := <-errs; err != nil {
+			tb.Fatal(err)
+		}
+	}
+	c.Leader(tb, 20*time.Second)
+	return c
+}
+
+// Endpoints are every node's URL.
+func (c *Cluster) Endpoints() []string {
+	var out []string
+	for _, node := range c.Nodes {
+		out = append(out, node.Endpoint)
+	}
+	return out
+}
+
+// Leader is the index in Nodes of the node that leads (its /health
+// answers 200), waited for up to limit.
+func (c *Cluster) Leader(tb testing.TB, limit time.Duration) int {
+	tb.Helper()
+	client := &http.Client{Timeout: 500 * time.Millisecond}
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		for i, node := range c.Nodes {
+			resp, err := client.Get(node.Endpoint + "/health")
+			if err != nil {
+				continue
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return i
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tb.Fatalf("no leader within %v", limit)
+	return -1
+}
