@@ -33,6 +33,7 @@ type StaleError struct {
 	Accepted uint64
 }
 
+// Error names both tokens.
 func (e *StaleError) Error() string {
 	return fmt.Sprintf("stale fencing token %d: this resource already accepted token %d", e.Presented, e.Accepted)
 }
