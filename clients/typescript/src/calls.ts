@@ -271,12 +271,16 @@ export const calls = {
     return post("/v1/store/delete", { key, token }, (a) => a["existed"] === true);
   },
 
-  /** Not retried blindly: a repeat may open a second session (which then expires unused). */
+  /**
+   * Repeated through a failover, though not idempotent: a repeat after an
+   * attempt whose answer was lost may open a second session, which nobody
+   * knows of, holds nothing, and expires one TTL later.
+   */
   openSession(ttlMs: number): Call<{ handle: SessionHandle; ttlMs: number }> {
     return post("/v1/session/open", { ttl_ms: Math.round(ttlMs) }, (a) => ({
       handle: new SessionHandle(u64(a["session_id"]), text(a["session_secret"])),
       ttlMs: int(a["ttl_ms"]) || ttlMs,
-    }), false);
+    }));
   },
 
   keepAlive(handle: SessionHandle): Call<number> {

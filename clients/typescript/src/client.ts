@@ -5,8 +5,8 @@
  */
 
 import { type Body, type Call, type Grant, type Leader, type LockStatus, type Permit, type SemaphoreStatus, SessionHandle, type Stored, type AuditEntry, type WatchEvent, Target, WATCH_POLL, calls } from "./calls.js";
-import { DeadboltError, InvalidArgumentError, LeaseLostError, LockBusyError, UnknownSessionError, WaitTimeoutError } from "./errors.js";
-import { Backoff, type Duration, Endpoints, Lease, encodeBody, endsSession, hadNoEffect, isTransient, millis, nextAttempt, now, parseAnswer, unreachable } from "./protocol.js";
+import { DeadboltError, InvalidArgumentError, LeaseLostError, LockBusyError, NotLeaderError, UnavailableError, UnknownSessionError, WaitTimeoutError } from "./errors.js";
+import { Backoff, type Duration, Endpoints as EndpointRing, Lease, encodeBody, endsSession, isTransient, mayHaveBeenDone, millis, nextAttempt, normalize, now, parseAnswer, unreachable } from "./protocol.js";
 import { type Lane, type TlsFiles, Transport, TransportError } from "./transport.js";
 
 /** How long a call that does not wait on a lock may take before it counts as unanswered. */
@@ -15,11 +15,107 @@ const CONNECT_TIMEOUT = 2_000;
 /** How long after an acquire is abandoned its clean-up looks for a grant. */
 const CLEAN_UP_DELAY = 1_000;
 
+/**
+ * Where the cluster is: one URL (`"http://10.0.0.1:7070"`, or a bare
+ * `host:port`), several comma-separated in one string, or an array of them.
+ * Give every node's, so that the client gets in while one is down.
+ */
+export type Endpoints = string | readonly string[];
+
 export interface ClientOptions extends TlsFiles {
-  /** One URL or several (`"http://10.0.0.1:7070"`, or a bare `host:port`). Default `http://127.0.0.1:7070`. */
-  endpoints?: string | readonly string[];
+  /** The servers (see `Endpoints`). Default `http://127.0.0.1:7070`. */
+  endpoints?: Endpoints | undefined;
   /** A bearer token from `deadbolt acl token create`. */
   token?: string | undefined;
+}
+
+/** The options after an endpoint list: `new Client(["a:7070", "b:7070"], { token })`. */
+export type ConnectOptions = Omit<ClientOptions, "endpoints">;
+
+const OPTION_NAMES = new Set(["endpoints", "token", "ca", "cert", "key"]);
+
+function describe(value: unknown): string {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "an array";
+  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "object") return "an object";
+  return `${typeof value} ${String(value)}`;
+}
+
+/**
+ * The constructor's arguments as one checked options object: every
+ * mistake (a number, a misspelt option, an empty list, a field of the
+ * wrong type) is a `TypeError` here rather than a client quietly talking
+ * to 127.0.0.1:7070.
+ */
+function clientArguments(first: unknown, second: unknown): { urls: string[]; options: ClientOptions } {
+  const usage = "new Client(endpoints?, options?) takes an endpoint URL string, an array of them, or an options object";
+  let options: Record<string, unknown>;
+  let endpoints: unknown;
+  const plain = (value: unknown): value is Record<string, unknown> =>
+    typeof value === "object" && value !== null && !Array.isArray(value);
+  if (typeof first === "string" || Array.isArray(first)) {
+    if (second !== undefined && !plain(second)) throw new TypeError(`${usage}; its options must be an object, not ${describe(second)}`);
+    options = second ?? {};
+    if (options["endpoints"] !== undefined) throw new TypeError(`${usage}: the endpoints were given twice (as the first argument and as options.endpoints)`);
+    endpoints = first;
+  } else if (first === undefined) {
+    if (second !== undefined) throw new TypeError(`${usage}: options come second only after the endpoints`);
+    options = {};
+  } else if (plain(first)) {
+    if (second !== undefined) throw new TypeError(`${usage}: options come second only after the endpoints`);
+    options = first;
+    endpoints = options["endpoints"];
+  } else {
+    throw new TypeError(`${usage}, not ${describe(first)}`);
+  }
+  for (const name of Object.keys(options)) {
+    if (!OPTION_NAMES.has(name)) {
+      throw new TypeError(`new Client: unknown option ${JSON.stringify(name)} (the options are ${[...OPTION_NAMES].join(", ")})`);
+    }
+  }
+  for (const name of ["token", "ca", "cert", "key"]) {
+    const value = options[name];
+    if (value !== undefined && value !== null && typeof value !== "string") {
+      throw new TypeError(`new Client: option ${name} must be a string, not ${describe(value)}`);
+    }
+  }
+  const file = (name: string): string | undefined => (typeof options[name] === "string" ? (options[name] as string) : undefined);
+  if ((file("cert") === undefined) !== (file("key") === undefined)) {
+    throw new TypeError("new Client: a client certificate needs both cert and key");
+  }
+  let items: string[];
+  if (endpoints === undefined || endpoints === null) {
+    items = ["http://127.0.0.1:7070"];
+  } else if (typeof endpoints === "string") {
+    items = endpoints.split(",");
+  } else if (Array.isArray(endpoints)) {
+    if (endpoints.length === 0) throw new TypeError("new Client: the endpoint list is empty");
+    items = endpoints.map((item: unknown) => {
+      if (typeof item !== "string") throw new TypeError(`new Client: each endpoint must be a string, not ${describe(item)}`);
+      return item;
+    });
+  } else {
+    throw new TypeError(`new Client: endpoints must be a URL string or an array of them, not ${describe(endpoints)}`);
+  }
+  const tls = file("ca") !== undefined || file("cert") !== undefined;
+  const urls = items.map((item) => {
+    if (item.trim() === "") throw new TypeError(`new Client: an empty endpoint in ${describe(endpoints)}`);
+    try {
+      return normalize(item, tls);
+    } catch (error) {
+      const why = error instanceof InvalidArgumentError ? error.message : `not a URL`;
+      throw new TypeError(`new Client: endpoint ${JSON.stringify(item)}: ${why}`, { cause: error });
+    }
+  });
+  const checked: ClientOptions = {};
+  const token = file("token");
+  if (token !== undefined) checked.token = token;
+  for (const name of ["ca", "cert", "key"] as const) {
+    const value = file(name);
+    if (value !== undefined) checked[name] = value;
+  }
+  return { urls, options: checked };
 }
 
 export interface SessionOptions {
@@ -38,21 +134,37 @@ export interface WaitOptions {
 
 export type LockOptions = SessionOptions & WaitOptions;
 
-function sleep(ms: number, unref = false): Promise<void> {
-  return new Promise((resolve) => {
-    const timer = setTimeout(resolve, Math.max(ms, 0));
+function sleep(ms: number, unref = false, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, Math.max(ms, 0));
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
     if (unref) timer.unref();
   });
 }
 
 /** A connection to a Deadbolt cluster. Share one per process. */
 export class Client {
-  private readonly endpoints: Endpoints;
+  private readonly endpoints: EndpointRing;
   private readonly transport: Transport;
 
-  constructor(options: ClientOptions = {}) {
-    const tls = options.ca !== undefined || options.cert !== undefined;
-    this.endpoints = new Endpoints(options.endpoints ?? "http://127.0.0.1:7070", tls);
+  /**
+   * `new Client("http://10.0.0.1:7070,http://10.0.0.2:7070")`,
+   * `new Client(["10.0.0.1:7070", "10.0.0.2:7070"], { token })`, or
+   * `new Client({ endpoints, ca, cert, key, token })`; no argument: one
+   * node at `http://127.0.0.1:7070`. Anything else is a `TypeError`.
+   */
+  constructor(options?: ClientOptions);
+  constructor(endpoints: Endpoints, options?: ConnectOptions);
+  constructor(first?: Endpoints | ClientOptions, second?: ConnectOptions) {
+    const { urls, options } = clientArguments(first, second);
+    this.endpoints = new EndpointRing(urls, false);
     const headers: Record<string, string> = { "content-type": "application/json" };
     if (options.token) headers["authorization"] = `Bearer ${options.token}`;
     this.transport = new Transport(headers, options, CONNECT_TIMEOUT);
@@ -83,9 +195,14 @@ export class Client {
   }
 
   /**
-   * Repeats an idempotent request while the server is unreachable, not the
-   * leader, or overloaded, with jittered backoff: until `giveUp` (a `now()`
-   * instant), and while `lost` says the lease holds.
+   * Repeats a request that is safe to repeat while the server is
+   * unreachable, not the leader, or overloaded: until `giveUp` (a `now()`
+   * instant: the call's own deadline), while `lost` says the lease holds,
+   * and until `signal` aborts. Straight to the leader a follower named, or
+   * to the next endpoint after one that could not even be reached (at most
+   * once round the list in a row); otherwise after a jittered pause (50 ms
+   * doubling to 1 s), so that every client of a dead leader does not hammer
+   * the survivors at once while they elect the next.
    */
   async retrying<T>(
     request: () => Promise<T>,
@@ -93,6 +210,7 @@ export class Client {
   ): Promise<T> {
     const backoff = new Backoff();
     const retryable = options.retryable ?? isTransient;
+    let hops = 0;
     for (;;) {
       options.signal?.throwIfAborted();
       const ended = options.lost?.();
@@ -101,29 +219,45 @@ export class Client {
         return await request();
       } catch (error) {
         if (!(error instanceof DeadboltError) || !retryable(error)) throw error;
-        const delay = backoff.delayAfter(error);
+        const elsewhere =
+          (error instanceof NotLeaderError && error.leader !== undefined) || (error instanceof UnavailableError && error.unsent);
+        const delay = elsewhere && hops < this.endpoints.urls.length ? 0 : backoff.delayAfter(error);
+        hops = delay === 0 ? hops + 1 : 0;
         if (options.giveUp !== undefined && now() + delay >= options.giveUp) throw error;
-        await sleep(delay);
+        if (delay > 0) await sleep(delay, false, options.signal);
       }
     }
   }
 
-  private call<T>(call: Call<T>, retry = true): Promise<T> {
-    if (!(retry && call.retry)) return this.send(call);
+  /** A call that is not a lock's: repeated through a failover for up to the call budget (10 s). */
+  private call<T>(call: Call<T>): Promise<T> {
+    if (!call.retry) return this.send(call);
     return this.retrying(() => this.send(call), { giveUp: now() + CALL_TIMEOUT });
   }
 
   /** Opens a session: a lease renewed every third of its TTL in the background. */
-  async session(options: SessionOptions = {}): Promise<Session> {
+  session(options: SessionOptions = {}): Promise<Session> {
+    return this.openSession(options, now() + CALL_TIMEOUT, undefined);
+  }
+
+  /**
+   * Opens a session, repeating the request through a failover until
+   * `giveUp`. A repeat after an attempt whose answer was lost may open a
+   * second session: the first, which nobody knows of, holds nothing and
+   * ends by itself one TTL later. Failing the caller instead would turn
+   * every leader change into an error.
+   */
+  private async openSession(options: SessionOptions, giveUp: number, signal: AbortSignal | undefined): Promise<Session> {
     const ttl = millis(options.ttl ?? "30s", "ttl");
     const margin = options.margin === undefined ? Math.min(ttl / 10, 2000) : millis(options.margin, "margin");
-    const sent = now();
-    // Not idempotent: sent again only where it certainly did nothing (a
-    // follower refused it, or it was never sent), to the next endpoint.
-    const opened = await this.retrying(() => this.send(calls.openSession(ttl)), {
-      retryable: hadNoEffect,
-      giveUp: now() + CALL_TIMEOUT,
-    });
+    const open = calls.openSession(ttl);
+    let sent = now();
+    const opened = await this.retrying(() => {
+      // The server counts the lease from when it received the attempt that
+      // opened it: no earlier than this.
+      sent = now();
+      return this.send(open, signal ? { signal } : {});
+    }, { giveUp, signal });
     return new Session(this, opened.handle, opened.ttlMs, sent, margin);
   }
 
@@ -131,11 +265,16 @@ export class Client {
    * Takes `name` in a session of its own, waiting in FIFO order. Releasing
    * the guard (or disposing it: `await using`) closes the session. If the
    * lock is not acquired, this throws: code after it never runs without it.
+   * `timeout` bounds the whole call, a failover's repeats included.
    */
   async lock(name: string, options: LockOptions = {}): Promise<Guard> {
-    const session = await this.session(options);
+    const giveUp = options.timeout === undefined ? undefined : now() + millis(options.timeout, "timeout");
+    const session = await this.openSession(options, giveUp ?? now() + CALL_TIMEOUT, options.signal);
     try {
-      const guard = await session.lock(name, options);
+      const wait: WaitOptions = {};
+      if (giveUp !== undefined) wait.timeout = Math.max(giveUp - now(), 0);
+      if (options.signal) wait.signal = options.signal;
+      const guard = await session.lock(name, wait);
       guard.ownsSession = true;
       return guard;
     } catch (error) {
@@ -146,9 +285,10 @@ export class Client {
 
   /** Takes `name` if it is free, in a session of its own; `null` if someone holds it. */
   async tryLock(name: string, options: SessionOptions = {}): Promise<Guard | null> {
-    const session = await this.session(options);
+    const giveUp = now() + CALL_TIMEOUT;
+    const session = await this.openSession(options, giveUp, undefined);
     try {
-      const guard = await session.tryLock(name);
+      const guard = await session.tryWithin(Target.lock(name), giveUp);
       if (guard) guard.ownsSession = true;
       else await session.close();
       return guard;
@@ -238,9 +378,9 @@ export class Client {
     }
   }
 
-  /** A raw keepalive of someone's session by its handle; the TTL granted, in ms. */
+  /** A raw keepalive of someone's session by its handle (repeated through a failover); the TTL granted, in ms. */
   keepAlive(handle: SessionHandle): Promise<number> {
-    return this.call(calls.keepAlive(handle), false);
+    return this.call(calls.keepAlive(handle));
   }
 
   /** Closes the kept connections. */
@@ -444,19 +584,30 @@ export class Session {
     return place < 0 ? undefined : place;
   }
 
-  private async try(target: Target): Promise<Guard | null> {
+  private try(target: Target): Promise<Guard | null> {
+    return this.tryWithin(target, now() + CALL_TIMEOUT);
+  }
+
+  /** @internal A non-waiting acquire, repeated through a failover until `giveUp`. */
+  async tryWithin(target: Target, giveUp: number): Promise<Guard | null> {
     try {
-      return await this.acquire(target, false, {});
+      return await this.acquire(target, false, {}, giveUp);
     } catch (error) {
       if (error instanceof LockBusyError) return null;
       throw error;
     }
   }
 
-  private async acquire(target: Target, wait: boolean, options: WaitOptions): Promise<Guard> {
+  /**
+   * An acquire, repeated through a failover (the server answers a repeat by
+   * the same session with the grant it already has, or the same queue
+   * place): a wait until its `timeout` (or for as long as the lease holds),
+   * a non-waiting one until `budget`.
+   */
+  private async acquire(target: Target, wait: boolean, options: WaitOptions, budget?: number): Promise<Guard> {
     const name = target.name;
     if (typeof name !== "string") throw new InvalidArgumentError("invalid_argument", "a lock name is a string");
-    const giveUp = options.timeout === undefined ? undefined : now() + millis(options.timeout, "timeout");
+    const giveUp = options.timeout === undefined ? budget : now() + millis(options.timeout, "timeout");
     if (this.inUse.has(name)) {
       throw new InvalidArgumentError(
         "invalid_argument",
@@ -498,7 +649,7 @@ export class Session {
         throw options.signal.reason;
       }
       this.inUse.delete(name);
-      if (isTransient(error) && giveUp !== undefined) {
+      if (isTransient(error) && wait && options.timeout !== undefined) {
         throw new WaitTimeoutError("wait_timeout", `timed out waiting for ${target.kind} ${JSON.stringify(name)} (last error: ${error.message})`);
       }
       throw error;
@@ -545,7 +696,7 @@ export class Session {
           // A live session holds its locks until it releases them: "not
           // holder" after a send whose reply was lost means it went through.
           if (error instanceof DeadboltError && error.kind === "not_holder" && maybeApplied) return;
-          if (error instanceof DeadboltError && error.kind === "unavailable") maybeApplied = true;
+          if (mayHaveBeenDone(error)) maybeApplied = true;
           throw error;
         }
       }, { lost: () => this.lostReason() });
@@ -562,8 +713,19 @@ export class Session {
   }
 
   private async closeQuietly(within: number): Promise<void> {
+    let maybeApplied = false;
+    const close = calls.closeSession(this.handle);
     try {
-      await this.client.retrying(() => this.client.send(calls.closeSession(this.handle)), { giveUp: now() + within });
+      await this.client.retrying(async () => {
+        try {
+          return await this.client.send(close);
+        } catch (error) {
+          // "Unknown session" after a close whose reply was lost: it was closed.
+          if (error instanceof DeadboltError && error.kind === "unknown_session" && maybeApplied) return;
+          if (mayHaveBeenDone(error)) maybeApplied = true;
+          throw error;
+        }
+      }, { giveUp: now() + within });
     } catch {
       // Best effort: the lease ends by itself.
     }

@@ -283,12 +283,12 @@ export function unreachable(url: string, cause: unknown, unsent: boolean): Unava
 }
 
 /**
- * The request certainly did nothing: a follower refused it, or it could not
- * even be sent. Only then is one that is not idempotent (opening a
- * session) sent again.
+ * No answer came, and the request may have reached the server: it may have
+ * been done. A repeat that finds it done ("not holder" after a release,
+ * "unknown session" after a close) is its success.
  */
-export function hadNoEffect(error: unknown): boolean {
-  return error instanceof DeadboltError && (error.kind === "not_leader" || (error instanceof UnavailableError && error.unsent));
+export function mayHaveBeenDone(error: unknown): boolean {
+  return error instanceof UnavailableError && !error.unsent;
 }
 
 // ---- typed readers of answer fields ----------------------------------------
