@@ -46,6 +46,18 @@ export class TransportError extends Error {
  */
 export type Lane = "calls" | "waits";
 
+/**
+ * While requests are in flight on a connection, it is pinged this often
+ * (HTTP/2 PING), and closed if the server does not answer a ping within
+ * `PING_TIMEOUT`: a server that stopped without closing its connections (a
+ * paused leader, a VM stall, a peer cut off by a partition) answers no
+ * ping, and its calls go elsewhere after 1-1.5 s instead of waiting out
+ * their own timeouts. Any live server answers pings at once, however long
+ * its answer to a call (a lock wait) takes.
+ */
+const PING_INTERVAL = 500;
+const PING_TIMEOUT = 1000;
+
 export class Transport {
   private readonly sessions = new Map<string, http2.ClientHttp2Session>();
   /** Connections that came up: a request on one that did not was never sent. */
@@ -89,8 +101,30 @@ export class Transport {
     session.on("close", forget);
     session.on("goaway", forget);
     session.on("error", forget);
+    this.watch(session, base);
     this.sessions.set(key, session);
     return session;
+  }
+
+  /** Pings `session` while it has requests in flight; closes it when a ping goes unanswered. */
+  private watch(session: http2.ClientHttp2Session, base: string): void {
+    let pinging = false;
+    const pinger = setInterval(() => {
+      if (pinging || !this.connected.has(session) || (this.inFlight.get(session) ?? 0) === 0) return;
+      if (session.closed || session.destroyed) return;
+      const silent = setTimeout(() => {
+        session.destroy(new TransportError(`${base} answered no ping within ${PING_TIMEOUT}ms (stopped or cut off?)`));
+      }, PING_TIMEOUT);
+      silent.unref();
+      pinging = session.ping(() => {
+        // An error here means the connection is closing: its streams say why.
+        pinging = false;
+        clearTimeout(silent);
+      });
+      if (!pinging) clearTimeout(silent);
+    }, PING_INTERVAL);
+    pinger.unref();
+    session.once("close", () => clearInterval(pinger));
   }
 
   /** Counts a request in or out of `session`, which holds the process open while any is in flight. */
