@@ -638,8 +638,12 @@ export class Session {
         wait: waitFor,
         ...(options.signal ? { signal: options.signal } : {}),
         lane: wait ? "waits" : "calls",
+      }).catch((error: unknown) => {
+        if (mayHaveBeenDone(error)) outcomeUnknown = true;
+        throw error;
       });
     };
+    let outcomeUnknown = false;
     let grant: Grant;
     try {
       grant = await this.client.retrying(send, { giveUp, lost: () => this.lostReason(), signal: options.signal });
@@ -648,7 +652,10 @@ export class Session {
         this.cleanUpAbandoned(target);
         throw options.signal.reason;
       }
-      this.inUse.delete(name);
+      // Out of time after a failure whose outcome is unknown: an attempt
+      // may have been granted, and is given back if it was.
+      if (outcomeUnknown && !(error instanceof DeadboltError && endsSession(error))) this.cleanUpAbandoned(target);
+      else this.inUse.delete(name);
       if (isTransient(error) && wait && options.timeout !== undefined) {
         throw new WaitTimeoutError("wait_timeout", `timed out waiting for ${target.kind} ${JSON.stringify(name)} (last error: ${error.message})`);
       }
