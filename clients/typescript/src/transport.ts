@@ -113,7 +113,11 @@ export class Transport {
       if (pinging || !this.connected.has(session) || (this.inFlight.get(session) ?? 0) === 0) return;
       if (session.closed || session.destroyed) return;
       const silent = setTimeout(() => {
-        session.destroy(new TransportError(`${base} answered no ping within ${PING_TIMEOUT}ms (stopped or cut off?)`));
+        // After the I/O the loop has waiting: an answer that came while this
+        // process was busy (a timer can fire late, before it) counts.
+        setImmediate(() => {
+          if (pinging) session.destroy(new TransportError(`${base} answered no ping within ${PING_TIMEOUT}ms (stopped or cut off?)`));
+        });
       }, PING_TIMEOUT);
       silent.unref();
       pinging = session.ping(() => {
