@@ -654,7 +654,7 @@ export class Session {
       }
       // Out of time after a failure whose outcome is unknown: an attempt
       // may have been granted, and is given back if it was.
-      if (outcomeUnknown && !(error instanceof DeadboltError && endsSession(error))) this.cleanUpAbandoned(target);
+      if (outcomeUnknown && isTransient(error)) this.cleanUpAbandoned(target);
       else this.inUse.delete(name);
       if (isTransient(error) && wait && options.timeout !== undefined) {
         throw new WaitTimeoutError("wait_timeout", `timed out waiting for ${target.kind} ${JSON.stringify(name)} (last error: ${error.message})`);
