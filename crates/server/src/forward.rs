@@ -60,6 +60,7 @@ use http_body::Frame;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::Channel;
 use tower::ServiceExt;
@@ -100,13 +101,18 @@ pub enum Forwarded {
     Failed,
     /// Past [`MAX_FORWARDED_IN_FLIGHT`]: served here (`not_leader`).
     ServedHere,
+    /// The leader could not be connected to, so the call was never sent:
+    /// answered `not_leader` once another node leads (or after
+    /// [`LEADER_CHANGE_WAIT`]).
+    LeaderUnreachable,
 }
 
 impl Forwarded {
-    pub const ALL: [Forwarded; 3] = [
+    pub const ALL: [Forwarded; 4] = [
         Forwarded::Answered,
         Forwarded::Failed,
         Forwarded::ServedHere,
+        Forwarded::LeaderUnreachable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -114,6 +120,7 @@ impl Forwarded {
             Forwarded::Answered => "answered",
             Forwarded::Failed => "failed",
             Forwarded::ServedHere => "served_here",
+            Forwarded::LeaderUnreachable => "leader_unreachable",
         }
     }
 }
@@ -248,7 +255,18 @@ impl Forwarder {
         }
         *request.version_mut() = Version::HTTP_2;
         let request = request.map(tonic::body::boxed);
-        match channel.oneshot(request).await {
+        // A leader that stopped answering without closing its connections
+        // (paused, or cut off from this node) would hold the call until the
+        // connection's pings time out. Once another node leads, the call
+        // ends here as one whose outcome is unknown, and the caller repeats it.
+        let answer = tokio::select! {
+            answer = channel.oneshot(request) => answer,
+            () = self.leader_replaced(leader) => {
+                self.leader.forget(dial);
+                return failed(format!("node {leader} stopped answering and another node now leads"));
+            }
+        };
+        match answer {
             Ok(mut response) => {
                 self.node.metrics.call_forwarded(Forwarded::Answered);
                 // The `not_leader` hint, kept for clients that can reach the
@@ -273,10 +291,86 @@ impl Forwarder {
             }
             Err(err) => {
                 self.leader.forget(dial);
+                if never_sent(&err) {
+                    return self.after_unreachable_leader(leader, &address, grpc).await;
+                }
                 failed(err.to_string())
             }
         }
     }
+
+    /// Resolves once a leader other than `leader` as this node knew it
+    /// leads: another node, or the same one elected again in a later term
+    /// (a killed leader restarted quickly may win the next election). Never
+    /// while none is elected.
+    async fn leader_replaced(&self, leader: NodeId) {
+        let mut metrics = self.node.raft.metrics();
+        let term = metrics.borrow().current_term;
+        // An error means the node is shutting down: the call ends with it.
+        let _ = metrics
+            .wait_for(|metrics| {
+                metrics
+                    .current_leader
+                    .is_some_and(|now| now != leader || metrics.current_term > term)
+            })
+            .await;
+    }
+
+    /// The answer to a call that could not be sent to the leader it knew
+    /// (refused, reset while connecting, a failed TLS handshake): the call
+    /// had no effect, so the caller may send it again. A dead leader is
+    /// replaced within about two election timeouts; this waits for that, at
+    /// most [`LEADER_CHANGE_WAIT`], and answers `not_leader` naming the new
+    /// leader, or none yet. Clients repeat a `not_leader` call anywhere:
+    /// sent here again, it goes to the new leader.
+    async fn after_unreachable_leader(&self, gone: NodeId, address: &str, grpc: bool) -> Response {
+        self.node
+            .metrics
+            .call_forwarded(Forwarded::LeaderUnreachable);
+        let changed = tokio::time::timeout(LEADER_CHANGE_WAIT, self.leader_replaced(gone)).await;
+        tracing::debug!(
+            gone,
+            elected = changed.is_ok(),
+            "the leader could not be reached to forward a call"
+        );
+        let err = self.node.not_leader(&format!(
+            "this node could not reach the leader it knew, node {gone} at {address}, to forward \
+             the call; nothing was done"
+        ));
+        error_response(grpc, err)
+    }
+}
+
+/// How long a follower that cannot reach the leader it knows waits for the
+/// next one before answering `not_leader` without one. After a crash the
+/// followers wait out the dead leader's lease (`election_timeout_max`, 300 ms
+/// by default) and an election timeout (150-300 ms) before one stands: a new
+/// leader in 0.5-0.7 s by default, so 2 s leaves room for a lost election
+/// round. The caller's client repeats the call either way.
+pub const LEADER_CHANGE_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether a forwarded call failed before any of it left this node: the
+/// connection to the leader could not be made. tonic says so only in the
+/// error's text (`tcp connect error`, the connector's own), or with the
+/// operating system's refusal as a source. Anything else (a reset stream, a
+/// connection closed mid-call) may have reached the leader.
+fn never_sent(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    while let Some(cause) = source {
+        if cause.to_string().contains("tcp connect error") {
+            return true;
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::TimedOut
+            ) {
+                return true;
+            }
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// The connection to the leader, kept between calls. Dialled again when

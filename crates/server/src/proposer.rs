@@ -403,7 +403,7 @@ async fn batch_loop(
         // Sent while the queue is held: batches go into the log in the
         // order they were taken.
         let sent = send(&raft, clock, batch).await;
-        let mut answered = std::pin::pin!(answer(sent));
+        let mut answered = std::pin::pin!(answer(&raft, sent));
         let answered_first = tokio::select! {
             // (`biased`: the simulation needs the same choice every run.)
             biased;
@@ -487,6 +487,42 @@ struct Sent {
     deadline: Instant,
 }
 
+/// How often a batch not yet committed looks whether its leader still
+/// hears from a quorum, and how long without that it takes to give up.
+/// Followers stand for election once the leader's lease
+/// (`election_timeout_max`, 300 ms by default) and an election timeout have
+/// passed with no word from it: past [`LOST_QUORUM`] without a majority's
+/// acknowledgement, another node may lead, and callers held here for the
+/// whole [`COMMIT_WAIT`] would wait seconds for nothing (found by the
+/// failover test: a leader cut off from its followers, but not from its
+/// clients, held every caller until the cut healed).
+const QUORUM_CHECK: Duration = Duration::from_millis(250);
+const LOST_QUORUM: Duration = Duration::from_secs(1);
+
+/// Waits for a sent batch's commit until `deadline`, or until this node has
+/// heard from no quorum for [`LOST_QUORUM`]; `Err(())` then. One timer at a
+/// time, as before: a batch that commits within [`QUORUM_CHECK`] (every
+/// batch of a healthy cluster) looks at nothing else.
+async fn committed_by<T>(
+    raft: &Raft,
+    deadline: Instant,
+    mut receiver: oneshot::Receiver<T>,
+) -> Result<Result<T, oneshot::error::RecvError>, ()> {
+    loop {
+        let check = (Instant::now() + QUORUM_CHECK).min(deadline);
+        match tokio::time::timeout_at(check, &mut receiver).await {
+            Ok(answer) => return Ok(answer),
+            Err(_) if check >= deadline => return Err(()),
+            Err(_) => {
+                let since_ack = raft.metrics().borrow().millis_since_quorum_ack;
+                if since_ack.is_some_and(|ms| ms > LOST_QUORUM.as_millis() as u64) {
+                    return Err(());
+                }
+            }
+        }
+    }
+}
+
 /// What `Raft::client_write_ff` hands back (openraft's `OneshotResponder`).
 type ClientWriteReceiver = oneshot::Receiver<openraft::raft::ClientWriteResult<TypeConfig>>;
 
@@ -532,6 +568,7 @@ fn batch_clock(clock: &Clock) -> u64 {
 /// Waits for a sent batch to commit and answers each of its callers.
 /// Returns whether it was committed.
 async fn answer(
+    raft: &Raft,
     Sent {
         replies,
         written,
@@ -539,7 +576,7 @@ async fn answer(
     }: Sent,
 ) -> bool {
     let written = match written {
-        Ok(receiver) => match tokio::time::timeout_at(deadline, receiver).await {
+        Ok(receiver) => match committed_by(raft, deadline, receiver).await {
             Ok(Ok(Ok(written))) => Ok(written),
             Ok(Ok(Err(ClientWriteError::ForwardToLeader(forward)))) => {
                 Err(ProposeError::NotLeader {
