@@ -129,6 +129,14 @@ impl Calls {
         answer.unwrap_or_else(|_| Err(Status::unavailable("the call stream ended")))
     }
 
+    /// Ends the stream for its callers now, with `reason`: the client gave
+    /// up on its endpoint (it took a call and never answered), and the calls
+    /// waiting on it are better repeated elsewhere than left waiting for a
+    /// node that may be paused for good.
+    pub(crate) fn abandon(&self, reason: Status) {
+        end(&self.shared, reason);
+    }
+
     /// Why the stream ended, for a call that found it so.
     fn ended(&self) -> Status {
         (self.state().ended.clone()).unwrap_or_else(|| Status::unavailable("the call stream ended"))
@@ -221,16 +229,22 @@ struct Ending {
 
 impl Drop for Ending {
     fn drop(&mut self) {
-        tracing::debug!(reason = %self.reason, "call stream ended");
-        let waiting = {
-            let mut state = lock(&self.shared.state);
-            state.ended = Some(self.reason.clone());
-            self.shared.ended.store(true, Ordering::Release);
-            std::mem::take(&mut state.waiting)
-        };
-        for (_, reply) in waiting {
-            let _ = reply.send(Err(self.reason.clone()));
-        }
+        end(&self.shared, self.reason.clone());
+    }
+}
+
+/// Marks the stream ended (the first reason stays) and fails every call
+/// still waiting with `reason`.
+fn end(shared: &Shared, reason: Status) {
+    tracing::debug!(%reason, "call stream ended");
+    let waiting = {
+        let mut state = lock(&shared.state);
+        state.ended.get_or_insert_with(|| reason.clone());
+        shared.ended.store(true, Ordering::Release);
+        std::mem::take(&mut state.waiting)
+    };
+    for (_, reply) in waiting {
+        let _ = reply.send(Err(reason.clone()));
     }
 }
 

@@ -13,6 +13,7 @@
 //! with etcd or Consul, any member is a way in. It keeps one such address
 //! at a time, so nothing accumulates.
 
+use crate::backoff::{Backoff, BASE, CAP};
 use crate::calls::Calls;
 use crate::error::describe_chain;
 use crate::framed::{FramedTls, Framing};
@@ -53,19 +54,23 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// instead of hanging.
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
-/// Pause before asking again when no node knows a leader (an election is
-/// under way; it normally takes a few hundred milliseconds).
-const ELECTION_PAUSE: Duration = Duration::from_millis(50);
-/// How long a request keeps looking for a leader before giving up.
-const LEADER_SEARCH: Duration = Duration::from_secs(2);
+/// How long one call keeps trying while its endpoint is down, a leader is
+/// being elected, or a forwarding node lost its leader. A failover takes
+/// 0.5-0.7 s at the default election timeout, and a forwarding node waits up
+/// to 2 s for one (`forward.rs`), so 10 s rides through several in a row,
+/// like the Python and TypeScript clients' call timeout. Calls with a
+/// deadline of their own (a lock wait, a lease) stop at that instead.
+pub(crate) const FAILOVER_BUDGET: Duration = Duration::from_secs(10);
 
 /// When a call that failed may be sent again elsewhere.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Repeat {
     /// Only if it certainly had no effect (refused by a follower, or never
-    /// sent): a change.
+    /// sent): a change that repeated could do something twice
+    /// (`cluster add` after an election, for one).
     IfUnsent,
-    /// After any failure that points elsewhere: a read.
+    /// After any failure that points elsewhere: a read, or a change whose
+    /// repeat does nothing more (see [`Client::open_session_raw`]).
     Freely,
 }
 
@@ -455,8 +460,13 @@ impl Client {
         let request = OpenSessionRequest {
             ttl_ms: millis(ttl),
         };
+        // Repeated even when the first attempt may have been done: at worst
+        // that opened a session nobody knows of, which holds nothing and
+        // ends by itself one TTL later. Failing the caller instead would turn
+        // every leader change into an error (found: `deadbolt run` exited
+        // 10 ms after a leader's `kill -9`).
         let response = self
-            .call(Repeat::IfUnsent, request, |channel, request| async move {
+            .call(Repeat::Freely, request, |channel, request| async move {
                 DeadboltClient::new(channel).open_session(request).await
             })
             .await?;
@@ -1126,7 +1136,8 @@ impl Client {
         Req: Clone,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
-        let searching_since = crate::clock::now();
+        let give_up = crate::clock::now() + FAILOVER_BUDGET;
+        let mut backoff = Backoff::new(BASE, CAP);
         loop {
             let (address, generation, hinted, link) = {
                 let mut current = self.current();
@@ -1146,19 +1157,27 @@ impl Client {
                 tracing::debug!(endpoint = %address, "cannot reach the leader a node named; following no more such hints");
                 self.shared.follow_hints.store(false, Ordering::Relaxed);
             }
-            let moved = error.points_elsewhere() && self.move_on(generation, error.leader());
-            // A call that never took effect is worth sending again where the
-            // client moved to, or to the leader once one is elected.
-            let elsewhere = moved || error.kind() == ErrorKind::NotLeader;
-            let repeatable = error.had_no_effect() || repeat == Repeat::Freely;
-            if !repeatable
-                || !elsewhere
-                || crate::clock::now().saturating_duration_since(searching_since) > LEADER_SEARCH
-            {
+            if !error.points_elsewhere() {
                 return Err(error);
             }
-            if error.leader().is_none() {
-                tokio::time::sleep(ELECTION_PAUSE).await;
+            let moved = self.move_on(generation, error.leader());
+            let repeatable = error.had_no_effect() || repeat == Repeat::Freely;
+            if !repeatable {
+                return Err(error);
+            }
+            // Straight to a leader that was named; otherwise (an election
+            // under way, a node down, a forwarding node that lost its
+            // leader) after a jittered pause, or every client of a dead
+            // leader would hammer the survivors at once. The pause starts
+            // short: a new leader is usually there within a second.
+            if !moved || error.leader().is_none() {
+                let delay = crate::simulation::with_rng(|mut rng| backoff.next_delay(&mut rng));
+                if crate::clock::now() + delay >= give_up {
+                    return Err(error);
+                }
+                tokio::time::sleep(delay).await;
+            } else if crate::clock::now() >= give_up {
+                return Err(error);
             }
         }
     }
@@ -1172,6 +1191,27 @@ impl Client {
     /// now go elsewhere than the failed one did.
     pub(crate) fn move_on(&self, failed_generation: u64, leader: Option<&str>) -> bool {
         self.switch(failed_generation, leader, false)
+    }
+
+    /// Gives up on the endpoint of `generation`, which took a call and
+    /// never answered it (a paused node, or a leader cut off from the
+    /// others): later calls go elsewhere, as after a failure, and the calls
+    /// still waiting on its `Calls` stream fail now, to be repeated there
+    /// by whoever made them.
+    pub(crate) fn abandon(&self, generation: u64, why: &str) {
+        let (address, calls) = {
+            let current = self.current();
+            if current.generation != generation {
+                return;
+            }
+            (current.address.clone(), current.calls.clone())
+        };
+        self.move_on(generation, None);
+        if let Some(calls) = calls {
+            calls.abandon(tonic::Status::unavailable(format!(
+                "gave up on {address}: {why}"
+            )));
+        }
     }
 
     /// [`move_on`](Self::move_on), saying whether the switch follows a

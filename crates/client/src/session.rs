@@ -842,9 +842,19 @@ async fn watchdog(
             |error| !error.ends_session(),
             || async move {
                 let sent = BootInstant::now();
+                let (_, generation, _) = client.endpoint_now();
                 match tokio::time::timeout(interval, client.keep_alive_raw(handle)).await {
                     Ok(granted) => granted.map(|granted| (sent, granted)),
-                    Err(_) => Err(no_answer("keepalive", interval)),
+                    Err(_) => {
+                        // A node that takes calls and never answers (paused, or
+                        // a leader cut off from the others, waiting for a
+                        // quorum it will not get): the next attempt goes to
+                        // another, or the lease runs out on that one; and the
+                        // calls waiting there with this one go too.
+                        let error = no_answer("keepalive", interval);
+                        client.abandon(generation, &error.to_string());
+                        Err(error)
+                    }
                 }
             },
         );
