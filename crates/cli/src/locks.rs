@@ -175,7 +175,16 @@ pub struct ListArgs {
 
 /// Connects, or reports why not and returns the exit code.
 pub(crate) async fn connect(endpoints: &Endpoints) -> Result<Client, i32> {
-    endpoints.connect().await.map_err(|err| exit::report(&err))
+    connect_within(endpoints, None).await
+}
+
+/// [`connect`], trying again while no endpoint answers for up to `patience`
+/// (see [`Endpoints::connect_within`]).
+pub(crate) async fn connect_within(
+    endpoints: &Endpoints,
+    patience: Option<std::time::Duration>,
+) -> Result<Client, i32> {
+    (endpoints.connect_within(patience).await).map_err(|err| exit::report(&err))
 }
 
 fn outcome(result: Result<(), Error>) -> i32 {
@@ -187,7 +196,8 @@ fn outcome(result: Result<(), Error>) -> i32 {
 
 pub async fn acquire(endpoints: &Endpoints, args: AcquireArgs) -> i32 {
     let args = args.target;
-    let client = match connect(endpoints).await {
+    let patience = if args.no_wait { None } else { args.wait };
+    let client = match connect_within(endpoints, patience).await {
         Ok(client) => client,
         Err(code) => return code,
     };

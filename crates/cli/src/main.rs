@@ -125,6 +125,33 @@ impl Endpoints {
         Client::connect_with_token(self.urls.iter().cloned(), &self.tls, token).await
     }
 
+    /// [`connect`](Self::connect), trying again while no endpoint answers
+    /// until `patience` has passed: a command told to wait (`--wait`) waits
+    /// through a node's restart too, as it would for a leader's election
+    /// once connected. Without `patience`, one try.
+    pub async fn connect_within(
+        &self,
+        patience: Option<std::time::Duration>,
+    ) -> Result<Client, deadbolt_client::Error> {
+        let give_up = patience.and_then(|patience| std::time::Instant::now().checked_add(patience));
+        let mut backoff = deadbolt_client::Backoff::new(
+            std::time::Duration::from_millis(50),
+            std::time::Duration::from_secs(1),
+        );
+        loop {
+            let error = match self.connect().await {
+                Err(error) if error.kind() == deadbolt_client::ErrorKind::Unavailable => error,
+                connected => return connected,
+            };
+            let delay = backoff.next_delay(&mut rand::thread_rng());
+            if give_up.is_none_or(|give_up| std::time::Instant::now() + delay >= give_up) {
+                return Err(error);
+            }
+            tracing::debug!(%error, ?delay, "no endpoint answers; trying again");
+            tokio::time::sleep(delay).await;
+        }
+    }
+
     /// One member, at the address the cluster lists it by.
     pub async fn connect_one(&self, address: &str) -> Result<Client, deadbolt_client::Error> {
         let token = self.access_token.as_deref();

@@ -128,7 +128,12 @@ pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
     if let Some(url) = &args.backend {
         return crate::run_backend::main(url, &args, grace, margin).await;
     }
-    let client = match crate::locks::connect(endpoints).await {
+    let patience = if args.target.no_wait {
+        None
+    } else {
+        args.target.wait
+    };
+    let client = match crate::locks::connect_within(endpoints, patience).await {
         Ok(client) => client,
         Err(code) => return code,
     };
