@@ -732,7 +732,8 @@ impl Client {
             term,
             value: value.to_owned(),
         };
-        self.call(Repeat::IfUnsent, request, |channel, request| async move {
+        // Repeated, the same value is proclaimed again under the same term.
+        self.call(Repeat::Freely, request, |channel, request| async move {
             DeadboltClient::new(channel).proclaim(request).await
         })
         .await?;
@@ -820,8 +821,12 @@ impl Client {
             token,
             lock: lock.map(str::to_owned),
         };
+        // Repeated, it writes the same value under the same token, which
+        // the key's fence still takes (it refuses only lower tokens): the
+        // same outcome, or `stale_token` if a newer holder wrote meanwhile,
+        // which is then the truth.
         let response = self
-            .call(Repeat::IfUnsent, request, |channel, request| async move {
+            .call(Repeat::Freely, request, |channel, request| async move {
                 DeadboltClient::new(channel).store_put(request).await
             })
             .await?;
@@ -853,7 +858,8 @@ impl Client {
     }
 
     /// Deletes `key`, fenced like [`store_put`](Self::store_put). Returns
-    /// whether it had a value.
+    /// whether it had a value: repeated after a lost answer (as every
+    /// failover repeats it), `false` though the first attempt deleted one.
     pub async fn store_delete(
         &self,
         key: &str,
@@ -866,7 +872,7 @@ impl Client {
             lock: lock.map(str::to_owned),
         };
         let response = self
-            .call(Repeat::IfUnsent, request, |channel, request| async move {
+            .call(Repeat::Freely, request, |channel, request| async move {
                 DeadboltClient::new(channel).store_delete(request).await
             })
             .await?;

@@ -174,6 +174,14 @@ pub enum ProposeError {
          answers, or this node is overloaded"
     )]
     NoQuorum(Duration),
+    /// This node leads but has heard from no majority for the time given:
+    /// it may be cut off, and another node may lead. The write may still
+    /// commit later.
+    #[error(
+        "this node has heard from no majority of the cluster for {0:?}: another node may lead \
+         now; the write may or may not be done (every call is safe to repeat)"
+    )]
+    LostQuorum(Duration),
     /// The queue was full: the command was not queued, so it certainly had
     /// no effect.
     #[error(
@@ -507,16 +515,16 @@ async fn committed_by<T>(
     raft: &Raft,
     deadline: Instant,
     mut receiver: oneshot::Receiver<T>,
-) -> Result<Result<T, oneshot::error::RecvError>, ()> {
+) -> Result<Result<T, oneshot::error::RecvError>, ProposeError> {
     loop {
         let check = (Instant::now() + QUORUM_CHECK).min(deadline);
         match tokio::time::timeout_at(check, &mut receiver).await {
             Ok(answer) => return Ok(answer),
-            Err(_) if check >= deadline => return Err(()),
+            Err(_) if check >= deadline => return Err(ProposeError::NoQuorum(COMMIT_WAIT)),
             Err(_) => {
                 let since_ack = raft.metrics().borrow().millis_since_quorum_ack;
                 if since_ack.is_some_and(|ms| ms > LOST_QUORUM.as_millis() as u64) {
-                    return Err(());
+                    return Err(ProposeError::LostQuorum(LOST_QUORUM));
                 }
             }
         }
@@ -585,7 +593,7 @@ async fn answer(
             }
             Ok(Ok(Err(other))) => Err(ProposeError::Fatal(other.to_string())),
             Ok(Err(_)) => Err(ProposeError::ShuttingDown),
-            Err(_) => Err(ProposeError::NoQuorum(COMMIT_WAIT)),
+            Err(unanswered) => Err(unanswered),
         },
         Err(err) => Err(err),
     };

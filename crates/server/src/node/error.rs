@@ -77,7 +77,9 @@ impl From<ProposeError> for ApiError {
     fn from(err: ProposeError) -> Self {
         let kind = match err {
             ProposeError::NotLeader { .. } => ErrorKind::NotLeader,
-            ProposeError::ShuttingDown | ProposeError::NoQuorum(_) => ErrorKind::Unavailable,
+            ProposeError::ShuttingDown
+            | ProposeError::NoQuorum(_)
+            | ProposeError::LostQuorum(_) => ErrorKind::Unavailable,
             ProposeError::Overloaded { .. } => ErrorKind::Overloaded,
             ProposeError::Fatal(_) => ErrorKind::Internal,
         };
