@@ -99,13 +99,21 @@ pub struct Write {
     pub outcome: Phase,
 }
 
-/// A worker's output line: a record, a grant's holding interval, or a
-/// write's timing.
+/// A worker's output line: a record, a grant's holding interval, a
+/// write's timing, or an error its client library returned (for the
+/// availability check, `availability.rs`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Line {
-    Held { held: Held },
-    Write { write: Write },
+    Held {
+        held: Held,
+    },
+    Write {
+        write: Write,
+    },
+    ClientError {
+        client_error: crate::availability::ClientError,
+    },
     Record(Record),
 }
 

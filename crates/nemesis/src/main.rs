@@ -17,7 +17,7 @@ mod upgrade;
 mod worker;
 
 use clap::{Parser, Subcommand};
-use deadbolt_checker::{checker, history, linearizable, tally, watched};
+use deadbolt_checker::{availability, checker, history, linearizable, tally, watched};
 
 #[derive(Parser)]
 #[command(

@@ -3,6 +3,7 @@
 //! stop, the clients must make progress again, and the checker reads the
 //! history. The last line printed is `ops=N faults=N violations=N`.
 
+use crate::availability::{self, Bearing};
 use crate::checker::{check, Finals, Violation};
 use crate::full_disk::FullDisk;
 use crate::history::{now, Accepted, Line, Op, Phase, Record};
@@ -39,6 +40,13 @@ pub struct RunArgs {
     /// The clients' session TTL; client pauses last 1.5 to 3 times this.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub(crate) ttl: Duration,
+    /// The longest time without any grant after a fault that left a
+    /// majority up, before the run fails: the dead leader's lease and an
+    /// election (0.5-0.7 s at the default timeouts), a forwarding node's wait
+    /// for the new leader, and the clients' retry pause (at most 1 s), with
+    /// room for a debug build on a loaded 2-core machine.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub(crate) max_gap: Duration,
     /// The `deadbolt` binary (default: next to this one).
     #[arg(long)]
     pub(crate) deadbolt: Option<PathBuf>,
@@ -122,6 +130,8 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     };
 
     let history = Arc::new(Mutex::new(Vec::<Record>::new()));
+    // The workers' other lines: the errors their client library returned.
+    let client_lines = Arc::new(Mutex::new(Vec::<Line>::new()));
     // How workers reach the cluster: its endpoints, and under --secure
     // their certificate and token.
     let mut connect = vec!["--endpoints".to_owned(), cluster.endpoints().join(",")];
@@ -146,7 +156,7 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
             resource_addr,
             &args,
             history.clone(),
-            None,
+            Some(client_lines.clone()),
         )?);
     }
 
@@ -157,6 +167,8 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
     // What the faults themselves found (a node that stopped without
     // saying why), with the checkers' findings at the end.
     let mut fault_violations = Vec::new();
+    // Every fault, when it ran and what it excuses: for the availability check.
+    let mut fault_log: Vec<availability::Fault> = Vec::new();
     if let Some(previous) = &args.upgrade_from {
         faults =
             crate::upgrade::upgrade(&mut cluster, previous, &deadbolt, &mut rng, started).await?;
@@ -177,7 +189,8 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         tokio::time::sleep(Duration::from_millis(rng.gen_range(300..1200))).await;
         faults += 1;
         let holding = holding_clients(&history.lock().expect("poisoned"));
-        let fault = inject(
+        let from = now();
+        let (what, bearing) = inject(
             &mut cluster,
             &mut workers,
             &holding,
@@ -186,7 +199,13 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
             (&full_disk, &mut fault_violations),
         )
         .await;
-        println!("[{:>5.1}s] {fault}", started.elapsed().as_secs_f64());
+        println!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+        fault_log.push(availability::Fault {
+            from,
+            to: now(),
+            what,
+            bearing,
+        });
     }
 
     // Everything back up and connected; from now on clients must progress.
@@ -242,6 +261,22 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         LIVENESS_BOUND.as_nanos() as u64,
     );
     violations.extend(check_linearizable(&history, &finals));
+    let client_errors: Vec<availability::ClientError> =
+        std::mem::take(&mut *client_lines.lock().expect("poisoned"))
+            .into_iter()
+            .filter_map(|line| match line {
+                Line::ClientError { client_error } => Some(client_error),
+                _ => None,
+            })
+            .collect();
+    let grants: Vec<u64> = history
+        .iter()
+        .filter(|r| r.op == Op::Acquire && r.phase == Phase::Ok)
+        .map(|r| r.at)
+        .collect();
+    let (served, unserved) =
+        availability::check(&client_errors, &grants, &fault_log, nanos(args.max_gap));
+    violations.extend(unserved);
     violations.extend(fault_violations);
     if let Some(watch) = watch {
         let (watched, ended) = watch.finish(&finals.audit).await;
@@ -262,6 +297,17 @@ pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
         let kept = scratch.keep();
         println!("history and logs kept in {}", kept.display());
     }
+    let (median, longest) = served.gap_figures().unwrap_or_default();
+    println!(
+        "availability: {} outage errors shown to clients while a majority was up ({} more \
+         excused by faults that left none, or paused the client); after each of {} node \
+         faults, the longest time without a grant: median {median} ms, max {longest} ms \
+         (bound {} ms)",
+        served.unexcused.len(),
+        served.excused,
+        served.gaps.len(),
+        args.max_gap.as_millis()
+    );
     println!("ops={ops} faults={faults} violations={}", violations.len());
     Ok(violations.is_empty())
 }
@@ -532,7 +578,7 @@ async fn inject(
     rng: &mut StdRng,
     ttl: Duration,
     (full_disk, violations): (&FullDisk, &mut Vec<Violation>),
-) -> String {
+) -> (String, Bearing) {
     let nodes: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
     let leader = tokio::task::block_in_place(|| cluster.agreed_leader());
     // The leader half the time, when there is one: the interesting victim.
@@ -545,13 +591,16 @@ async fn inject(
     } else {
         ""
     };
+    let kept = |what: String| (what, Bearing::Kept);
     match rng.gen_range(0..6) {
         0 => {
             cluster.kill9(victim);
             let down = Duration::from_millis(rng.gen_range(300..2000));
             tokio::time::sleep(down).await;
             cluster.start_node(victim);
-            format!("kill -9 node {victim}{role}; restarted after {down:?}")
+            kept(format!(
+                "kill -9 node {victim}{role}; restarted after {down:?}"
+            ))
         }
         1 => {
             let pid = cluster.pid(victim).expect("running");
@@ -559,18 +608,20 @@ async fn inject(
             signal(pid, libc::SIGSTOP);
             tokio::time::sleep(pause).await;
             signal(pid, libc::SIGCONT);
-            format!("SIGSTOP node {victim}{role} for {pause:?}")
+            kept(format!("SIGSTOP node {victim}{role} for {pause:?}"))
         }
         2 => {
             let cut = Duration::from_millis(rng.gen_range(500..3000));
             cluster.isolate(victim);
             tokio::time::sleep(cut).await;
             cluster.heal();
-            format!("partition: node {victim}{role} cut off from the others for {cut:?}")
+            kept(format!(
+                "partition: node {victim}{role} cut off from the others for {cut:?}"
+            ))
         }
         3 => {
             let Some(faketime) = faketime_library() else {
-                return "clock fault skipped: libfaketime is not installed".to_owned();
+                return kept("clock fault skipped: libfaketime is not installed".to_owned());
             };
             // Far beyond the 2% drift the lease model allows: the node may
             // expire leases early as leader. Fencing must still hold.
@@ -583,22 +634,54 @@ async fn inject(
             tokio::time::sleep(fast).await;
             cluster.kill9(victim);
             cluster.start_node(victim);
-            format!("clock: node {victim}{role} restarted with its clocks running {rate:.2}x fast for {fast:?}")
+            kept(format!("clock: node {victim}{role} restarted with its clocks running {rate:.2}x fast for {fast:?}"))
         }
         4 => {
             // Every node's disk a quarter of the time: then no node can
             // write, and service must come back with the space.
-            let (victims, label) = if rng.gen_bool(0.25) {
+            let every = rng.gen_bool(0.25);
+            let (victims, label) = if every {
                 (nodes, "every node".to_owned())
             } else {
                 (vec![victim], format!("node {victim}{role}"))
             };
-            full_disk
+            let what = full_disk
                 .inject(cluster, (&victims, &label), rng, violations)
-                .await
+                .await;
+            // With every disk full no node can write: service comes back
+            // once the nodes restart with space and elect a leader.
+            let grace = nanos(RESTART_GRACE);
+            (
+                what,
+                if every {
+                    Bearing::NoMajority { grace }
+                } else {
+                    Bearing::Kept
+                },
+            )
         }
-        _ => pause_client(workers, holding, rng, ttl).await,
+        _ => {
+            let (what, paused) = pause_client(workers, holding, rng, ttl).await;
+            // Its lease is rightly gone: its own errors until it has a new
+            // session are answers to that.
+            let bearing = match paused {
+                Some(client) => Bearing::Client {
+                    client,
+                    grace: nanos(ttl * 2),
+                },
+                None => Bearing::Kept,
+            };
+            (what, bearing)
+        }
     }
+}
+
+/// After every node restarted (a full disk on each), how long until a
+/// leader serves: the processes start, elect, and apply their logs.
+const RESTART_GRACE: Duration = Duration::from_secs(5);
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// SIGSTOPs a client for 1.5 to 3 times its lease, preferably one that
@@ -609,7 +692,7 @@ pub(crate) async fn pause_client(
     holding: &[usize],
     rng: &mut StdRng,
     ttl: Duration,
-) -> String {
+) -> (String, Option<usize>) {
     let index = if holding.is_empty() {
         rng.gen_range(0..workers.len())
     } else {
@@ -617,12 +700,13 @@ pub(crate) async fn pause_client(
     };
     let pause = ttl.mul_f64(rng.gen_range(1.5..3.0));
     let Some(pid) = workers[index].child.id() else {
-        return format!("client {index} has exited; nothing to pause");
+        return (format!("client {index} has exited; nothing to pause"), None);
     };
     signal(pid as i32, libc::SIGSTOP);
     tokio::time::sleep(pause).await;
     signal(pid as i32, libc::SIGCONT);
-    format!("SIGSTOP client {index} for {pause:?} (its lease is {ttl:?})")
+    let what = format!("SIGSTOP client {index} for {pause:?} (its lease is {ttl:?})");
+    (what, Some(index))
 }
 
 /// libfaketime's multi-threaded build, where Debian's package puts it.

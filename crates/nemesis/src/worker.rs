@@ -12,6 +12,7 @@
 //! ([`Held`]) so the run can count double grants. With `--unfenced` it
 //! sends the resource no token, as code that ignores its lock's token would.
 
+use crate::availability::ClientError;
 use crate::history::{self, at, now, Held, Line, Op, Phase, Record};
 use deadbolt_client::{Client, ErrorKind, Session, TlsOptions};
 use rand::{Rng, SeedableRng};
@@ -87,7 +88,8 @@ pub async fn main(args: WorkerArgs) -> anyhow::Result<()> {
                     session = Some(opened.clone());
                     opened
                 }
-                Err(_) => {
+                Err(err) => {
+                    log.client_error("open_session", &err);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -277,6 +279,7 @@ async fn round(
             } else {
                 Phase::Fail
             };
+            log.client_error("acquire", &err);
             log.record(Op::Acquire, phase, lock, None, None, Some(err.to_string()));
             // Whatever went wrong, do not hammer the cluster with retries.
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -302,7 +305,7 @@ async fn round(
         let read = client
             .store_get(&key, Some((token, Some(lock))))
             .await
-            .map_err(|err| (false, err.to_string(), err.kind()))?;
+            .map_err(|err| (false, err))?;
         let next = read
             .value
             .as_deref()
@@ -314,7 +317,7 @@ async fn round(
             .store_put(&key, &next.to_string(), token, Some(lock))
             .await
             .map(|_| next)
-            .map_err(|err| (true, err.to_string(), err.kind()))
+            .map_err(|err| (true, err))
     })
     .await;
     match outcome {
@@ -326,14 +329,16 @@ async fn round(
             Some(value),
             None,
         ),
-        Ok(Err((wrote, error, kind))) => {
+        Ok(Err((wrote, error))) => {
+            log.client_error(if wrote { "store_put" } else { "store_get" }, &error);
             // The put's outcome is unknown only if it was sent and the
             // answer lost; a refusal (stale) certainly changed nothing.
             let unknown = wrote
                 && matches!(
-                    kind,
+                    error.kind(),
                     ErrorKind::Unavailable | ErrorKind::NotLeader | ErrorKind::Internal
                 );
+            let error = error.to_string();
             let phase = if unknown { Phase::Info } else { Phase::Fail };
             log.record(
                 Op::StoreIncrement,
@@ -378,14 +383,17 @@ async fn round(
     log.record(Op::Release, Phase::Invoke, lock, Some(token), None, None);
     match tokio::time::timeout(REQUEST_TIMEOUT, guard.release()).await {
         Ok(Ok(())) => log.record(Op::Release, Phase::Ok, lock, Some(token), None, None),
-        Ok(Err(err)) => log.record(
-            Op::Release,
-            Phase::Fail,
-            lock,
-            Some(token),
-            None,
-            Some(err.to_string()),
-        ),
+        Ok(Err(err)) => {
+            log.client_error("release", &err);
+            log.record(
+                Op::Release,
+                Phase::Fail,
+                lock,
+                Some(token),
+                None,
+                Some(err.to_string()),
+            )
+        }
         Err(_) => log.record(
             Op::Release,
             Phase::Info,
@@ -501,6 +509,20 @@ impl Log {
         let at = record.at;
         self.line(&Line::Record(record));
         at
+    }
+
+    /// Writes down an error the client library returned, for the run's
+    /// availability check.
+    fn client_error(&mut self, call: &str, err: &deadbolt_client::Error) {
+        self.line(&Line::ClientError {
+            client_error: ClientError {
+                at: now(),
+                client: self.client,
+                call: call.to_owned(),
+                kind: err.kind().as_str().to_owned(),
+                message: err.to_string(),
+            },
+        });
     }
 
     fn held(&mut self, held: Held) {
