@@ -10,8 +10,9 @@
 # first when run as root without it); scripts/python-client.sh builds the
 # Python client's wheel into a virtualenv (from PyPI: setuptools, aiohttp,
 # pytest, mypy, ruff) and scripts/typescript-client.sh the TypeScript client
-# (from npm: typescript, @types/node) for their own tests and the client
-# conformance suite.
+# (from npm: typescript, @types/node) and scripts/go-client.sh the Go client
+# (Debian's golang-go, the standard library only) for their own tests and the
+# client conformance suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,6 +76,10 @@ eval "$python_env"
 stage "the TypeScript client: npm ci, strict build, consumer projects (scripts/typescript-client.sh)"
 typescript_env=$(scripts/typescript-client.sh setup)
 eval "$typescript_env"
+
+stage "the Go client: Debian's golang-go, its build and conformance driver (scripts/go-client.sh)"
+go_env=$(scripts/go-client.sh setup)
+eval "$go_env"
 # With both drivers set up, the conformance suite (crates/conformance) runs
 # every scenario against them too; a client it cannot start fails.
 export DEADBOLT_REQUIRE_CLIENTS=1
@@ -89,6 +94,8 @@ stage "the Python client's tests, against the installed wheel (scripts/python-cl
 scripts/python-client.sh test
 stage "the TypeScript client's tests (scripts/typescript-client.sh test)"
 scripts/typescript-client.sh test
+stage "the Go client's tests: gofmt -l, go vet, go test (scripts/go-client.sh test)"
+scripts/go-client.sh test
 
 stage "fault injection: a short nemesis run (scripts/nemesis.sh; longer runs: docs/safety.md)"
 scripts/nemesis.sh --debug --duration 20s --seed 1

@@ -13,4 +13,4 @@
 mod driver;
 pub mod scenarios;
 
-pub use driver::{ClientUnderTest, Driver, Refusal};
+pub use driver::{token, ClientUnderTest, Driver, Refusal};

@@ -2,7 +2,8 @@
 //! the Rust client always, with framed calls and with the `Calls` stream; Python's synchronous and asyncio clients when
 //! `DEADBOLT_PYTHON` names an interpreter with the `deadbolt` package
 //! installed (scripts/python-client.sh makes one); TypeScript's when
-//! `DEADBOLT_NODE_DRIVER` names its built driver (scripts/typescript-client.sh).
+//! `DEADBOLT_NODE_DRIVER` names its built driver (scripts/typescript-client.sh); Go's when
+//! `DEADBOLT_GO_DRIVER` does (scripts/go-client.sh).
 //! With `DEADBOLT_REQUIRE_CLIENTS=1` (CI), a missing driver fails instead of
 //! skipping.
 
@@ -88,6 +89,23 @@ fn typescript() -> Option<ClientUnderTest> {
     })
 }
 
+/// The Go client's driver, built by `scripts/go-client.sh setup`.
+fn go() -> Option<ClientUnderTest> {
+    let Some(driver) = std::env::var_os("DEADBOLT_GO_DRIVER") else {
+        assert!(
+            !required(),
+            "DEADBOLT_GO_DRIVER is not set (scripts/go-client.sh sets it)"
+        );
+        eprintln!("skipped: DEADBOLT_GO_DRIVER is not set (scripts/go-client.sh sets it)");
+        return None;
+    };
+    Some(ClientUnderTest {
+        name: "go".into(),
+        program: driver.into(),
+        args: Vec::new(),
+    })
+}
+
 fn python() -> Option<ClientUnderTest> {
     python_driver("python", &[])
 }
@@ -147,3 +165,4 @@ every_scenario!(rust_grpc);
 every_scenario!(python);
 every_scenario!(python_async);
 every_scenario!(typescript);
+every_scenario!(go);

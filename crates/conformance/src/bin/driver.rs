@@ -48,6 +48,14 @@ fn bad(message: impl Into<String>) -> Failure {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // The client's own account of retries and lost leases, on stderr (stdout
+    // is the protocol's), with `RUST_LOG=deadbolt_client=debug`.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let over_grpc = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         [] | ["--calls", "framed"] => false,
