@@ -64,7 +64,7 @@ echo "== failover (3 nodes, leader SIG$signal, $kills times)"
 # The clock starts when the signal is sent; a stopping node is restarted
 # once it has exited.
 pid="\$(cat $DEADBOLT_CLUSTER_DIR/node{id}.pid)"
-DEADBOLT_ENDPOINT=$endpoints "$bin" bench failover --rounds "$kills" \
+DEADBOLT_ENDPOINT=$endpoints "$bin" bench failover --rounds "$kills" --clients "$clients" \
     --kill-cmd "kill -$signal $pid" \
     --restart-cmd "while kill -0 $pid 2>/dev/null; do sleep 0.05; done; scripts/cluster.sh start" |
     sed "s/^/  /"

@@ -5,7 +5,8 @@
 //! - `contended`: all clients loop acquire→release on one lock (FIFO);
 //! - `expiry`: a holder stops renewing; how long until a waiter gets the lock;
 //! - `failover`: kills the leader (with a command you give) again and again;
-//!   how long from each kill until a client's next successful grant;
+//!   how long from each kill until a client's next successful grant, and
+//!   every error and the worst acquire the clients saw meanwhile;
 //! - `overload`: thousands of blocking waiters on a few locks and a flood of
 //!   unary calls; a probe's latency, the server's memory, and whether every
 //!   grant was right (see `overload.rs`);
@@ -638,22 +639,32 @@ async fn failover(endpoints: &Endpoints, args: &BenchArgs) -> anyhow::Result<()>
         args.restart_cmd.as_deref().expect("required by clap"),
     );
     let client = endpoints.connect().await?;
-    let session = client.open_session(args.ttl).await?;
-    // One probe loops acquire→release and stamps every grant.
+    // `--clients` probes, each on a lock of its own in a session of its
+    // own, loop acquire→release, stamp every grant, time every acquire and
+    // count every error: a caller with time left should see none.
     let epoch = Instant::now();
-    let grants_us: Arc<std::sync::Mutex<Vec<u64>>> = Arc::default();
-    let probe = {
-        let (session, grants_us) = (session.clone(), grants_us.clone());
-        tokio::spawn(async move {
+    let probes = Arc::new(FailoverProbes::default());
+    let mut tasks = Vec::new();
+    for id in 0..args.clients.max(1) {
+        let session = client.open_session(args.ttl).await?;
+        let probes = probes.clone();
+        tasks.push(tokio::spawn(async move {
+            let lock = format!("bench:failover:{id}");
             loop {
-                if let Ok(guard) = session.lock("bench:failover").await {
-                    let at = epoch.elapsed().as_micros() as u64;
-                    grants_us.lock().expect("poisoned").push(at);
-                    let _ = guard.release().await;
+                let asked = Instant::now();
+                let outcome = match session.lock_timeout(&lock, FAILOVER_WAIT).await {
+                    Ok(guard) => {
+                        probes.granted(epoch, asked.elapsed());
+                        guard.release().await
+                    }
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = outcome {
+                    probes.failed(&error);
                 }
             }
-        })
-    };
+        }));
+    }
     let mut times = histogram();
     for round in 0..args.rounds {
         let leader = client
@@ -673,19 +684,10 @@ async fn failover(endpoints: &Endpoints, args: &BenchArgs) -> anyhow::Result<()>
                 continue;
             }
             let marked = epoch.elapsed().as_micros() as u64;
-            while grants_us
-                .lock()
-                .expect("poisoned")
-                .last()
-                .is_none_or(|at| *at <= marked)
-            {
+            while probes.last_grant().is_none_or(|at| at <= marked) {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            let grants = grants_us.lock().expect("poisoned");
-            let since: Vec<u64> = std::iter::once(killed_us)
-                .chain(grants.iter().copied().filter(|at| *at > killed_us))
-                .collect();
-            let gap = since.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+            let gap = probes.longest_gap_since(killed_us);
             break Duration::from_micros(gap);
         };
         times.saturating_record(took.as_micros() as u64);
@@ -698,17 +700,107 @@ async fn failover(endpoints: &Endpoints, args: &BenchArgs) -> anyhow::Result<()>
         // Let the restarted node catch up before the next kill, so each
         // round starts from a whole cluster.
         wait_until_whole(&client, endpoints).await?;
-        grants_us.lock().expect("poisoned").clear();
+        probes.forget_grants();
     }
-    probe.abort();
-    session.close().await?;
+    for task in tasks {
+        task.abort();
+    }
+    let state = probes.state.lock().expect("poisoned");
     println!(
         "failover: {} stops, longest time with no grant: median {:.0}ms, max {:.0}ms",
         args.rounds,
         times.value_at_quantile(0.5) as f64 / 1000.0,
         times.max() as f64 / 1000.0
     );
+    println!(
+        "  {} clients: {} grants, {} errors; acquire latency p50 {:.2}ms  p99 {:.2}ms  max {:.2}ms",
+        args.clients.max(1),
+        state.acquire_us.len(),
+        state.errors,
+        state.acquire_us.value_at_quantile(0.5) as f64 / 1000.0,
+        state.acquire_us.value_at_quantile(0.99) as f64 / 1000.0,
+        state.acquire_us.max() as f64 / 1000.0
+    );
+    if let Some(error) = &state.first_error {
+        println!("  first error: {error}");
+    }
     Ok(())
+}
+
+/// How long a `failover` probe's acquire may wait: far past any failover,
+/// so that an error is the client's, never the wait's.
+const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// What the `failover` probes saw.
+struct FailoverProbes {
+    state: std::sync::Mutex<ProbeState>,
+}
+
+struct ProbeState {
+    /// Grants since the round began, in µs since the run's epoch.
+    grants_us: Vec<u64>,
+    acquire_us: Histogram<u64>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Default for FailoverProbes {
+    fn default() -> Self {
+        FailoverProbes {
+            state: std::sync::Mutex::new(ProbeState {
+                grants_us: Vec::new(),
+                acquire_us: histogram(),
+                errors: 0,
+                first_error: None,
+            }),
+        }
+    }
+}
+
+impl FailoverProbes {
+    fn granted(&self, epoch: Instant, took: Duration) {
+        let mut state = self.state.lock().expect("poisoned");
+        state.grants_us.push(epoch.elapsed().as_micros() as u64);
+        state.acquire_us.saturating_record(took.as_micros() as u64);
+    }
+
+    fn failed(&self, error: &deadbolt_client::Error) {
+        let mut state = self.state.lock().expect("poisoned");
+        state.errors += 1;
+        state.first_error.get_or_insert_with(|| error.to_string());
+    }
+
+    fn last_grant(&self) -> Option<u64> {
+        self.state
+            .lock()
+            .expect("poisoned")
+            .grants_us
+            .last()
+            .copied()
+    }
+
+    /// The longest time without a grant from `since` to the latest grant.
+    fn longest_gap_since(&self, since: u64) -> u64 {
+        let state = self.state.lock().expect("poisoned");
+        let mut grants: Vec<u64> = state
+            .grants_us
+            .iter()
+            .copied()
+            .filter(|at| *at > since)
+            .collect();
+        grants.sort_unstable();
+        std::iter::once(since)
+            .chain(grants)
+            .collect::<Vec<_>>()
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn forget_grants(&self) {
+        self.state.lock().expect("poisoned").grants_us.clear();
+    }
 }
 
 /// Runs `command` with `{id}` replaced, through `sh -c`.
