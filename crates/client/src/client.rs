@@ -62,6 +62,29 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// deadline of their own (a lock wait, a lease) stop at that instead.
 pub(crate) const FAILOVER_BUDGET: Duration = Duration::from_secs(10);
 
+/// Pause before asking again when no node knows a leader (an election is
+/// under way; it normally takes a few hundred milliseconds).
+const ELECTION_PAUSE: Duration = Duration::from_millis(50);
+/// How long a call of a session's own retry loop (see [`Patience::Search`])
+/// goes on from node to node before its loop takes over.
+const LEADER_SEARCH: Duration = Duration::from_secs(2);
+
+/// How long one call keeps looking for a node that serves it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Patience {
+    /// Straight on to where a failure points (a leader named, the next
+    /// endpoint), for up to [`LEADER_SEARCH`]; a failure with nowhere else
+    /// to go goes back to the caller. For the session's calls (acquire,
+    /// release, keepalive): the session's own retry loop paces them, and
+    /// stops at their own deadline (a lock's wait, the lease), which a
+    /// longer search here would overrun (found: `lock_timeout(500ms)`
+    /// waited out a server's whole restart).
+    Search,
+    /// Also after a pause, with backoff, for up to [`FAILOVER_BUDGET`]: a
+    /// call with no deadline of its own.
+    Budget,
+}
+
 /// When a call that failed may be sent again elsewhere.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Repeat {
@@ -1062,7 +1085,7 @@ impl Client {
         let send = &send;
         let (answer, hint) = self
             .call_over(
-                repeat,
+                (repeat, Patience::Budget),
                 Current::channel,
                 request,
                 |channel, request| async move {
@@ -1113,7 +1136,7 @@ impl Client {
     ) -> Result<T, Error> {
         let (call, answer) = (&call, &answer);
         self.call_over(
-            Repeat::IfUnsent,
+            (Repeat::IfUnsent, Patience::Search),
             |current| current.calls(&self.shared.framing),
             (),
             |calls, ()| async move {
@@ -1133,7 +1156,7 @@ impl Client {
     /// [`call`](Self::call) describes.
     pub(crate) async fn call_over<Link, Req, T, Fut>(
         &self,
-        repeat: Repeat,
+        (repeat, patience): (Repeat, Patience),
         link: impl Fn(&mut Current) -> Link,
         request: Req,
         send: impl Fn(Link, Req) -> Fut,
@@ -1142,7 +1165,8 @@ impl Client {
         Req: Clone,
         Fut: Future<Output = Result<T, tonic::Status>>,
     {
-        let give_up = crate::clock::now() + FAILOVER_BUDGET;
+        let started = crate::clock::now();
+        let give_up = started + FAILOVER_BUDGET;
         let mut backoff = Backoff::new(BASE, CAP);
         loop {
             let (address, generation, hinted, link) = {
@@ -1170,6 +1194,20 @@ impl Client {
             let repeatable = error.had_no_effect() || repeat == Repeat::Freely;
             if !repeatable {
                 return Err(error);
+            }
+            if patience == Patience::Search {
+                // A call that never took effect is worth sending again where
+                // the client moved to, or to the leader once one is elected.
+                let elsewhere = moved || error.kind() == ErrorKind::NotLeader;
+                if !elsewhere
+                    || crate::clock::now().saturating_duration_since(started) > LEADER_SEARCH
+                {
+                    return Err(error);
+                }
+                if error.leader().is_none() {
+                    tokio::time::sleep(ELECTION_PAUSE).await;
+                }
+                continue;
             }
             // Straight to a leader that was named; otherwise (an election
             // under way, a node down, a forwarding node that lost its

@@ -8,7 +8,7 @@
 //! [`Error`] a gRPC call would give (`not_leader` with the leader's address
 //! included), so the retries work alike.
 
-use crate::client::{Current, Repeat};
+use crate::client::{Current, Patience, Repeat};
 use crate::error::describe_chain;
 use crate::{Client, Error};
 use deadbolt_proto::v1::CallError;
@@ -19,9 +19,12 @@ impl Client {
     /// A backup of the cluster's state (`deadbolt snapshot save`), from the
     /// leader, as the file's bytes. Refused if larger than `max_bytes`.
     pub async fn snapshot(&self, max_bytes: u64) -> Result<Vec<u8>, Error> {
-        self.call_over(Repeat::Freely, Current::channel, (), |channel, ()| {
-            get(channel, "/v1/snapshot", max_bytes)
-        })
+        self.call_over(
+            (Repeat::Freely, Patience::Budget),
+            Current::channel,
+            (),
+            |channel, ()| get(channel, "/v1/snapshot", max_bytes),
+        )
         .await
     }
 
@@ -32,9 +35,12 @@ impl Client {
         /// Far above a node's scrape (a few hundred lines).
         const MAX_METRICS_BYTES: u64 = 4 << 20;
         let text = self
-            .call_over(Repeat::Freely, Current::channel, (), |channel, ()| {
-                get(channel, "/metrics", MAX_METRICS_BYTES)
-            })
+            .call_over(
+                (Repeat::Freely, Patience::Budget),
+                Current::channel,
+                (),
+                |channel, ()| get(channel, "/metrics", MAX_METRICS_BYTES),
+            )
             .await?;
         Ok(String::from_utf8_lossy(&text).into_owned())
     }
