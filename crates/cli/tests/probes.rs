@@ -13,10 +13,6 @@ use std::time::{Duration, Instant};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-use tonic_reflection::pb::v1::ServerReflectionRequest;
 
 async fn health(addr: SocketAddr, service: &str) -> Result<ServingStatus, tonic::Status> {
     let mut client = HealthClient::new(channel(&format!("http://{addr}")).await);
@@ -40,6 +36,35 @@ async fn channel(endpoint: &str) -> tonic::transport::Channel {
 fn ready(addr: SocketAddr) -> (u16, serde_json::Value) {
     let (status, body) = http(addr, "GET", "/ready", None).unwrap();
     (status, serde_json::from_str(&body).unwrap())
+}
+
+/// The services reflection lists, asked in `grpc.reflection.v1` or (the
+/// same messages under other names) `v1alpha`.
+macro_rules! listed_services {
+    ($version:ident, $endpoint:expr) => {{
+        use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+        use tonic_reflection::pb::$version::ServerReflectionRequest;
+        let mut reflection = ServerReflectionClient::new(channel($endpoint).await);
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut answers = reflection
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        let answer = answers.message().await.unwrap().unwrap();
+        let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
+            panic!("not a service list: {answer:?}");
+        };
+        list.service
+            .into_iter()
+            .map(|s| s.name)
+            .collect::<Vec<String>>()
+    }};
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,29 +97,22 @@ async fn a_leading_node_is_alive_and_ready_to_every_caller() {
         "{body}"
     );
 
-    // Reflection lists every service, as grpcurl's `list` shows them.
-    let mut reflection = ServerReflectionClient::new(channel(&server.endpoint()).await);
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut answers = reflection
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let answer = answers.message().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = answer.message_response else {
-        panic!("not a service list: {answer:?}");
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    for expected in [
+    // Reflection lists every service, as grpcurl's `list` shows them: in
+    // v1, and in v1alpha, all that older tools ask (it was UNIMPLEMENTED).
+    let expected = [
         "deadbolt.v1.Deadbolt",
         "deadbolt.v1.Cluster",
         "deadbolt.v1.Access",
         "grpc.health.v1.Health",
-    ] {
+    ];
+    let names = listed_services!(v1, &server.endpoint());
+    let names_v1alpha = listed_services!(v1alpha, &server.endpoint());
+    for expected in expected {
         assert!(names.iter().any(|name| name == expected), "{names:?}");
+        assert!(
+            names_v1alpha.iter().any(|name| name == expected),
+            "{names_v1alpha:?}"
+        );
     }
 }
 

@@ -47,6 +47,7 @@ pub fn router(
         .add_service(peers)
         .add_service(health)
         .add_service(reflection())
+        .add_service(reflection_v1alpha())
         .into_axum_router()
         .layer(axum::middleware::map_response(
             undecodable_requests_are_invalid_arguments,
@@ -70,14 +71,30 @@ pub fn client_routes(api: Api, stopping: watch::Receiver<bool>) -> tonic::servic
 /// gRPC server reflection (v1, which grpcurl and Postman ask first), from
 /// the proto's own descriptors: the API can be listed and called without a
 /// copy of `deadbolt.proto`. Open to everyone, as the proto is public.
-fn reflection(
-) -> tonic_reflection::server::ServerReflectionServer<impl tonic_reflection::server::ServerReflection>
-{
+fn reflection() -> tonic_reflection::server::v1::ServerReflectionServer<
+    impl tonic_reflection::server::v1::ServerReflection,
+> {
+    described()
+        .build_v1()
+        .expect("the proto's own descriptors build a reflection service")
+}
+
+/// The same, as `grpc.reflection.v1alpha`: what older tools ask, and only
+/// that (grpcurl before 1.8.8, Python's `grpcio-reflection` descriptor
+/// database, Evans); without it they found no service at all.
+fn reflection_v1alpha() -> tonic_reflection::server::v1alpha::ServerReflectionServer<
+    impl tonic_reflection::server::v1alpha::ServerReflection,
+> {
+    described()
+        .build_v1alpha()
+        .expect("the proto's own descriptors build a reflection service")
+}
+
+/// What reflection describes: the client API and the health service.
+fn described() -> tonic_reflection::server::Builder<'static> {
     tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(deadbolt_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .expect("the proto's own descriptors build a reflection service")
 }
 
 /// tonic answers a request message it cannot decode with INTERNAL, which
