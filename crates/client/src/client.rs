@@ -92,9 +92,18 @@ pub(crate) enum Repeat {
     /// sent): a change that repeated could do something twice
     /// (`cluster add` after an election, for one).
     IfUnsent,
-    /// After any failure that points elsewhere: a read, or a change whose
-    /// repeat does nothing more (see [`Client::open_session_raw`]).
+    /// After any failure that points elsewhere: a read, which changes
+    /// nothing.
     Freely,
+    /// After any failure that points elsewhere too: a change whose repeat
+    /// does nothing more (see [`Client::open_session_raw`],
+    /// [`Client::store_put`]). But a refusal of the repeat does not say the
+    /// first attempt did nothing (a fenced put that went through, then
+    /// refused as stale once a newer holder fenced the key): after an
+    /// attempt of unknown outcome, a refusal is reported as `unavailable`,
+    /// the outcome unknown (found by the simulation, seed 190: a counter
+    /// one above its acknowledged increments).
+    Idempotent,
 }
 
 /// A fenced-store key's value and fence.
@@ -489,7 +498,7 @@ impl Client {
         // every leader change into an error (found: `deadbolt run` exited
         // 10 ms after a leader's `kill -9`).
         let response = self
-            .call(Repeat::Freely, request, |channel, request| async move {
+            .call(Repeat::Idempotent, request, |channel, request| async move {
                 DeadboltClient::new(channel).open_session(request).await
             })
             .await?;
@@ -756,7 +765,7 @@ impl Client {
             value: value.to_owned(),
         };
         // Repeated, the same value is proclaimed again under the same term.
-        self.call(Repeat::Freely, request, |channel, request| async move {
+        self.call(Repeat::Idempotent, request, |channel, request| async move {
             DeadboltClient::new(channel).proclaim(request).await
         })
         .await?;
@@ -849,7 +858,7 @@ impl Client {
         // same outcome, or `stale_token` if a newer holder wrote meanwhile,
         // which is then the truth.
         let response = self
-            .call(Repeat::Freely, request, |channel, request| async move {
+            .call(Repeat::Idempotent, request, |channel, request| async move {
                 DeadboltClient::new(channel).store_put(request).await
             })
             .await?;
@@ -895,7 +904,7 @@ impl Client {
             lock: lock.map(str::to_owned),
         };
         let response = self
-            .call(Repeat::Freely, request, |channel, request| async move {
+            .call(Repeat::Idempotent, request, |channel, request| async move {
                 DeadboltClient::new(channel).store_delete(request).await
             })
             .await?;
@@ -1168,6 +1177,10 @@ impl Client {
         let started = crate::clock::now();
         let give_up = started + FAILOVER_BUDGET;
         let mut backoff = Backoff::new(BASE, CAP);
+        // An earlier attempt of this change failed in a way that may have
+        // let it through: what a later attempt is refused with is then not
+        // the whole story.
+        let mut maybe_done: Option<Error> = None;
         loop {
             let (address, generation, hinted, link) = {
                 let mut current = self.current();
@@ -1188,12 +1201,18 @@ impl Client {
                 self.shared.follow_hints.store(false, Ordering::Relaxed);
             }
             if !error.points_elsewhere() {
-                return Err(error);
+                return Err(match maybe_done {
+                    Some(earlier) => outcome_unknown(&earlier, &error),
+                    None => error,
+                });
             }
             let moved = self.move_on(generation, error.leader());
-            let repeatable = error.had_no_effect() || repeat == Repeat::Freely;
+            let repeatable = error.had_no_effect() || repeat != Repeat::IfUnsent;
             if !repeatable {
                 return Err(error);
+            }
+            if repeat == Repeat::Idempotent && !error.had_no_effect() {
+                maybe_done.get_or_insert_with(|| error.clone());
             }
             if patience == Patience::Search {
                 // A call that never took effect is worth sending again where
@@ -1463,6 +1482,19 @@ fn next_attempt() -> u64 {
         })
         .expect("the update always succeeds");
     previous.saturating_add(1).max(now)
+}
+
+/// What a change repeated after `earlier` (an attempt of unknown outcome)
+/// and then `refused` comes to: the earlier attempt may have been done, so
+/// its outcome, not the refusal, is the answer.
+fn outcome_unknown(earlier: &Error, refused: &Error) -> Error {
+    Error::new(
+        ErrorKind::Unavailable,
+        format!(
+            "{earlier}; repeated, the call was refused ({refused}), which does not say whether \
+             the first attempt was done: its outcome is unknown"
+        ),
+    )
 }
 
 #[cfg(test)]

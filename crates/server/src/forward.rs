@@ -352,21 +352,17 @@ pub const LEADER_CHANGE_WAIT: Duration = Duration::from_secs(2);
 /// Whether a forwarded call failed before any of it left this node: the
 /// connection to the leader could not be made. tonic says so only in the
 /// error's text (`tcp connect error`, the connector's own), or with the
-/// operating system's refusal as a source. Anything else (a reset stream, a
-/// connection closed mid-call) may have reached the leader.
+/// operating system's refusal, which only a connect gets, as a source.
+/// Anything else (a reset stream, a connection closed or timed out
+/// mid-call) may have reached the leader.
 fn never_sent(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut source = Some(err);
     while let Some(cause) = source {
-        if cause.to_string().contains("tcp connect error") {
+        let refused = cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
+        if refused || cause.to_string().contains("tcp connect error") {
             return true;
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::TimedOut
-            ) {
-                return true;
-            }
         }
         source = cause.source();
     }
@@ -586,6 +582,28 @@ mod tests {
         ] {
             assert!(needs_the_leader(client_api), "{client_api}");
         }
+    }
+
+    // The first half of issue 59: a leader that refused the connection
+    // had the call, for the caller, "maybe done" (`unavailable`), and no
+    // client repeated it.
+    #[tokio::test]
+    async fn a_refused_connection_to_the_leader_sent_nothing() {
+        let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = refused.local_addr().unwrap();
+        drop(refused);
+        let channel = peer_endpoint(&address.to_string(), None)
+            .unwrap()
+            .connect_lazy();
+        let request = axum::http::Request::builder()
+            .uri(format!("http://{address}/deadbolt.v1.Deadbolt/Acquire"))
+            .body(tonic::body::empty_body())
+            .unwrap();
+        let err = channel.oneshot(request).await.unwrap_err();
+        assert!(never_sent(&err), "{err:?}");
+        assert!(!never_sent(&std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset
+        )));
     }
 
     // A channel kept across a SIGHUP that rotated the certificates would

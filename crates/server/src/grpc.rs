@@ -80,7 +80,7 @@ fn reflection() -> tonic_reflection::server::v1::ServerReflectionServer<
 }
 
 /// The same, as `grpc.reflection.v1alpha`: what older tools ask, and only
-/// that (grpcurl before 1.8.8, Python's `grpcio-reflection` descriptor
+/// that (older grpcurl builds, Python's `grpcio-reflection` descriptor
 /// database, Evans); without it they found no service at all.
 fn reflection_v1alpha() -> tonic_reflection::server::v1alpha::ServerReflectionServer<
     impl tonic_reflection::server::v1alpha::ServerReflection,
