@@ -196,7 +196,18 @@ func (s *Session) acquire(ctx context.Context, t target, wait bool) (*Guard, err
 	if err != nil {
 		if ctx.Err() != nil || (transient(err) && !HadNoEffect(err)) {
 			// Cut off mid-call: the server may have queued or granted it.
-			s.cleanUpAbandoned(t, attempt)
+			left := s.cleanUpAbandoned(t, attempt)
+			if ctx.Err() == nil {
+				// The client gave up, not the caller: the queue place is
+				// given back before the timeout is reported, so that what
+				// the caller (or anyone) reads next no longer shows it
+				// (found by the conformance suite's wait_timeout, whose
+				// status read came before the asynchronous give-back).
+				select {
+				case <-left:
+				case <-time.After(s.client.callTimeout):
+				}
+			}
 		} else {
 			s.forget(t.name)
 		}
@@ -253,8 +264,14 @@ func acquireFailure(ctx context.Context, err error, t target, timed bool) error 
 // which leaves the queue at once, or answers the grant, which is then
 // released. A grant answered after that (into a connection the server had
 // not yet seen closed) is looked for a moment later.
-func (s *Session) cleanUpAbandoned(t target, attempt uint64) {
+//
+// It returns a channel closed once the queue place has been given back (or
+// there was nothing to give back), before the later look for a grant.
+func (s *Session) cleanUpAbandoned(t target, attempt uint64) <-chan struct{} {
 	done := make(chan struct{})
+	left := make(chan struct{})
+	var leftOnce sync.Once
+	markLeft := func() { leftOnce.Do(func() { close(left) }) }
 	s.mu.Lock()
 	// The name stays claimed until the clean-up is over; a new caller of
 	// it waits for that (see claim).
@@ -263,6 +280,7 @@ func (s *Session) cleanUpAbandoned(t target, attempt uint64) {
 	s.mu.Unlock()
 	go func() {
 		defer func() {
+			markLeft()
 			s.mu.Lock()
 			delete(s.cleaning, t.name)
 			s.mu.Unlock()
@@ -292,11 +310,13 @@ func (s *Session) cleanUpAbandoned(t target, attempt uint64) {
 		if ErrorKind(err) != KindWaitTimeout {
 			return // the lease is gone, or the server unreachable: it gives back by itself
 		}
+		markLeft()
 		time.Sleep(cleanUpDelay)
 		if token, err := s.heldBy(ctx, t); err == nil && token != 0 {
 			_ = s.releaseToken(ctx, t, token)
 		}
 	}()
+	return left
 }
 
 // heldBy is the token this session holds t with, or 0.
