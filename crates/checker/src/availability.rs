@@ -17,23 +17,10 @@
 //! lost lease) are answers, not outages.
 
 use crate::checker::Violation;
-use serde::{Deserialize, Serialize};
+pub use crate::history::ClientError;
 
 /// Error kinds that mean the service did not serve the call.
 pub const OUTAGE_KINDS: [&str; 4] = ["unavailable", "not_leader", "overloaded", "internal"];
-
-/// An error a client library returned to a worker, as a worker writes it
-/// (`{"error": {...}}` beside its records).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClientError {
-    pub at: u64,
-    pub client: usize,
-    /// The call: `open_session`, `acquire`, `release`, ...
-    pub call: String,
-    /// The error's kind, as the server names kinds (`unavailable`, ...).
-    pub kind: String,
-    pub message: String,
-}
 
 /// One fault of a run: when it started and ended (history clock), what
 /// it was, and how it bears on availability.

@@ -99,21 +99,29 @@ pub struct Write {
     pub outcome: Phase,
 }
 
+/// An error a client library returned to a worker, as a worker writes it
+/// (`{"client_error": {...}}` beside its records), for the availability
+/// check (`availability.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientError {
+    pub at: u64,
+    pub client: usize,
+    /// The call: `open_session`, `acquire`, `release`, ...
+    pub call: String,
+    /// The error's kind, as the server names kinds (`unavailable`, ...).
+    pub kind: String,
+    pub message: String,
+}
+
 /// A worker's output line: a record, a grant's holding interval, a
 /// write's timing, or an error its client library returned (for the
 /// availability check, `availability.rs`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Line {
-    Held {
-        held: Held,
-    },
-    Write {
-        write: Write,
-    },
-    ClientError {
-        client_error: crate::availability::ClientError,
-    },
+    Held { held: Held },
+    Write { write: Write },
+    ClientError { client_error: ClientError },
     Record(Record),
 }
 
