@@ -41,6 +41,20 @@ if command -v chrt >/dev/null 2>&1; then idle=(chrt --idle 0); else idle=(nice -
 sim_build=$!
 trap 'if [ -n "$sim_build" ]; then kill -- -"$sim_build" 2>/dev/null || true; fi; rm -f "$sim_build_log" "$test_log"' EXIT
 
+stage "no import circles in any crate (scripts/import-circles.py)"
+# First on a two-file crate that has one, so the check is known to catch it.
+circle_fixture=$(mktemp -d)
+mkdir -p "$circle_fixture/crates/a/src"
+printf 'mod x;\nmod y;\n' >"$circle_fixture/crates/a/src/lib.rs"
+printf 'pub struct X(pub crate::y::Y);\n' >"$circle_fixture/crates/a/src/x.rs"
+printf 'pub struct Y;\npub fn make() -> crate::x::X { crate::x::X(Y) }\n' >"$circle_fixture/crates/a/src/y.rs"
+if scripts/import-circles.py --root "$circle_fixture" >/dev/null; then
+    echo "scripts/import-circles.py missed the circle of its fixture" >&2
+    exit 1
+fi
+rm -rf "$circle_fixture"
+scripts/import-circles.py
+
 stage "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

@@ -111,6 +111,15 @@ pub struct ClientError {
     /// The error's kind, as the server names kinds (`unavailable`, ...).
     pub kind: String,
     pub message: String,
+    /// The call was made on a session whose lease the client already
+    /// knew lost when the error came: a fault outlasted the lease, and
+    /// the call had no lease left to be served on.
+    #[serde(default)]
+    pub lease_lost: bool,
+    /// A change cut off by the fault and refused on repeat, its outcome
+    /// unknown (the client's `Error::outcome_unknown`).
+    #[serde(default)]
+    pub outcome_unknown: bool,
 }
 
 /// A worker's output line: a record, a grant's holding interval, a

@@ -7,7 +7,7 @@
 //! lockbench. Waits follow each backend's own way: Redis, Redlock and
 //! PostgreSQL poll with backoff and full jitter, etcd waits on the server.
 
-use crate::bench::{measure, BenchArgs, Round, Workload};
+use crate::bench::measure::{measure, BenchArgs, Round, Workload};
 use crate::exit;
 use crate::run_backend::report;
 use deadbolt_backends::{Error, Locker};

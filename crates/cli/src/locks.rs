@@ -151,10 +151,10 @@ pub struct HistoryArgs {
 #[derive(clap::Args)]
 pub struct LeaderArgs {
     /// The election.
-    election: String,
+    pub(crate) election: String,
     /// Print JSON instead of text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Keep printing, a line each time the leader, its term or its value
     /// changes, until interrupted (it follows the election's events:
     /// docs/watches.md).
@@ -163,7 +163,7 @@ pub struct LeaderArgs {
     /// Ask another lock system's election instead of the Deadbolt
     /// server's, named by URL: etcd(s):// (as `elect --backend`).
     #[arg(long, value_name = "URL", conflicts_with = "watch")]
-    backend: Option<String>,
+    pub(crate) backend: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -416,9 +416,6 @@ fn waiter_list(state: &LockState) -> String {
 /// `deadbolt leader NAME`: who leads the election, in which term, with
 /// which value, and who is next.
 pub async fn leader(endpoints: &Endpoints, args: LeaderArgs) -> i32 {
-    if let Some(url) = &args.backend {
-        return crate::run_backend::leader(url, &args.election, args.json).await;
-    }
     let client = match connect(endpoints).await {
         Ok(client) => client,
         Err(code) => return code,

@@ -347,9 +347,15 @@ fn main() {
         let endpoint = &endpoints;
         match cli.command {
             Command::Server(args) => server::main(args).await,
-            Command::Run(args) => run::main(endpoint, args).await,
-            Command::Elect(args) => run::main(endpoint, args.into()).await,
-            Command::Leader(args) => locks::leader(endpoint, args).await,
+            // Each command that also drives other lock systems (`--backend`)
+            // takes one of two roads from here, neither of which calls the
+            // other.
+            Command::Run(args) => run_on(endpoint, args).await,
+            Command::Elect(args) => run_on(endpoint, args.into()).await,
+            Command::Leader(args) => match &args.backend {
+                Some(url) => run_backend::leader(url, &args.election, args.json).await,
+                None => locks::leader(endpoint, args).await,
+            },
             Command::Watch(args) => watch::main(endpoint, args).await,
             Command::Semaphore(command) => semaphore::main(endpoint, command).await,
             Command::Acquire(args) => locks::acquire(endpoint, args).await,
@@ -363,7 +369,10 @@ fn main() {
             Command::Cluster(command) => cluster::main(endpoint, command).await,
             Command::Acl(command) => acl::main(endpoint, command).await,
             Command::Demo(command) => demo::main(command).await,
-            Command::Bench(args) => bench::main(endpoint, args).await,
+            Command::Bench(args) => match &args.backend {
+                Some(url) => bench_backend::main(url, &args).await,
+                None => bench::main(endpoint, args).await,
+            },
             Command::Snapshot(command) => snapshot::save(endpoint, command).await,
             Command::Guard(_)
             | Command::Data(_)
@@ -378,6 +387,15 @@ fn main() {
     // Do not wait for background tasks (a watchdog mid-backoff) on the way out.
     runtime.shutdown_timeout(Duration::from_millis(100));
     std::process::exit(code);
+}
+
+/// `deadbolt run` and `elect`: against the lock system `--backend` names,
+/// or Deadbolt.
+async fn run_on(endpoints: &Endpoints, args: run::RunArgs) -> i32 {
+    match args.backend.clone() {
+        Some(url) => run_backend::main(&url, &args).await,
+        None => run::main(endpoints, args).await,
+    }
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ pub struct RunArgs {
     /// named by URL: redis(s)://, redlock(s)://, etcd(s)://, postgres:// (what each
     /// guarantees: `deadbolt backends`).
     #[arg(long, value_name = "URL", conflicts_with = "once")]
-    backend: Option<String>,
+    pub(crate) backend: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true, num_args = 1..)]
     pub(crate) command: Vec<String>,
@@ -113,7 +113,10 @@ impl From<ElectArgs> for RunArgs {
     }
 }
 
-pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
+/// The grace `args` give the command and the margin for clock drift, or,
+/// when they do not fit well within the lease, the exit code after saying
+/// why.
+pub(crate) fn grace_and_margin(args: &RunArgs) -> Result<(Duration, Duration), i32> {
     let margin = drift_margin(args.target.ttl);
     let grace = args.grace.unwrap_or_else(|| default_grace(args.target.ttl));
     if grace + margin >= args.target.ttl / 2 {
@@ -123,11 +126,18 @@ pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
             humantime::format_duration(grace),
             humantime::format_duration(args.target.ttl)
         );
-        return exit::FAILURE;
+        return Err(exit::FAILURE);
     }
-    if let Some(url) = &args.backend {
-        return crate::run_backend::main(url, &args, grace, margin).await;
-    }
+    Ok((grace, margin))
+}
+
+/// `deadbolt run` (and `elect`) against Deadbolt; `run_backend.rs` runs it
+/// against the other lock systems.
+pub async fn main(endpoints: &Endpoints, args: RunArgs) -> i32 {
+    let (grace, margin) = match grace_and_margin(&args) {
+        Ok(timing) => timing,
+        Err(code) => return code,
+    };
     let patience = if args.target.no_wait {
         None
     } else {

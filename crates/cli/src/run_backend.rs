@@ -13,7 +13,7 @@
 //! the same way, and `deadbolt leader --backend` asks who leads them.
 
 use crate::exit;
-use crate::run::{run_holding, Holding, RunArgs};
+use crate::run::{grace_and_margin, run_holding, Holding, RunArgs};
 use deadbolt_backends::{Backend, Error, ErrorKind, Guard, Locker, Lost, Mode, Session, Token};
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -45,7 +45,11 @@ impl Holding for Guard {
     }
 }
 
-pub async fn main(url: &str, args: &RunArgs, grace: Duration, margin: Duration) -> i32 {
+pub async fn main(url: &str, args: &RunArgs) -> i32 {
+    let (grace, margin) = match grace_and_margin(args) {
+        Ok(timing) => timing,
+        Err(code) => return code,
+    };
     let target = &args.target;
     let backend = match deadbolt_backends::Target::parse(url) {
         Ok(parsed) => parsed.backend(),

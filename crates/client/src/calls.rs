@@ -22,8 +22,8 @@
 //! [`MAX_CALLS_PER_STREAM`] calls in flight the next one waits for a slot,
 //! as the server would stop reading it anyway.
 
-use crate::client::{Link, CONNECT_TIMEOUT};
 use crate::framed::FramedTarget;
+use crate::link::{Link, CONNECT_TIMEOUT};
 use deadbolt_proto::v1::call_request::Call;
 use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;

@@ -15,8 +15,9 @@
 
 use crate::backoff::{Backoff, BASE, CAP};
 use crate::calls::Calls;
-use crate::error::describe_chain;
+use crate::error::{describe_chain, tls_hint};
 use crate::framed::{FramedTls, Framing};
+use crate::link::{Authorization, Link, CONNECT_TIMEOUT};
 use crate::simulation::Dial;
 use crate::{Error, ErrorKind, HealthResponse, LockState, RwMode, Session, SessionHandle};
 use deadbolt_proto::v1::access_client::AccessClient;
@@ -41,14 +42,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::interceptor::InterceptedService;
-use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-/// How long to wait for a TCP (and HTTP/2) connection before calling the
-/// server unreachable.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A blocking `Acquire` can sit on one connection indefinitely; HTTP/2 pings
 /// notice when the peer has silently gone, so the call fails and is retried
 /// instead of hanging.
@@ -137,54 +132,6 @@ struct Shared {
     dial: Option<Dial>,
     /// Whether the `Calls` stream may go as framed calls.
     framing: Framing,
-}
-
-/// A connection to one endpoint, with the caller's token (if any) on every
-/// call.
-pub(crate) type Link = InterceptedService<Channel, Authorization>;
-
-/// Puts `authorization: Bearer <token>` on every call of a client made with
-/// a token (see [`Client::connect_with_token`]).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Authorization(Option<MetadataValue<Ascii>>);
-
-impl Authorization {
-    fn bearer(token: Option<&str>) -> Result<Authorization, Error> {
-        let Some(token) = token else {
-            return Ok(Authorization(None));
-        };
-        let value = MetadataValue::try_from(format!("Bearer {}", token.trim())).map_err(|_| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                "the token holds characters a header cannot carry: copy it again from \
-                 `deadbolt acl token create` (it looks like dbt.<id>.<secret>)",
-            )
-        })?;
-        Ok(Authorization(Some(value)))
-    }
-
-    /// The `authorization` value, if any.
-    fn value(&self) -> Option<&str> {
-        self.0.as_ref().and_then(|value| value.to_str().ok())
-    }
-
-    fn link(&self, channel: Channel) -> Link {
-        InterceptedService::new(channel, self.clone())
-    }
-}
-
-impl Interceptor for Authorization {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
-    }
 }
 
 /// How to reach `https://` endpoints: the CA that signed the servers'
@@ -1202,7 +1149,7 @@ impl Client {
             }
             if !error.points_elsewhere() {
                 return Err(match maybe_done {
-                    Some(earlier) => outcome_unknown(&earlier, &error),
+                    Some(earlier) => Error::of_unknown_outcome(&earlier, &error),
                     None => error,
                 });
             }
@@ -1357,20 +1304,6 @@ impl Client {
     }
 }
 
-/// What to do about a TLS handshake that failed, from the words rustls
-/// reports it with.
-pub(crate) fn tls_hint(failure: &str) -> &'static str {
-    if failure.contains("CertificateRequired") {
-        " (the server requires a client certificate: give --cert and --key)"
-    } else if failure.contains("UnknownIssuer") {
-        " (the server's certificate is not signed by the --ca given)"
-    } else if failure.contains("NotValidForName") {
-        " (the server's certificate does not name this address)"
-    } else {
-        ""
-    }
-}
-
 /// `host:port` of an endpoint URL.
 fn authority(address: &str) -> &str {
     address.split_once("://").map_or(address, |(_, rest)| rest)
@@ -1482,19 +1415,6 @@ fn next_attempt() -> u64 {
         })
         .expect("the update always succeeds");
     previous.saturating_add(1).max(now)
-}
-
-/// What a change repeated after `earlier` (an attempt of unknown outcome)
-/// and then `refused` comes to: the earlier attempt may have been done, so
-/// its outcome, not the refusal, is the answer.
-fn outcome_unknown(earlier: &Error, refused: &Error) -> Error {
-    Error::new(
-        ErrorKind::Unavailable,
-        format!(
-            "{earlier}; repeated, the call was refused ({refused}), which does not say whether \
-             the first attempt was done: its outcome is unknown"
-        ),
-    )
 }
 
 #[cfg(test)]

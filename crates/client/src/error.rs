@@ -18,6 +18,8 @@ pub struct Error {
     leader: Option<String>,
     /// The request never left this process: no connection could be made.
     unsent: bool,
+    /// A change cut off with its outcome unknown, then refused on repeat.
+    outcome_unknown: bool,
 }
 
 impl Error {
@@ -27,6 +29,32 @@ impl Error {
             message: message.into(),
             leader: None,
             unsent: false,
+            outcome_unknown: false,
+        }
+    }
+
+    /// A change whose first attempt was cut off (its node died or lost the
+    /// cluster with the answer on its way) and whose repeat was refused:
+    /// the refusal (say, a stale token, because another holder of a
+    /// semaphore has written since) does not say whether the first attempt
+    /// was done, so neither can this error. The kind is
+    /// [`ErrorKind::Unavailable`]; read the state again to know.
+    pub fn outcome_unknown(&self) -> bool {
+        self.outcome_unknown
+    }
+
+    /// An unknown outcome: `earlier` (an attempt cut off) was repeated and
+    /// the repeat `refused`.
+    pub(crate) fn of_unknown_outcome(earlier: &Error, refused: &Error) -> Self {
+        Self {
+            outcome_unknown: true,
+            ..Self::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "{earlier}; repeated, the call was refused ({refused}), which does not say \
+                     whether the first attempt was done: its outcome is unknown"
+                ),
+            )
         }
     }
 
@@ -74,7 +102,7 @@ impl Error {
         // whatever caused it.
         let cause = with_sources(status.message().to_owned(), status.source());
         let message = if kind == ErrorKind::Unavailable {
-            let hint = crate::client::tls_hint(&cause);
+            let hint = tls_hint(&cause);
             format!("could not reach the Deadbolt server at {endpoint}: {cause}{hint}")
         } else {
             format!(
@@ -117,6 +145,20 @@ impl Error {
             self.kind,
             ErrorKind::UnknownSession | ErrorKind::SessionExpiring
         )
+    }
+}
+
+/// What to do about a TLS handshake that failed, from the words rustls
+/// reports it with.
+pub(crate) fn tls_hint(failure: &str) -> &'static str {
+    if failure.contains("CertificateRequired") {
+        " (the server requires a client certificate: give --cert and --key)"
+    } else if failure.contains("UnknownIssuer") {
+        " (the server's certificate is not signed by the --ca given)"
+    } else if failure.contains("NotValidForName") {
+        " (the server's certificate does not name this address)"
+    } else {
+        ""
     }
 }
 

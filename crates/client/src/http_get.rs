@@ -47,7 +47,7 @@ impl Client {
 }
 
 async fn get(
-    channel: crate::client::Link,
+    channel: crate::link::Link,
     path: &'static str,
     max_bytes: u64,
 ) -> Result<Vec<u8>, tonic::Status> {

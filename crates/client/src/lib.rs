@@ -117,6 +117,7 @@ mod error;
 mod framed;
 mod handle;
 mod http_get;
+mod link;
 mod lock;
 mod session;
 #[doc(hidden)]

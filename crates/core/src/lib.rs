@@ -70,6 +70,16 @@ pub struct SecretHash(pub [u8; 32]);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Token(pub u64);
 
+impl Token {
+    /// Takes the next token from the counter: the only place a token is
+    /// minted, for locks and semaphores alike.
+    pub(crate) fn take_next(next_token: &mut u64) -> Token {
+        let token = Token(*next_token);
+        *next_token = next_token.checked_add(1).expect("token counter overflow");
+        token
+    }
+}
+
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)

@@ -994,7 +994,7 @@ fn grant(
     let permits: Vec<Permit> = slots
         .into_iter()
         .map(|slot| Permit {
-            token: crate::table::take_token(next_token),
+            token: Token::take_next(next_token),
             slot,
         })
         .collect();

@@ -735,7 +735,7 @@ impl LockTable {
             if self.name_count() >= limit {
                 return Err(LockError::TooManyLocks { limit });
             }
-            let token = take_token(&mut self.next_token);
+            let token = Token::take_next(&mut self.next_token);
             self.locks.insert(
                 name.to_owned(),
                 Lock {
@@ -1040,7 +1040,7 @@ impl LockTable {
             self.locks.remove(name);
             return;
         };
-        let token = take_token(&mut self.next_token);
+        let token = Token::take_next(&mut self.next_token);
         lock.holder = next;
         lock.token = token;
         lock.delay_ms = None;
@@ -1389,13 +1389,6 @@ const _: () = assert!(TOKENS_AFTER_THE_LATEST_FLOOR > 1_000_000_000_000_000);
 /// counter only ever rises.
 pub fn token_floor_ms(unix_ms: u64) -> u64 {
     unix_ms.min(LATEST_TOKEN_FLOOR_MS)
-}
-
-/// The only place a token is minted.
-pub(crate) fn take_token(next_token: &mut u64) -> Token {
-    let token = Token(*next_token);
-    *next_token = next_token.checked_add(1).expect("token counter overflow");
-    token
 }
 
 /// A read/write lock as a [`LockInfo`]: its first holder and its newest

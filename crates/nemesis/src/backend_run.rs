@@ -15,10 +15,11 @@
 //! unfenced resource suffers exits 1, by design).
 
 use crate::checker::{check_scoped, Finals, TokenScope, Violation};
-use crate::history::{now, Line, Op, Phase, Record};
-use crate::run::{
+use crate::harness::{
     holding_clients, pause_client, spawn_worker, stop_workers, write_history, Resource, RunArgs,
+    Setup,
 };
+use crate::history::{now, Line, Op, Phase, Record};
 use crate::servers::{Fault, Kind, Options, Servers};
 use crate::tally::tally;
 use rand::rngs::StdRng;
@@ -28,61 +29,20 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[derive(clap::Args)]
-pub struct BackendArgs {
-    /// Run against this lock service through deadbolt-backends, started
-    /// here (PostgreSQL: scripts/postgres.sh's), instead of a Deadbolt
-    /// cluster through deadbolt-client.
-    #[arg(long, value_enum)]
-    pub backend: Option<Kind>,
-    /// The fault injected over and over (see servers.rs for which backend
-    /// takes which).
-    #[arg(long, value_enum, default_value = "pause", requires = "backend")]
-    pub fault: Fault,
-    /// The resource checks no token and the workers send none: what code
-    /// that ignores its lock's token suffers.
-    #[arg(long, requires = "backend")]
-    pub unfenced: bool,
-    /// Redis and Redlock servers persist every write (appendonly yes,
-    /// appendfsync always).
-    #[arg(long, requires = "backend")]
-    pub aof: bool,
-    /// Redlock: how many independent masters.
-    #[arg(long, default_value_t = 5, requires = "backend")]
-    pub masters: usize,
-    /// Redis failover: the replica's link to the primary is cut this long
-    /// before the primary dies (a lagging replica); 0 = in sync.
-    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration, requires = "backend")]
-    pub lag: Duration,
-    /// Redis failover: a Redis Sentinel detects and promotes (quorum 1,
-    /// down after 1 s) instead of a scripted REPLICAOF NO ONE.
-    #[arg(long, requires = "backend")]
-    pub sentinel: bool,
-    /// PostgreSQL's URL (default: $DEADBOLT_TEST_POSTGRES_URL).
-    #[arg(long, requires = "backend")]
-    pub postgres_url: Option<String>,
-    /// The work each holder does between reading the resource and writing
-    /// it back (the window a pause makes a late write in).
-    #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration, requires = "backend")]
-    pub hold: Duration,
-    /// PostgreSQL: leave `idle_session_timeout` off (unsafe: a hung holder
-    /// keeps its locks forever), to measure what it prevents.
-    #[arg(long, requires = "backend")]
-    pub no_idle_timeout: bool,
-}
-
 /// How long the workers run on after the faults stop.
 const RUN_ON: Duration = Duration::from_secs(5);
 /// Violations printed in full; the rest are counted.
 const SHOWN_VIOLATIONS: usize = 10;
 
-pub async fn main(
-    args: &RunArgs,
-    me: &Path,
-    deadbolt: &Path,
-    out: &Path,
-    scratch: tempfile::TempDir,
-) -> anyhow::Result<bool> {
+pub async fn main(args: RunArgs) -> anyhow::Result<bool> {
+    let Setup {
+        me,
+        deadbolt,
+        scratch,
+        out,
+    } = Setup::new(&args)?;
+    let (me, deadbolt, out) = (me.as_path(), deadbolt.as_path(), out.as_path());
+    let args = &args;
     let backend = &args.backend;
     let kind = backend.backend.expect("called with --backend");
     anyhow::ensure!(

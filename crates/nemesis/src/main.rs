@@ -10,6 +10,7 @@
 
 mod backend_run;
 mod full_disk;
+mod harness;
 mod resource;
 mod run;
 mod servers;
@@ -33,7 +34,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a cluster under random faults and check the history.
-    Run(run::RunArgs),
+    Run(harness::RunArgs),
     #[command(hide = true)]
     Worker(worker::WorkerArgs),
     #[command(hide = true)]
@@ -48,6 +49,7 @@ fn main() {
         .expect("cannot start the tokio runtime");
     let result = runtime.block_on(async move {
         match cli.command {
+            Command::Run(args) if args.backend.backend.is_some() => backend_run::main(args).await,
             Command::Run(args) => run::main(args).await,
             Command::Worker(args) => worker::main(args).await.map(|()| true),
             Command::Resource(args) => resource::main(args).await.map(|()| true),

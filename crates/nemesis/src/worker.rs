@@ -89,7 +89,7 @@ pub async fn main(args: WorkerArgs) -> anyhow::Result<()> {
                     opened
                 }
                 Err(err) => {
-                    log.client_error("open_session", &err);
+                    log.client_error("open_session", &err, false);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -279,7 +279,7 @@ async fn round(
             } else {
                 Phase::Fail
             };
-            log.client_error("acquire", &err);
+            log.client_error("acquire", &err, session.is_lost());
             log.record(Op::Acquire, phase, lock, None, None, Some(err.to_string()));
             // Whatever went wrong, do not hammer the cluster with retries.
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -330,7 +330,11 @@ async fn round(
             None,
         ),
         Ok(Err((wrote, error))) => {
-            log.client_error(if wrote { "store_put" } else { "store_get" }, &error);
+            log.client_error(
+                if wrote { "store_put" } else { "store_get" },
+                &error,
+                session.is_lost(),
+            );
             // The put's outcome is unknown only if it was sent and the
             // answer lost; a refusal (stale) certainly changed nothing.
             let unknown = wrote
@@ -384,7 +388,7 @@ async fn round(
     match tokio::time::timeout(REQUEST_TIMEOUT, guard.release()).await {
         Ok(Ok(())) => log.record(Op::Release, Phase::Ok, lock, Some(token), None, None),
         Ok(Err(err)) => {
-            log.client_error("release", &err);
+            log.client_error("release", &err, session.is_lost());
             log.record(
                 Op::Release,
                 Phase::Fail,
@@ -512,8 +516,9 @@ impl Log {
     }
 
     /// Writes down an error the client library returned, for the run's
-    /// availability check.
-    fn client_error(&mut self, call: &str, err: &deadbolt_client::Error) {
+    /// availability check; `lease_lost`: the session it was made on was
+    /// already known lost.
+    fn client_error(&mut self, call: &str, err: &deadbolt_client::Error, lease_lost: bool) {
         self.line(&Line::ClientError {
             client_error: ClientError {
                 at: now(),
@@ -521,6 +526,8 @@ impl Log {
                 call: call.to_owned(),
                 kind: err.kind().as_str().to_owned(),
                 message: err.to_string(),
+                lease_lost,
+                outcome_unknown: err.outcome_unknown(),
             },
         });
     }

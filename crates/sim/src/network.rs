@@ -30,7 +30,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::io::DuplexStream;
+use tokio::sync::{mpsc, watch};
 
 /// The address of node `id` in the simulated network.
 pub fn address(id: NodeId) -> String {
@@ -68,10 +69,14 @@ pub struct Reachable {
     /// Turns true when this incarnation crashes.
     pub crashed: watch::Receiver<bool>,
     /// Where real clients' gRPC connections to it go, in runs with them.
-    pub listener: Option<crate::wire::Listener>,
+    pub listener: Option<Listener>,
     /// Shut while it is paused: none of its tasks runs.
     pub gate: PauseGate,
 }
+
+/// Where a node takes the connections clients open to it (`wire.rs`
+/// serves them).
+pub type Listener = mpsc::Sender<DuplexStream>;
 
 /// Why a message got no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

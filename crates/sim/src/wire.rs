@@ -10,7 +10,7 @@
 //! at either end is paused. When the node crashes the pumps stop and both
 //! ends see the connection close, as a reset would close it.
 
-use crate::network::{node_at, Fabric, Sender};
+use crate::network::{node_at, Fabric, Listener, Sender};
 use deadbolt_client::simulation::{Connecting, Dial};
 use deadbolt_proto::frames::PREFACE;
 use deadbolt_server::embedded::{client_routes, Api, FramedCalls};
@@ -38,9 +38,6 @@ const LISTEN_BACKLOG: usize = 64;
 /// How long a framed connection's preface and hello may take, as
 /// `deadbolt server`'s `--header-read-timeout` defaults.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Where a node takes the connections clients open to it.
-pub type Listener = mpsc::Sender<DuplexStream>;
 
 /// Serves `api`'s client services on the connections sent to the returned
 /// listener, until `crashed` turns true: framed calls on those that open

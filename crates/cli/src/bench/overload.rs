@@ -16,7 +16,7 @@
 //! This is a measurement, not a test: it prints figures and never fails on
 //! a threshold.
 
-use super::{histogram, BenchArgs};
+use super::measure::{histogram, BenchArgs};
 use crate::Endpoints;
 use deadbolt_client::{Client, Error, ErrorKind, Session};
 use futures::stream::{self, StreamExt, TryStreamExt};
