@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fails when a crate's modules import each other in a circle.
 
-    scripts/import-circles.py [--root DIR] [--allowed FILE] [--print]
+    scripts/import-circles.py [--root DIR]
 
 Why: a crate whose files import each other both ways has no order a reader
 can follow; every module is then tied to every other, and a change anywhere
@@ -14,17 +14,16 @@ reads the paths a file names (`use crate::..`, `super::..`, `self::..`,
 inline `crate::a::b`, and the children it declares with `mod x;` when it
 names them as `x::..`), resolves each to the deepest module file that
 defines it, and finds the strongly connected components of the file graph.
-A component of two or more files is a circle. Names taken from the
-target's root file (lib.rs, main.rs) are not counted: the root is the
-crate's table of contents, declaring every module and what they share, so
-each module reaching it is the convention, not a tangle. Test modules (everything
+A component of two or more files is a circle. Names a module takes from
+its ancestors' files (the target's root, lib.rs or main.rs, and a folder's
+mod.rs) are not counted: a parent is its children's table of contents,
+declaring them and what they share, so a child reaching it is the
+convention, not a tangle (a parent that calls into its children while they
+reach back is one file split in two; keep that to what they share). Test modules (everything
 after a top-level `#[cfg(test)]`) are left out: tests may reach anywhere.
 
-The allowed file lists circles still being taken apart, one file per line
-(`#` starts a comment): a circle passes only if every one of its files is
-listed, so a listed circle may shrink or break up but never grow, and no
-new one may form. Exit status 0: no unlisted circle; 1: one or more, each
-printed with the names that tie it; 2: bad usage.
+Exit status 0: no circle; 1: one or more, each printed with
+the names that tie it; 2: bad usage.
 """
 
 from __future__ import annotations
@@ -78,22 +77,23 @@ def strip_comments_and_strings(text: str) -> str:
 
 
 def without_tests(text: str) -> str:
-    """The text before the first top-level `#[cfg(test)]` item."""
-    match = re.search(r"^#\[cfg\(test\)\]", text, re.MULTILINE)
-    return text if match is None else text[: match.start()]
+    """The text without test-only modules: everything from a top-level
+    `#[cfg(test)]` inline module on, and `#[cfg(test)] mod x;` lines."""
+    match = re.search(r"^#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", text, re.MULTILINE)
+    text = text if match is None else text[: match.start()]
+    return re.sub(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*;", "", text)
 
 
 def expand_use_tree(tree: str) -> list[list[str]]:
     """`a::{b, c::{d, e}}` -> [[a, b], [a, c, d], [a, c, e]] (aliases and
     globs dropped, `self` folded into its parent)."""
+    tree = re.sub(r"\s+as\s+" + IDENT, "", tree)
     tree = re.sub(r"\s+", "", tree)
     paths: list[list[str]] = []
 
     def walk(prefix: list[str], part: str) -> None:
         if "{" not in part:
             names = [p for p in part.split("::") if p and p != "*"]
-            names = [re.sub(r"as\w+$", "", n) for n in names]
-            names = [n.split("as", 1)[0] if re.fullmatch(IDENT + "as" + IDENT, n) else n for n in names]
             if names and names[-1] == "self":
                 names = names[:-1]
             paths.append(prefix + names)
@@ -171,9 +171,13 @@ class Crate:
                 if absolute is None:
                     continue
                 target = self.resolve(absolute)
-                if target is not None and target not in (file, self.root_file):
+                if target is not None and target not in (file, self.root_file) and not self.is_ancestor(target, module):
                     graph[file].setdefault(target, set()).add(absolute[-1])
         return graph
+
+    def is_ancestor(self, target: Path, module: tuple[str, ...]) -> bool:
+        """Whether `target` is the file of one of `module`'s ancestors."""
+        return any(self.modules.get(module[:length]) == target for length in range(len(module)))
 
     @staticmethod
     def absolute(module: tuple[str, ...], path: list[str], children: set[str]) -> list[str] | None:
@@ -245,29 +249,15 @@ def target_roots(root: Path) -> list[Path]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="the workspace (default: this one)")
-    parser.add_argument("--allowed", type=Path, help="default: scripts/import-circles.allowed")
-    parser.add_argument("--print", action="store_true", help="print every circle, allowed or not")
     args = parser.parse_args()
     root_dir = args.root.resolve()
-    args.allowed = args.allowed or root_dir / "scripts" / "import-circles.allowed"
-    allowed: set[str] = set()
-    if args.allowed.exists():
-        for line in args.allowed.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                allowed.add(line)
     failed = 0
     for root in target_roots(root_dir):
         crate = Crate(root)
         graph = crate.edges()
         for circle in circles(graph):
-            names = [str(file.relative_to(root_dir)) for file in circle]
-            unlisted = [name for name in names if name not in allowed]
-            if not unlisted and not args.print:
-                continue
             members = set(circle)
-            verdict = "allowed (being taken apart)" if not unlisted else "NOT ALLOWED"
-            print(f"import circle of {len(circle)} files, {verdict}:")
+            print(f"import circle of {len(circle)} files:")
             for file in circle:
                 for target, tied in sorted(graph[file].items()):
                     if target in members:
@@ -275,7 +265,7 @@ def main() -> int:
                             f"  {file.relative_to(root_dir)} -> {target.relative_to(root_dir)}: "
                             + ", ".join(sorted(tied))
                         )
-            failed += bool(unlisted)
+            failed += 1
     if failed:
         print(
             f"{failed} import circle(s): make the imports point one way (ARCHITECTURE.md, "

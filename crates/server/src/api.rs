@@ -7,8 +7,7 @@
 //! (see `secret.rs`).
 
 use crate::auth::{self, Caller, Credentials, InFlight};
-use crate::frames::Welcome;
-use crate::metrics::Call;
+use crate::metrics::{Call, Welcome};
 use crate::node::{ApiError, Health, Indexed, Node, OwnedSession};
 use crate::secret::SecretSource;
 use crate::watches::{self, Cursor, Positioned, WatchEnd, Watcher};
@@ -110,7 +109,7 @@ impl Api {
     /// carries its secret.
     async fn owned(&self, caller: &Caller, session_id: u64, secret: &str) -> Reply<OwnedSession> {
         self.node
-            .authorize(caller, SessionId(session_id), secret)
+            .authorize(caller.identity(), SessionId(session_id), secret)
             .await
     }
 

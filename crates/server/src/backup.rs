@@ -17,17 +17,11 @@
 //! the old cluster issued faster than one per microsecond. Tokens are
 //! microseconds in a `u64`, so the margin costs nothing.
 
-use crate::api::Api;
-use crate::auth::Credentials;
-use crate::http::HttpError;
 use crate::node::{ApiError, Node};
 use crate::raft_types::NodeId;
 use crate::store::codec;
 use crate::store::table_image;
 use crate::store::{seed_data_dir, DataReport};
-use axum::extract::State;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
 use deadbolt_core::{FeatureLevel, LockTable, LockTableV9};
 use deadbolt_proto::ErrorKind;
 use serde::{Deserialize, Serialize};
@@ -147,16 +141,6 @@ pub(crate) async fn take(node: &Node) -> Result<Vec<u8>, ApiError> {
     }
 }
 
-/// `GET /v1/snapshot`: the backup file, `application/octet-stream`; errors
-/// as every HTTP call's (`not_leader` with the leader's address from a
-/// follower). Needs the `admin` permission.
-pub(crate) async fn serve(State(api): State<Api>, credentials: Credentials) -> Response {
-    match api.snapshot(&credentials).await {
-        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
-        Err(err) => HttpError::from(err).into_response(),
-    }
-}
-
 fn encode(contents: &Contents<&LockTable>) -> bincode::Result<Vec<u8>> {
     let (version, body) = if contents.table.cluster_version() == FeatureLevel::BASE {
         (VERSION_OF_0_1_0, bincode::serialize(contents)?)
@@ -202,7 +186,7 @@ impl Backup {
             return Err(bad(format!(
                 "it is a version {version} snapshot; this build ({}) reads versions 1 to \
                  {VERSION}: {advice}",
-                crate::version::RELEASE
+                crate::RELEASE
             )));
         }
         let body = codec::unseal(&rest[newline + 1..]).map_err(|err| {
@@ -353,7 +337,7 @@ mod tests {
         let err = Backup::decode(newer.as_bytes()).err().unwrap().to_string();
         assert!(
             err.contains(&format!("version {}", VERSION + 1))
-                && err.contains(crate::version::RELEASE)
+                && err.contains(crate::RELEASE)
                 && err.contains("a newer release saved it"),
             "{err}"
         );

@@ -342,7 +342,7 @@ impl From<ApiError> for CallError {
 /// reads as the server's. A black-box run sent 500 random frames: 498 ended
 /// INTERNAL without a kind.
 fn caller_fault(status: Status) -> Status {
-    if crate::grpc::is_undecodable(status.code() == tonic::Code::Internal, status.message()) {
+    if is_undecodable(status.code() == tonic::Code::Internal, status.message()) {
         ErrorKind::InvalidArgument.status(status.message())
     } else {
         status
@@ -419,6 +419,12 @@ impl Stream for CallStream {
             }
         }
     }
+}
+
+/// Whether a status is tonic's answer to a request message it could not
+/// decode: INTERNAL, with a message that says so.
+pub(crate) fn is_undecodable(internal: bool, message: &str) -> bool {
+    internal && message.contains("decode")
 }
 
 /// A `Calls` stream's `cancel`, on tokio's paused clock: the cancelled

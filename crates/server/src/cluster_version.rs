@@ -199,7 +199,7 @@ impl Node {
                  cluster is at {current}: {behind}. Upgrade those members to release {} or \
                  newer; the leader raises the version within {}s of the last one \
                  (docs/upgrading.md)",
-                crate::version::RELEASE,
+                crate::RELEASE,
                 ASK_EVERY.as_secs()
             ),
         ))
@@ -250,7 +250,7 @@ impl Node {
                     "node {id} runs release {release}, which supports feature level {level}, \
                      below the cluster version {current}: it could not decode this cluster's \
                      log. Upgrade it to release {} or newer (docs/upgrading.md)",
-                    crate::version::RELEASE
+                    crate::RELEASE
                 ),
             ));
         }

@@ -40,8 +40,9 @@
 //! version is at [`FeatureLevel::FORWARDING`], as a leader of release 0.1.0
 //! would take a forwarded call for the forwarding node's own.
 
-use crate::auth::peers::{PeerGate, RemoteAddr, SECRET_HEADER};
+use crate::auth::peers::{PeerGate, RemoteAddr, FORWARDED_BY, SECRET_HEADER};
 use crate::http::HttpError;
+use crate::metrics::Forwarded;
 use crate::network::peer_endpoint;
 use crate::node::{ApiError, Node};
 use crate::raft_types::NodeId;
@@ -65,8 +66,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::Channel;
 use tower::ServiceExt;
 
-/// The header that marks a call a node forwarded: the forwarding node's id.
-pub const FORWARDED_BY: &str = "deadbolt-forwarded-by";
 /// The name on the TLS client certificate the caller showed the forwarding
 /// node, if any.
 pub const FORWARDED_CERTIFICATE: &str = "deadbolt-forwarded-certificate";
@@ -89,41 +88,6 @@ const CONNECTION_HEADERS: [HeaderName; 6] = [
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
 ];
-
-/// What became of a call this node was asked to forward, for
-/// `deadbolt_forwarded_calls_total{result}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Forwarded {
-    /// Sent to the leader; its answer went back to the caller.
-    Answered,
-    /// The leader could not be reached, or the connection broke before
-    /// it answered: the caller heard `unavailable`.
-    Failed,
-    /// Past [`MAX_FORWARDED_IN_FLIGHT`]: served here (`not_leader`).
-    ServedHere,
-    /// The leader could not be connected to, so the call was never sent:
-    /// answered `not_leader` once another node leads (or after
-    /// [`LEADER_CHANGE_WAIT`]).
-    LeaderUnreachable,
-}
-
-impl Forwarded {
-    pub const ALL: [Forwarded; 4] = [
-        Forwarded::Answered,
-        Forwarded::Failed,
-        Forwarded::ServedHere,
-        Forwarded::LeaderUnreachable,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Forwarded::Answered => "answered",
-            Forwarded::Failed => "failed",
-            Forwarded::ServedHere => "served_here",
-            Forwarded::LeaderUnreachable => "leader_unreachable",
-        }
-    }
-}
 
 /// The state of the forwarding layer (one per node).
 pub struct Forwarder {

@@ -55,26 +55,6 @@ const KEEPALIVE_PROBES: u32 = 3;
 /// small however many calls finish together.
 const MAX_WRITE_BYTES: usize = 64 * 1024;
 
-/// What a framed connection's hello was answered with, as counted in
-/// `deadbolt_framed_connections_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Welcome {
-    Served,
-    /// Another node leads (see [`Api::welcome_framed_calls`]).
-    Refused,
-}
-
-impl Welcome {
-    pub const ALL: [Welcome; 2] = [Welcome::Served, Welcome::Refused];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Welcome::Served => "served",
-            Welcome::Refused => "refused",
-        }
-    }
-}
-
 /// Serves framed calls, as the gRPC service serves the `Calls` stream.
 #[derive(Clone)]
 pub struct FramedCalls {

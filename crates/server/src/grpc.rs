@@ -7,7 +7,7 @@
 use crate::api::Api;
 use crate::auth::peers::PeerGate;
 use crate::auth::Credentials;
-use crate::calls::CallStream;
+use crate::calls::{is_undecodable, CallStream};
 use crate::network::PeerService;
 use crate::node::ApiError;
 use crate::raft_types::Raft;
@@ -127,12 +127,6 @@ async fn undecodable_requests_are_invalid_arguments(
         );
     }
     response
-}
-
-/// Whether a status is tonic's answer to a request message it could not
-/// decode: INTERNAL, with a message that says so.
-pub(crate) fn is_undecodable(internal: bool, message: &str) -> bool {
-    internal && message.contains("decode")
 }
 
 pub struct GrpcApi {

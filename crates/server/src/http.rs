@@ -58,7 +58,7 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/acl/role/delete", post(acl_delete_role))
         .route("/v1/acl/grant", post(acl_grant_role))
         .route("/v1/acl/revoke", post(acl_revoke_role))
-        .route("/v1/snapshot", get(crate::backup::serve))
+        .route("/v1/snapshot", get(serve_snapshot))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -710,6 +710,16 @@ impl<S: Send + Sync> FromRequestParts<S> for Credentials {
                 .map(|value| value.as_bytes()),
             parts.extensions.get::<TlsClient>(),
         ))
+    }
+}
+
+/// `GET /v1/snapshot`: the backup file, `application/octet-stream`; errors
+/// as every HTTP call's (`not_leader` with the leader's address from a
+/// follower). Needs the `admin` permission.
+async fn serve_snapshot(State(api): State<Api>, credentials: Credentials) -> Response {
+    match api.snapshot(&credentials).await {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+        Err(err) => HttpError::from(err).into_response(),
     }
 }
 

@@ -45,6 +45,11 @@ pub mod version;
 mod waits;
 pub mod watches;
 
+/// The release: the workspace's version (semver; `docs/upgrading.md`).
+/// Here at the root, below everything that names it (the store's and the
+/// backups' errors, `version.rs`'s numbers).
+pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
+
 pub use backup::{Backup, BadBackup, Summary as BackupSummary, MAX_FILE_BYTES as MAX_BACKUP_BYTES};
 pub use cluster::InitialCluster;
 pub use cluster_version::ASK_EVERY as CLUSTER_VERSION_ASK_EVERY;
@@ -231,7 +236,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     let db = Arc::new(data.db);
     let waits = Arc::new(Waits::default());
     let leases = Arc::new(Leases::new(clock));
-    let metrics = Arc::new(metrics::Metrics::new());
+    let metrics = Arc::new(metrics::Metrics::new(version::build_versions()));
     let history = Arc::new(watches::History::default());
     let observers = Arc::new(Observers {
         waits: waits.clone(),
@@ -290,7 +295,10 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
 /// expiring leases, giving up abandoned acquires and raising the cluster
 /// version.
 fn spawn_duties(node: &Node, stopped: watch::Receiver<bool>) {
-    runtime::spawn(node::give_up_abandoned(node.clone(), stopped.clone()));
+    runtime::spawn(node::acquire::give_up_abandoned(
+        node.clone(),
+        stopped.clone(),
+    ));
     runtime::spawn(cluster_version::raise_when_supported(
         node.clone(),
         stopped.clone(),

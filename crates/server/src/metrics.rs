@@ -37,13 +37,11 @@
 //! Durations are measured on `std::time::Instant`: they decide nothing, so
 //! they need not come from the node's [`crate::clock::Clock`].
 
-use crate::auth::peers::Refusal;
-use crate::forward::Forwarded;
-use crate::frames::Welcome;
 use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::SharedTable;
 use crate::watches::History;
 use deadbolt_core::{Event, LockError, Outcome, SessionEnd};
+use deadbolt_proto::v1::BuildVersions;
 use deadbolt_proto::ErrorKind;
 use openraft::ServerState;
 use prometheus_client::encoding::prometheus_text;
@@ -275,8 +273,7 @@ fn pair<M>(labelled: Vec<M>) -> [M; 2] {
 /// `deadbolt_build_info`, always 1, with the release and its compatibility
 /// numbers as labels (Prometheus's convention for what a build is): a
 /// cluster's members can be told apart in one query during an upgrade.
-fn register_build_info(registry: &mut Registry) {
-    let versions = crate::version::build_versions();
+fn register_build_info(registry: &mut Registry, versions: BuildVersions) {
     let labels = vec![
         ("release", versions.release),
         ("data_format", versions.data_format.to_string()),
@@ -296,7 +293,9 @@ fn register_build_info(registry: &mut Registry) {
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    /// The registry, with `build` (`version::build_versions`) as the build
+    /// information it reports.
+    pub fn new(build: BuildVersions) -> Metrics {
         let mut registry = Registry::default();
         let r = &mut registry;
         let seconds = || Some(Unit::Seconds);
@@ -307,7 +306,7 @@ impl Metrics {
         let refusals: Vec<&str> = Refusal::ALL.iter().map(|why| why.as_str()).collect();
         let forwarded: Vec<&str> = Forwarded::ALL.iter().map(|what| what.as_str()).collect();
         let welcomes: Vec<&str> = Welcome::ALL.iter().map(|what| what.as_str()).collect();
-        register_build_info(r);
+        register_build_info(r, build);
         Metrics {
             grants: register(
                 r,
@@ -775,6 +774,95 @@ pub async fn count_leader_changes(
         tokio::select! {
             changed = server.changed() => if changed.is_err() { return },
             _ = stopped.wait_for(|stopped| *stopped) => return,
+        }
+    }
+}
+
+// The label sets of the counters the layers above report to: defined
+// here, below every layer that counts, so metrics imports none of them.
+
+/// Why a peer call was refused: the label of the refusal metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// This node has no peers, so serves no peer calls.
+    NoPeers,
+    /// Over TLS: no node certificate, or one `--peer-names` does not list.
+    NotANode,
+    /// Without TLS: no secret, or a wrong one.
+    BadSecret,
+    /// Without TLS, and this node was given no secret to check against.
+    NoSecret,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 4] = [
+        Refusal::NoPeers,
+        Refusal::NotANode,
+        Refusal::BadSecret,
+        Refusal::NoSecret,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NoPeers => "no_peers",
+            Refusal::NotANode => "not_a_node",
+            Refusal::BadSecret => "bad_secret",
+            Refusal::NoSecret => "no_secret",
+        }
+    }
+}
+
+/// What became of a call this node was asked to forward, for
+/// `deadbolt_forwarded_calls_total{result}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forwarded {
+    /// Sent to the leader; its answer went back to the caller.
+    Answered,
+    /// The leader could not be reached, or the connection broke before
+    /// it answered: the caller heard `unavailable`.
+    Failed,
+    /// Past [`MAX_FORWARDED_IN_FLIGHT`](crate::forward::MAX_FORWARDED_IN_FLIGHT): served here (`not_leader`).
+    ServedHere,
+    /// The leader could not be connected to, so the call was never sent:
+    /// answered `not_leader` once another node leads (or after
+    /// [`LEADER_CHANGE_WAIT`](crate::forward::LEADER_CHANGE_WAIT)).
+    LeaderUnreachable,
+}
+
+impl Forwarded {
+    pub const ALL: [Forwarded; 4] = [
+        Forwarded::Answered,
+        Forwarded::Failed,
+        Forwarded::ServedHere,
+        Forwarded::LeaderUnreachable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Forwarded::Answered => "answered",
+            Forwarded::Failed => "failed",
+            Forwarded::ServedHere => "served_here",
+            Forwarded::LeaderUnreachable => "leader_unreachable",
+        }
+    }
+}
+
+/// What a framed connection's hello was answered with, as counted in
+/// `deadbolt_framed_connections_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Welcome {
+    Served,
+    /// Another node leads (see [`Api::welcome_framed_calls`](crate::api::Api::welcome_framed_calls)).
+    Refused,
+}
+
+impl Welcome {
+    pub const ALL: [Welcome; 2] = [Welcome::Served, Welcome::Refused];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Welcome::Served => "served",
+            Welcome::Refused => "refused",
         }
     }
 }

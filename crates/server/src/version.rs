@@ -10,13 +10,16 @@
 //! down the rules; `CHANGELOG.md` says which release changed which number.
 //!
 //! Every number is read from where it is enforced (the store's format
-//! marker, the backup header, the proto crate), so it cannot drift from it.
+//! marker, the backup header, the proto crate), so it cannot drift from it;
+//! the release itself is the crate root's [`RELEASE`], below the store and
+//! the backups that name it in their errors. Metrics takes these numbers
+//! as data (`Metrics::new`), so this module can read from the layers above
+//! it without a circle.
 
 use deadbolt_core::FeatureLevel;
 use deadbolt_proto::v1::BuildVersions;
 
-/// The release: the workspace's version (semver; `docs/upgrading.md`).
-pub const RELEASE: &str = env!("CARGO_PKG_VERSION");
+pub use crate::RELEASE;
 
 /// The encoding of what nodes send each other: openraft's messages with
 /// Deadbolt's log entries (`Batch` of `Command`s) and snapshots (the

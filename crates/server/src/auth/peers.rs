@@ -29,7 +29,7 @@
 //! `deadbolt_peer_calls_refused_total{reason}`, and logged with the remote
 //! address (at most one line a second, so a flood cannot fill the disk).
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Refusal};
 use crate::raft_types::Raft;
 use crate::secret;
 use crate::tls::{NodeTls, TlsClient};
@@ -40,6 +40,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use tonic::metadata::MetadataValue;
+
+/// The header that marks a call a node forwarded (`forward.rs`): the
+/// forwarding node's id. Only a peer may send it.
+pub const FORWARDED_BY: &str = "deadbolt-forwarded-by";
 
 /// The header a node sends its cluster secret in, on plain-text peer calls.
 pub const SECRET_HEADER: &str = "deadbolt-peer-secret";
@@ -174,7 +178,7 @@ impl RemoteAddr {
     /// stays lean.
     pub fn mark_peer_call<B>(self, request: &mut axum::http::Request<B>) {
         if request.uri().path().starts_with(PEER_SERVICE_PATH)
-            || request.headers().contains_key(crate::forward::FORWARDED_BY)
+            || request.headers().contains_key(FORWARDED_BY)
         {
             request.extensions_mut().insert(self);
         }
@@ -216,37 +220,6 @@ impl PeerAuthentication {
             PeerAuthentication::ClusterSecret => "cluster-secret",
             PeerAuthentication::InProcess => "in-process",
             PeerAuthentication::Unavailable => "none",
-        }
-    }
-}
-
-/// Why a peer call was refused: the label of the refusal metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    /// This node has no peers, so serves no peer calls.
-    NoPeers,
-    /// Over TLS: no node certificate, or one `--peer-names` does not list.
-    NotANode,
-    /// Without TLS: no secret, or a wrong one.
-    BadSecret,
-    /// Without TLS, and this node was given no secret to check against.
-    NoSecret,
-}
-
-impl Refusal {
-    pub const ALL: [Refusal; 4] = [
-        Refusal::NoPeers,
-        Refusal::NotANode,
-        Refusal::BadSecret,
-        Refusal::NoSecret,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Refusal::NoPeers => "no_peers",
-            Refusal::NotANode => "not_a_node",
-            Refusal::BadSecret => "bad_secret",
-            Refusal::NoSecret => "no_secret",
         }
     }
 }

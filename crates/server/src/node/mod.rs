@@ -11,12 +11,12 @@
 //! request, and the abandonment of what its caller never learned of) and
 //! `observers.rs` (what the store's apply path tells the rest of the node).
 
-mod acquire;
+mod abandoned;
+pub(crate) mod acquire;
 mod error;
 mod observers;
 mod restart_read;
 
-pub(crate) use acquire::give_up_abandoned;
 pub use error::ApiError;
 
 /// A linearizable read and the log index of the state it read: a watch
@@ -30,7 +30,6 @@ pub struct Indexed<T> {
 pub(crate) use observers::Observers;
 pub(crate) use restart_read::StartupLog;
 
-use crate::auth::Caller;
 use crate::leases::{KeepAliveError, Leases};
 use crate::metrics::Metrics;
 use crate::proposer::{Admission, Pace, Proposer};
@@ -82,7 +81,7 @@ pub struct Node {
     pub(crate) table: SharedTable,
     pub(crate) waits: Arc<Waits>,
     /// Acquires whose callers went away, to give up after a grace.
-    pub(crate) abandoned: Arc<acquire::Abandoned>,
+    pub(crate) abandoned: Arc<abandoned::Abandoned>,
     pub(crate) leases: Arc<Leases>,
     pub(crate) metrics: Arc<Metrics>,
     /// Forming a cluster: this node found no formed cluster among its peers
@@ -189,23 +188,23 @@ impl Node {
     /// on it must not reach the log (it could be applied after the opening
     /// of that id by someone else).
     ///
-    /// The session must also belong to `caller`'s identity: a secret that
+    /// The session must also belong to the caller's `identity`: a secret that
     /// leaked to another identity (a shared log, a copied environment) does
     /// not let that identity act on the session.
     pub async fn authorize(
         &self,
-        caller: &Caller,
+        identity: Option<&str>,
         session: SessionId,
         secret: &str,
     ) -> Result<OwnedSession, ApiError> {
-        if let Some(checked) = self.check_secret(caller, session, secret) {
+        if let Some(checked) = self.check_secret(identity, session, secret) {
             return checked;
         }
         // Boxed, as in `authenticate`: a session this node has not applied
         // yet is rare, and the barrier's 2 KB would otherwise weigh on
         // every call's future.
         Box::pin(self.linearizable()).await?;
-        self.check_secret(caller, session, secret)
+        self.check_secret(identity, session, secret)
             .unwrap_or_else(|| Err(LockError::UnknownSession(session).into()))
     }
 
@@ -213,13 +212,13 @@ impl Node {
     /// session has not been opened as far as this node knows.
     fn check_secret(
         &self,
-        caller: &Caller,
+        identity: Option<&str>,
         session: SessionId,
         secret: &str,
     ) -> Option<Result<OwnedSession, ApiError>> {
         let state = self.table.read().expect("state lock poisoned");
         match state.table.session_secret(session) {
-            SessionSecret::Live { owner, .. } if owner != caller.identity() => {
+            SessionSecret::Live { owner, .. } if owner != identity => {
                 let owner = owner.unwrap_or("an anonymous client");
                 Some(Err(ApiError::new(
                     ErrorKind::PermissionDenied,

@@ -15,7 +15,7 @@
 //! Lease tracking had met the same gap in the simulation and waits for its
 //! own (`leases::applied_all_before_leading`); reads had not.
 
-use crate::node::ApiError;
+use super::error::ApiError;
 use crate::raft_types::{NodeId, Raft, StorageError, TypeConfig};
 use deadbolt_proto::ErrorKind;
 use openraft::storage::RaftLogStorage;

@@ -118,7 +118,7 @@ pub enum DataDirError {
     #[error(
         "{path} holds data of format {found:?}, and this build ({release}) reads {expected:?} and \
          the formats before it back to \"deadbolt-data/9\": {advice}",
-        release = crate::version::RELEASE,
+        release = crate::RELEASE,
         advice = format_advice(found)
     )]
     WrongFormat {
@@ -778,7 +778,7 @@ mod tests {
         let err = open(&data).err().unwrap().to_string();
         assert!(
             err.contains(&newer)
-                && err.contains(crate::version::RELEASE)
+                && err.contains(crate::RELEASE)
                 && err.contains("a newer release wrote it")
                 && err.contains("docs/upgrading.md"),
             "{err}"

@@ -225,7 +225,7 @@ fn reading(stored: &StoredSnapshot) -> At {
     "{what} is at cluster version {level}, above the feature level {supports} this node supports \
      (release {release}, or lower with --max-feature-level): a newer release wrote it. Run a \
      release that supports it here, without a lower --max-feature-level (docs/upgrading.md)",
-    release = crate::version::RELEASE
+    release = crate::RELEASE
 )]
 pub struct AboveSupported {
     what: String,

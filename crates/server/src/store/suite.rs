@@ -83,7 +83,7 @@ fn stores(
     data: super::OpenedData,
     io: StorageIo,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::new(crate::version::build_versions()));
     let state_machine = StateMachineStore::open(
         data.snapshots,
         io,

@@ -43,7 +43,7 @@ pub enum ImageError {
         "the lock table is at cluster version {level}, and this build (release {release}) \
          knows levels up to {newest}: a newer release wrote it. Run that release or a newer one \
          (docs/upgrading.md, \"Downgrades\")",
-        release = crate::version::RELEASE,
+        release = crate::RELEASE,
         newest = FeatureLevel::NEWEST
     )]
     TooNew { level: FeatureLevel },
@@ -198,7 +198,7 @@ mod tests {
         let err = decode(&image).unwrap_err().to_string();
         assert!(
             err.contains(&format!("cluster version {newer}"))
-                && err.contains(crate::version::RELEASE)
+                && err.contains(crate::RELEASE)
                 && err.contains("Downgrades"),
             "{err}"
         );
