@@ -19,6 +19,9 @@
 //!   libpq's URL form, with `sslmode=require|verify-ca|verify-full` and
 //!   `sslrootcert=PATH` for TLS on rustls (plus `idle_session_timeout=off`,
 //!   unsafe, to measure what the hung-holder protection prevents).
+//!
+//! Over 800 lines only with its tests (about 250): the parsing of five URL
+//! forms, each with its TLS options, is about 640.
 
 use crate::Backend;
 use crate::Error;

@@ -12,6 +12,11 @@
 //! given that address (a cluster grown since, or one endpoint given): as
 //! with etcd or Consul, any member is a way in. It keeps one such address
 //! at a time, so nothing accumulates.
+//!
+//! Its length (about 1,420 lines without its tests) is `Client`: one public
+//! method per call of the API (most a few lines) on top of the one retry loop
+//! (`call_over`) every call goes through, whose rules are what this file is
+//! about.
 
 use crate::backoff::{Backoff, BASE, CAP};
 use crate::calls::Calls;

@@ -8,6 +8,11 @@
 //! machines aside). Everything that must stop when the lease is lost watches
 //! that deadline through a `watch` channel, and re-arms when a renewal moves
 //! it.
+//!
+//! Its length (about 950 lines) is one type and its watchdog: the lease
+//! deadline, the renewals that move it and every lock kind taken on the
+//! session read the same state, and keeping them together keeps the loss
+//! signal's rules in one file.
 
 use crate::backoff::retry;
 use crate::clock::BootInstant;

@@ -29,6 +29,11 @@
 //!   slots (connections, GPUs, shards) fences each slot with its tokens.
 //!   The grant is named by its first token (releases present it). A
 //!   read/write hold, shared or exclusive, takes one token (slot 0).
+//!
+//! Its length (about 1,050 lines) is the semaphore and read/write lock state
+//! with their transitions and invariants: each transition keeps the slots,
+//! queue and holds consistent together, and the invariant check reads all of
+//! them.
 
 use crate::{AcquireOutcome, Event, LockError, SessionId, Token};
 use serde::{Deserialize, Serialize};

@@ -12,6 +12,12 @@
 //!   expired session) and its queue until the delay ends;
 //! - every token handed out is smaller than `next_token`, which only grows;
 //! - every fence in the fenced store is a token that was handed out.
+//!
+//! Its length (about 1,420 lines) is `LockTable::apply` and its commands over
+//! one state (sessions, locks, queues, the two counters): each command's
+//! effect keeps that state's invariants, which `check_invariants` asserts in
+//! the same file; semaphores and read/write locks are already their own
+//! (`semaphore.rs`), as are the store, the ACL and the audit trail.
 
 use crate::acl::AccessControl;
 use crate::audit::{self, AuditKind, AuditRecord};

@@ -57,6 +57,10 @@
 //! election's value, liveness; a client's
 //! keepalives run one at a time with its other requests, where the real
 //! client renews concurrently.
+//!
+//! Its length (about 975 lines) is one model: its state, its actions and the
+//! properties checked on it, which stateright wants as one `Model`
+//! implementation.
 
 use deadbolt_core::{
     AcquireOutcome, Command, Event, FeatureLevel, LockTable, Outcome, RwMode, SecretHash,

@@ -5,6 +5,10 @@
 //! [`Credentials`] and asks [`Node::permit`] first (see `auth/`), and every
 //! call on a session passes [`Node::authorize`] with the session's secret
 //! (see `secret.rs`).
+//!
+//! Its length (about 1,090 lines) is one function per call of the API, each a
+//! few lines: the calls are written once here for both front ends, and a file
+//! per call would spread one pattern over forty files.
 
 use crate::auth::{self, Caller, Credentials, InFlight};
 use crate::metrics::{Call, Welcome};

@@ -36,6 +36,11 @@
 //!
 //! Durations are measured on `std::time::Instant`: they decide nothing, so
 //! they need not come from the node's [`crate::clock::Clock`].
+//!
+//! Its length (about 870 lines) is one registry: every family's registration
+//! next to its typed handle and the label sets it counts by, so that a
+//! metric's name, help and labels are read in one place (docs/operations.md
+//! lists them from here).
 
 use crate::raft_types::{BatchOutcome, NodeId, Raft};
 use crate::store::SharedTable;

@@ -7,6 +7,10 @@
 //! while holding its lock for longer than its lease (a GC pause, the seeds'
 //! scenario), keepalives included, and writes with its old token afterwards;
 //! only while the faults last, as a pause is one.
+//!
+//! Its length (about 860 lines) is the simulated client's one round, every
+//! kind of grant and trespass it tries, and the step recording each: they
+//! share the round's state, and split apart each would need all of it.
 
 use crate::network::{node_at, Fabric, Lost, Sender};
 use deadbolt_checker::checker::Violation;

@@ -18,6 +18,9 @@
 //!   reach every log entry compacted away, so a snapshot file that is lost
 //!   or went back is refused, not replaced by a shorter history;
 //! - only then is it opened for writing.
+//!
+//! Over 800 lines only with its tests (about 350): opening, checking and
+//! migrating a data directory is about 710.
 
 use super::log_file::{LogFile, SegmentDir};
 use super::overlay::ReadOnlyOverlay;

@@ -42,6 +42,9 @@
 //!
 //! Purging deletes whole segments; the purge marker (in redb, with the
 //! vote) says which entries of the first remaining one are gone.
+//!
+//! Over 800 lines only with its tests (about 220): the segment format, its
+//! reader and its writer are about 800.
 
 use crate::raft_types::{NodeId, TypeConfig};
 use openraft::{Entry, LogId};
