@@ -34,6 +34,8 @@ const (
 	backoffCap     = time.Second
 	cleanUpDelay   = time.Second
 	maxAnswer      = 64 << 20
+	// leaderHeader names the leader in an answer a node forwarded to it.
+	leaderHeader = "Deadbolt-Leader"
 )
 
 // Client is a connection to a Deadbolt cluster, safe for concurrent use:
@@ -43,7 +45,8 @@ const (
 // changes, until the call's context ends.
 type Client struct {
 	endpoints   *endpoints
-	http        *http.Client
+	wire        *wire        // http:// endpoints
+	http        *http.Client // https:// endpoints
 	auth        string
 	callTimeout time.Duration
 }
@@ -154,10 +157,11 @@ func New[E string | []string](endpoints E, opts ...Option) (*Client, error) {
 		TLSHandshakeTimeout: 2 * connectTimeout,
 		ForceAttemptHTTP2:   true,
 		MaxIdleConnsPerHost: cfg.maxIdle,
-		IdleConnTimeout:     90 * time.Second,
+		IdleConnTimeout:     idleTimeout,
 	}
 	client := &Client{
 		endpoints:   eps,
+		wire:        newWire(cfg.maxIdle),
 		http:        &http.Client{Transport: transport},
 		callTimeout: cfg.callTimeout,
 	}
@@ -196,27 +200,48 @@ func (c *config) tlsConfig() (*tls.Config, error) {
 // Close closes the client's idle connections. Sessions still open keep
 // renewing (on new connections); close them first.
 func (c *Client) Close() error {
+	c.wire.closeIdle()
 	c.http.CloseIdleConnections()
 	return nil
 }
 
 // Endpoints are the servers the client knows, the one it talks to first.
 func (c *Client) Endpoints() []string {
-	c.endpoints.mu.Lock()
-	defer c.endpoints.mu.Unlock()
-	out := append([]string(nil), c.endpoints.urls[c.endpoints.current:]...)
-	return append(out, c.endpoints.urls[:c.endpoints.current]...)
+	e := c.endpoints
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := []string{e.current}
+	for step := range e.given {
+		if given := e.given[(e.index+step)%len(e.given)]; given != e.current {
+			out = append(out, given)
+		}
+	}
+	return out
 }
 
 // ---- endpoints ----------------------------------------------------------
 
-// endpoints are the servers a client knows, and the one it talks to now.
-// A follower names the leader in its not_leader answer; the client goes
-// there (and remembers it) instead of guessing.
+// endpoints are the servers a client was given, and the one it talks to
+// now: one of them, or a leader a node named outside them. A follower
+// names the leader in its not_leader answer, and a node that forwarded a
+// call names it in a deadbolt-leader header; the client goes there instead
+// of guessing (as the Rust client does: crates/client/src/client.rs). It
+// keeps one such address at a time, so nothing accumulates.
 type endpoints struct {
-	mu      sync.Mutex
-	urls    []string
-	current int
+	given []string
+
+	mu sync.Mutex
+	// index is the search's place among given: where the next endpoint
+	// is looked for once the current one fails without naming a leader.
+	index   int
+	current string
+	// hinted: current is a leader a forwarded answer named, not a
+	// failure. followHints goes false once such a leader could not be
+	// connected to: the client may sit behind a load balancer, with the
+	// leaders' addresses out of its reach, and the forwarding nodes
+	// serve it anyway.
+	hinted      bool
+	followHints bool
 }
 
 func parseEndpoints(items []string, tls bool) (*endpoints, error) {
@@ -237,7 +262,7 @@ func parseEndpoints(items []string, tls bool) (*endpoints, error) {
 	if len(urls) == 0 {
 		return nil, newError(KindInvalidArgument, "no Deadbolt server endpoint given")
 	}
-	return &endpoints{urls: urls}, nil
+	return &endpoints{given: urls, current: urls[0], followHints: true}, nil
 }
 
 // normalize: "host:port" means http://host:port (https with TLS), and a
@@ -264,33 +289,60 @@ func normalize(endpoint string, tls bool) (string, error) {
 func (e *endpoints) url() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.urls[e.current]
+	return e.current
 }
 
 // failed moves on after err from base: to the leader it named, or to the
-// next endpoint.
+// next endpoint given. Nothing changes if another call moved on from base
+// already.
 func (e *endpoints) failed(base string, err *Error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.urls[e.current] != base {
-		return // another call moved on already
+	if e.current != base {
+		return
+	}
+	if e.hinted && err.Kind == KindUnavailable && err.unsent {
+		e.followHints = false
 	}
 	if err.Kind == KindNotLeader && err.Leader != "" {
-		scheme := base[:strings.Index(base, "://")]
-		leader := scheme + "://" + err.Leader
-		for i, known := range e.urls {
-			if known == leader {
-				e.current = i
-				return
-			}
-		}
-		e.urls = append(e.urls, leader)
-		e.current = len(e.urls) - 1
+		e.switchTo(base, err.Leader, false)
 		return
 	}
 	if err.Kind == KindUnavailable || err.Kind == KindNotLeader {
-		e.current = (e.current + 1) % len(e.urls)
+		for step := 1; step <= len(e.given); step++ {
+			next := (e.index + step) % len(e.given)
+			if e.given[next] != base {
+				e.index, e.current, e.hinted = next, e.given[next], false
+				return
+			}
+		}
 	}
+}
+
+// followHint takes later calls to the leader a node that forwarded a call
+// from base named (a hop shorter), unless hints are no longer followed.
+func (e *endpoints) followHint(base, leader string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.followHints && e.current == base {
+		e.switchTo(base, leader, true)
+	}
+}
+
+// switchTo points calls at leader (host:port), named by base and reached
+// the way base is (its scheme, and so its TLS settings: a node's
+// certificate must still verify, so a hint cannot take the client and its
+// access token to a server the CA does not vouch for). The search's place
+// stays where it was: going back to the endpoint that named a leader, once
+// that leader knows none, would ping-pong between the two while the
+// others elect one. Called with mu held.
+func (e *endpoints) switchTo(base, leader string, hinted bool) {
+	scheme := base[:strings.Index(base, "://")]
+	address, err := normalize(scheme+"://"+leader, false)
+	if err != nil || address == e.current {
+		return
+	}
+	e.current, e.hinted = address, hinted
 }
 
 // ---- one request ----------------------------------------------------------
@@ -301,8 +353,9 @@ type request struct {
 	path   string // with the query
 	body   any
 	// Whether repeating it is safe: reads, and writes that do the same
-	// thing twice. Go's transport may then also resend it by itself on a
-	// kept connection the server had closed.
+	// thing twice. It is then also sent again, at once, when a kept
+	// connection turns out closed by the server (wire.go; net/http does
+	// the same).
 	idempotent bool
 }
 
@@ -316,20 +369,51 @@ func post(path string, body any) request {
 
 // send makes one attempt at r on the current endpoint and decodes the
 // answer into out (unless nil). On failure the endpoint moves on (to the
-// leader a follower names) before the error is returned.
+// leader a follower names) before the error is returned; a forwarded
+// answer's leader hint moves it on too.
 func (c *Client) send(ctx context.Context, r request, out any) error {
 	base := c.endpoints.url()
-	var body io.Reader
+	var body []byte
 	if r.body != nil {
-		data, err := json.Marshal(r.body)
-		if err != nil {
+		var err error
+		if body, err = json.Marshal(r.body); err != nil {
 			return newError(KindInvalidArgument, "cannot encode the request: %v", err)
 		}
-		body = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(ctx, r.method, base+r.path, body)
+	answer, err := c.exchange(ctx, base, r, body)
+	var refused *Error
+	if errors.As(err, &refused) {
+		return refused // by this process, before sending
+	}
 	if err != nil {
-		return newError(KindInvalidArgument, "bad request: %v", err)
+		failure := unreachable(base, err)
+		c.endpoints.failed(base, failure)
+		return failure
+	}
+	if failure := parseAnswer(answer.status, answer.body, answer.retryAfter, out); failure != nil {
+		c.endpoints.failed(base, failure)
+		return failure
+	}
+	if answer.leader != "" {
+		c.endpoints.followHint(base, answer.leader)
+	}
+	return nil
+}
+
+// exchange sends r with body to base and reads the answer: over the
+// client's own HTTP/1.1 connections for http:// (wire.go), through
+// net/http, which speaks HTTP/2, for https://.
+func (c *Client) exchange(ctx context.Context, base string, r request, body []byte) (reply, error) {
+	if strings.HasPrefix(base, "http://") {
+		return c.wire.call(ctx, base[len("http://"):], r.method, r.path, c.auth, body, r.idempotent)
+	}
+	var reader io.Reader
+	if body != nil {
+		reader = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, r.method, base+r.path, reader)
+	if err != nil {
+		return reply{}, newError(KindInvalidArgument, "bad request: %v", err)
 	}
 	if body != nil {
 		req.Header["Content-Type"] = []string{"application/json"}
@@ -343,22 +427,19 @@ func (c *Client) send(ctx context.Context, r request, out any) error {
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		failure := unreachable(base, err)
-		c.endpoints.failed(base, failure)
-		return failure
+		return reply{}, err
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
-		failure := unreachable(base, err)
-		c.endpoints.failed(base, failure)
-		return failure
+		return reply{}, err
 	}
-	if failure := parseAnswer(resp.StatusCode, raw, resp.Header.Get("Retry-After"), out); failure != nil {
-		c.endpoints.failed(base, failure)
-		return failure
-	}
-	return nil
+	return reply{
+		status:     resp.StatusCode,
+		body:       raw,
+		leader:     resp.Header.Get(leaderHeader),
+		retryAfter: resp.Header.Get("Retry-After"),
+	}, nil
 }
 
 type errorAnswer struct {
@@ -476,6 +557,15 @@ type retryPolicy struct {
 	giveUp    time.Time
 	lost      func() error
 	retryable func(error) bool
+	// idempotentChange: the call changes state and a repeat does nothing
+	// more (opening a session, a fenced put or delete, a proclaim). But a
+	// refusal of the repeat does not say the first attempt did nothing: a
+	// fenced put that went through, its answer lost, then refused as
+	// stale once a newer holder fenced the key. After an attempt of
+	// unknown outcome, a refusal is reported as that: unavailable, the
+	// outcome unknown (found by the Rust client's simulation, seed 190: a
+	// counter one above its acknowledged increments).
+	idempotentChange bool
 }
 
 // retrying calls attempt until it succeeds, fails in a way not worth
@@ -491,6 +581,9 @@ func (c *Client) retrying(ctx context.Context, policy retryPolicy, attempt func(
 	if retryable == nil {
 		retryable = transient
 	}
+	// An earlier attempt that may have gone through: what a later one is
+	// refused with is then not the whole story.
+	var maybeDone *Error
 	for {
 		if policy.lost != nil {
 			if err := policy.lost(); err != nil {
@@ -502,7 +595,14 @@ func (c *Client) retrying(ctx context.Context, policy retryPolicy, attempt func(
 			return nil
 		}
 		if !retryable(err) {
+			var refused *Error
+			if maybeDone != nil && errors.As(err, &refused) {
+				return ofUnknownOutcome(maybeDone, refused)
+			}
 			return err
+		}
+		if policy.idempotentChange && maybeDone == nil && mayHaveBeenDone(err) {
+			errors.As(err, &maybeDone)
 		}
 		if ctx.Err() != nil {
 			return withCause(err, ctx.Err())
@@ -541,15 +641,17 @@ func (c *Client) bounded(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(ctx, c.callTimeout)
 }
 
-// call sends r, repeating it through outages and leader changes (if it is
-// safe to repeat) until ctx's deadline, or the call timeout without one.
+// call sends r, repeating it through outages and leader changes until
+// ctx's deadline, or the call timeout without one: after any failure if it
+// is idempotent, else only after one that certainly had no effect.
 func (c *Client) call(ctx context.Context, r request, out any) error {
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
+	policy := retryPolicy{idempotentChange: r.method != http.MethodGet}
 	if !r.idempotent {
-		return c.send(ctx, r, out)
+		policy = retryPolicy{retryable: HadNoEffect}
 	}
-	return c.retrying(ctx, retryPolicy{}, func(ctx context.Context) error { return c.send(ctx, r, out) })
+	return c.retrying(ctx, policy, func(ctx context.Context) error { return c.send(ctx, r, out) })
 }
 
 // checkName refuses what the server would refuse anyway, before a session

@@ -62,7 +62,8 @@ func (l *Leadership) Proclaim(ctx context.Context, value string) error {
 	}{s.handle.ID, s.handle.Secret, l.Name(), l.Term(), value}
 	ctx, cancel := s.client.bounded(ctx)
 	defer cancel()
-	err := s.client.retrying(ctx, retryPolicy{lost: s.leaseError}, func(ctx context.Context) error {
+	policy := retryPolicy{lost: s.leaseError, idempotentChange: true}
+	err := s.client.retrying(ctx, policy, func(ctx context.Context) error {
 		return s.client.send(ctx, post("/v1/election/proclaim", body), nil)
 	})
 	if err == nil {

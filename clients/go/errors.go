@@ -56,6 +56,7 @@ type Error struct {
 	KeptAfter, CurrentIndex uint64
 
 	unsent  bool  // the request never left this process
+	unknown bool  // a change cut off with its outcome unknown, then refused on repeat
 	closed  bool  // the session was closed by its owner
 	expired bool  // the client could not renew the lease in time
 	cause   error // what the transport said, or the context's error
@@ -87,6 +88,14 @@ func (e *Error) HadNoEffect() bool {
 	}
 	return false
 }
+
+// OutcomeUnknown reports whether the call changed state, its first attempt
+// was cut off (the connection broke after sending, or a forwarding node
+// lost the leader with the answer on its way), and a repeat was refused:
+// the refusal (a stale token, say, once another holder fenced the key)
+// does not say whether the first attempt was done, so neither can this
+// error. Its Kind is KindUnavailable; read the state again to know.
+func (e *Error) OutcomeUnknown() bool { return e.unknown }
 
 // Is matches the Err* values by kind (ErrLost matches every kind that
 // means the lease is gone); context.DeadlineExceeded for a wait that timed
@@ -188,6 +197,26 @@ var (
 
 func newError(kind Kind, format string, args ...any) *Error {
 	return &Error{Kind: kind, Message: fmt.Sprintf(format, args...)}
+}
+
+// ofUnknownOutcome is the error of a change whose attempt earlier was cut
+// off with its outcome unknown, and whose repeat was refused. It does not
+// wrap refused: errors.Is(err, ErrStaleToken) would read as "not done".
+func ofUnknownOutcome(earlier, refused *Error) *Error {
+	return &Error{
+		Kind: KindUnavailable,
+		Message: fmt.Sprintf("%s; repeated, the call was refused (%s: %s), which does not say whether "+
+			"the first attempt was done: it may have been, its outcome is unknown", earlier.Message, refused.Kind, refused.Message),
+		cause:   earlier.cause,
+		unknown: true,
+	}
+}
+
+// mayHaveBeenDone: err is an attempt's failure that does not say whether
+// the server did it (the connection broke after sending, or a forwarding
+// node lost its leader with the call in flight).
+func mayHaveBeenDone(err error) bool {
+	return ErrorKind(err) == KindUnavailable && !HadNoEffect(err)
 }
 
 // transient: worth repeating as is after a backoff.

@@ -77,6 +77,42 @@ func TestSemaphore(t *testing.T) {
 	}
 }
 
+// An admin's semaphore: defined, it stays while unused and lends its
+// capacity to acquirers that ask for 0; deleted, it goes.
+func TestDefinedSemaphore(t *testing.T) {
+	client := connect(t)
+	ctx := within(t, 20*time.Second)
+	defined, err := client.DefineSemaphore(ctx, "go/sem/defined", 4)
+	if err != nil || defined == nil || !defined.Defined || defined.Capacity != 4 {
+		t.Fatalf("defined %+v %v", defined, err)
+	}
+	g, err := client.Semaphore(ctx, "go/sem/defined", 0, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Permits()) != 3 {
+		t.Fatalf("permits %+v", g.Permits())
+	}
+	if resized, err := client.DefineSemaphore(ctx, "go/sem/defined", 6); err != nil || resized == nil || resized.Capacity != 6 {
+		t.Fatalf("resized while held: %+v %v", resized, err)
+	}
+	if err := g.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if status, err := client.SemaphoreStatus(ctx, "go/sem/defined"); err != nil || status == nil || !status.Defined {
+		t.Fatalf("unused, a defined semaphore stays: %+v %v", status, err)
+	}
+	if left, err := client.DeleteSemaphore(ctx, "go/sem/defined"); err != nil || left != nil {
+		t.Fatalf("deleted, unused: %+v %v", left, err)
+	}
+	if status, err := client.SemaphoreStatus(ctx, "go/sem/defined"); err != nil || status != nil {
+		t.Fatalf("after the delete: %+v %v", status, err)
+	}
+	if _, err := client.DeleteSemaphore(ctx, "go/sem/defined"); !errors.Is(err, deadbolt.ErrInvalidArgument) {
+		t.Fatalf("deleting one nobody defined: %v", err)
+	}
+}
+
 func TestElection(t *testing.T) {
 	client := connect(t)
 	ctx := within(t, 20*time.Second)

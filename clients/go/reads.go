@@ -150,6 +150,44 @@ func (c *Client) SemaphoreStatus(ctx context.Context, name string) (*SemaphoreSt
 	return answer.State, nil
 }
 
+// DefineSemaphore creates the semaphore name with capacity permits, kept
+// while nobody holds it, or changes the capacity of the one that exists
+// (docs/semaphores.md); it needs the admin permission. Acquirers may then
+// ask for capacity 0 to take what it has. It returns the semaphore's state.
+func (c *Client) DefineSemaphore(ctx context.Context, name string, capacity uint32) (*SemaphoreStatus, error) {
+	body := struct {
+		Semaphore string `json:"semaphore"`
+		Capacity  uint32 `json:"capacity"`
+	}{name, capacity}
+	return c.semaphoreDefinition(ctx, "/v1/semaphore/define", body)
+}
+
+// DeleteSemaphore drops the definition of the semaphore name: it goes once
+// nobody holds or waits on it. It needs the admin permission, and fails
+// with ErrInvalidArgument for a semaphore nobody defined. It returns what
+// is left of the semaphore (nil if nothing).
+func (c *Client) DeleteSemaphore(ctx context.Context, name string) (*SemaphoreStatus, error) {
+	body := struct {
+		Semaphore string `json:"semaphore"`
+	}{name}
+	return c.semaphoreDefinition(ctx, "/v1/semaphore/delete", body)
+}
+
+// semaphoreDefinition sends a definition's change, repeated only if it
+// certainly had no effect (as the Rust client does): a delete repeated
+// after one that went through would be refused, not-defined.
+func (c *Client) semaphoreDefinition(ctx context.Context, path string, body any) (*SemaphoreStatus, error) {
+	var answer struct {
+		State *SemaphoreStatus `json:"state"`
+	}
+	r := post(path, body)
+	r.idempotent = false
+	if err := c.call(ctx, r, &answer); err != nil {
+		return nil, err
+	}
+	return answer.State, nil
+}
+
 // ---- the fenced store ----------------------------------------------------------
 
 // Stored is a key of the fenced store: its value (Found false if it has

@@ -85,7 +85,8 @@ func (c *Client) NewSession(ctx context.Context, opts ...LockOption) (*Session, 
 	// Repeated through outages like every call: a repeat after an attempt
 	// that did get through opens a second session, which holds nothing
 	// and expires after its TTL.
-	err := c.retrying(ctx, retryPolicy{}, func(ctx context.Context) error { return c.send(ctx, open, &answer) })
+	policy := retryPolicy{idempotentChange: true}
+	err := c.retrying(ctx, policy, func(ctx context.Context) error { return c.send(ctx, open, &answer) })
 	if err != nil {
 		return nil, err
 	}

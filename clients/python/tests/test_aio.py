@@ -164,3 +164,27 @@ def test_a_wait_ends_with_the_lease_when_the_server_stops_answering(
             await holder.release()
 
     asyncio.run(scenario())
+
+
+def test_locks_of_one_client_share_a_session_lost_together(
+    deadbolt_server: DeadboltServer,
+) -> None:
+    async def scenario() -> None:
+        async with deadbolt.AsyncClient(deadbolt_server.endpoint) as client:
+            first = await client.lock("shared/a", ttl="1s")
+            second = await client.try_lock("shared/b", ttl="1s")
+            assert second is not None and second.session is first.session
+            with deadbolt_server.frozen(1.5):
+                await asyncio.wait_for(first.lost.wait(), timeout=2.0)
+                assert second.lost.is_set()
+            for guard in (first, second):
+                with pytest.raises(deadbolt.LeaseLost):
+                    await guard.release()
+            again = await client.lock("shared/a", ttl="1s", timeout="10s")
+            assert again.session is not first.session
+            await again.release()
+            own = await client.lock("shared/a", own_session=True)
+            await own.release()
+            assert own.session.lost.is_set(), "a session of its own is closed on release"
+
+    asyncio.run(scenario())

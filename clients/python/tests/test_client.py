@@ -229,3 +229,85 @@ def test_a_wait_ends_with_the_lease_when_the_server_stops_answering(
     assert not waiting.is_alive(), "the wait outlived the lease"
     assert outcome and isinstance(outcome[0], deadbolt.LeaseLost), outcome
     holder.release()
+
+
+def test_locks_of_one_client_share_a_session_and_callers_of_one_lock_take_turns(
+    deadbolt_server: DeadboltServer,
+) -> None:
+    client = deadbolt.Client(deadbolt_server.endpoint)
+    first = client.lock("shared/a")
+    second = client.try_lock("shared/b")
+    assert second is not None and second.session is first.session
+    # A second caller of the same lock needs a session of its own, and
+    # queues behind the holder.
+    taken: list[deadbolt.Guard] = []
+    waiter = threading.Thread(target=lambda: taken.append(client.lock("shared/a", timeout="10s")))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while not (status := client.status("shared/a")) or not status.waiters:
+        assert time.monotonic() < deadline, "never queued"
+        time.sleep(0.02)
+    first.release()
+    waiter.join(timeout=10)
+    assert taken and taken[0].session is not first.session and taken[0].token > first.token
+    taken[0].release()
+    second.release()
+    own = client.lock("shared/a", own_session=True)
+    assert own.session is not first.session
+    own.release()
+    assert own.session.lost.is_set(), "a session of its own is closed on release"
+    assert not first.session.lost.is_set()
+    client.close()
+    assert first.session.lost.is_set(), "closing the client closes its shared sessions"
+
+
+def test_a_lost_shared_lease_stops_every_lock_in_it_before_another_holder_is_granted(
+    deadbolt_server: DeadboltServer,
+) -> None:
+    client = deadbolt.Client(deadbolt_server.endpoint)
+    names = ["shared/a", "shared/b"]
+    guards = [client.lock(name, ttl="1s") for name in names]
+    assert guards[0].session is guards[1].session
+    lost_at: dict[str, float] = {}
+    granted_at: dict[str, float] = {}
+
+    def watch(guard: deadbolt.Guard) -> None:
+        guard.lost.wait()
+        lost_at[guard.name] = time.monotonic()
+
+    other = deadbolt.Client(deadbolt_server.endpoint)
+
+    def take(name: str) -> None:
+        with other.lock(name, ttl="10s", timeout="20s"):
+            granted_at[name] = time.monotonic()
+
+    threads = [threading.Thread(target=watch, args=(guard,)) for guard in guards]
+    threads += [threading.Thread(target=take, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for name in names:
+        deadline = time.monotonic() + 10
+        while not (status := client.status(name)) or not status.waiters:
+            assert time.monotonic() < deadline, "never queued"
+            time.sleep(0.02)
+    with deadbolt_server.frozen(2.0):
+        pass
+    for thread in threads:
+        thread.join(timeout=20)
+    for name in names:
+        assert lost_at[name] < granted_at[name], "another holder was granted before lost was set"
+    for guard in guards:
+        with pytest.raises(deadbolt.LeaseLost):
+            guard.release()
+    # The next lock of the client is taken in a fresh session.
+    with client.lock("shared/a", ttl="1s", timeout="10s") as again:
+        assert again.session is not guards[0].session and not again.lost.is_set()
+    client.close()
+    other.close()
+
+
+def test_an_idle_shared_session_is_closed_by_its_watchdog(deadbolt_server: DeadboltServer) -> None:
+    client = deadbolt.Client(deadbolt_server.endpoint)
+    guard = client.lock("idle", ttl="1s")
+    guard.release()
+    assert isinstance(guard.session.wait_lost(timeout=3.0), deadbolt.UnknownSession)

@@ -139,8 +139,26 @@ def test_only_a_sent_request_with_no_answer_has_an_unknown_outcome() -> None:
     assert protocol.outcome_unknown(sent)
     assert not protocol.outcome_unknown(unsent)
     assert not protocol.outcome_unknown(deadbolt.NotLeader("no leader yet"))
-    release = protocol.Repeats("not_holder")
-    assert not release.went_through(unsent)
+    release = protocol.Retry(done="not_holder", changes=True)
+    release.delay_after(unsent)
     assert not release.went_through(deadbolt.NotHolder("not holder"))
-    assert not release.went_through(sent)
+    release.delay_after(sent)
     assert release.went_through(deadbolt.NotHolder("not holder"))
+
+
+def test_a_change_refused_after_an_unknown_outcome_has_an_unknown_outcome() -> None:
+    cut_off = deadbolt.Unavailable("the forwarding node may or may not have done it")
+    put = protocol.Retry(changes=True)
+    put.delay_after(deadbolt.NotLeader("no leader yet"))
+    put.delay_after(cut_off)
+    with pytest.raises(deadbolt.Unavailable, match="may have been done") as raised:
+        put.delay_after(deadbolt.StaleToken("token 3 is below the fence 4"))
+    assert raised.value.outcome_unknown and "token 3" in str(raised.value)
+    # A lost session is the answer whatever the first attempt did; a read
+    # changes nothing, so its refusal is the truth.
+    with pytest.raises(deadbolt.UnknownSession):
+        put.delay_after(deadbolt.UnknownSession("no session 7"))
+    read = protocol.Retry()
+    read.delay_after(cut_off)
+    with pytest.raises(deadbolt.NotHolder):
+        read.delay_after(deadbolt.NotHolder("not holder"))

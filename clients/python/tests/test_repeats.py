@@ -160,7 +160,8 @@ def test_a_release_whose_first_answer_was_lost_is_done(node: Node, flavour: str)
     node.script["/v1/session/close"] = [FORWARD_FAILED, error("unknown_session")]
 
     async def scenario(client: Any) -> None:
-        async_with = await done(client.lock("job", ttl="30s"))
+        # A session of its own, so that releasing the lock closes it.
+        async_with = await done(client.lock("job", ttl="30s", own_session=True))
         await done(async_with.release())
 
     both(lambda client: _sync_or_async(scenario, client, flavour), node.url, flavour)
@@ -182,6 +183,44 @@ def test_not_holder_after_a_release_that_never_left_is_an_error(node: Node, flav
             await done(guard.release())
 
     both(lambda client: _sync_or_async(scenario, client, flavour), [refused, node.url], flavour)
+
+
+@FLAVOURS
+def test_a_change_refused_when_repeated_after_an_unknown_outcome_has_an_unknown_outcome(
+    node: Node, flavour: str
+) -> None:
+    # The first put may have been written before its answer was lost; the
+    # repeat's stale_token (a newer holder fenced the key since) does not
+    # say it was not, so the put's outcome is unknown, not refused. The
+    # same for a release refused otherwise than by not_holder.
+    node.script["/v1/store/put"] = ["drop", error("stale_token")]
+    node.script["/v1/lock/release"] = [FORWARD_FAILED, error("stale_token")]
+
+    async def scenario(client: Any) -> None:
+        with pytest.raises(deadbolt.Unavailable, match="may have been") as put:
+            await done(client.put("balance/42", "100", 42))
+        assert put.value.outcome_unknown
+        guard = await done(client.lock("job", ttl="30s"))
+        with pytest.raises(deadbolt.Unavailable, match="may have been") as release:
+            await done(guard.release())
+        assert release.value.outcome_unknown
+
+    both(lambda client: _sync_or_async(scenario, client, flavour), node.url, flavour)
+    assert node.count("/v1/store/put") == 2
+    assert node.count("/v1/lock/release") == 2
+
+
+@FLAVOURS
+def test_a_refusal_after_attempts_that_did_nothing_is_the_refusal(node: Node, flavour: str) -> None:
+    # not_leader, and a connection refused, mean nothing was done: the
+    # stale_token that follows is the whole story.
+    node.script["/v1/store/put"] = [NO_LEADER, error("stale_token")]
+
+    async def scenario(client: Any) -> None:
+        with pytest.raises(deadbolt.StaleToken):
+            await done(client.put("balance/42", "100", 42))
+
+    both(lambda client: _sync_or_async(scenario, client, flavour), node.url, flavour)
 
 
 @FLAVOURS

@@ -15,16 +15,21 @@ export interface Call<T> {
   path: string;
   body: Body | undefined;
   parse: (answer: Answer) => T;
-  /** Safe to repeat: reads, and writes that do the same thing twice. */
-  retry: boolean;
+  /**
+   * A change of state (every call is repeated through a failover: reads,
+   * and writes that do the same thing twice). A change's repeat that is
+   * refused after an attempt whose answer was lost does not say whether
+   * that attempt was done (see `Client.retrying`).
+   */
+  changes: boolean;
 }
 
 function get<T>(path: string, parse: (answer: Answer) => T, query: Record<string, string>): Call<T> {
-  return { method: "GET", path: `${path}?${new URLSearchParams(query)}`, body: undefined, parse, retry: true };
+  return { method: "GET", path: `${path}?${new URLSearchParams(query)}`, body: undefined, parse, changes: false };
 }
 
-function post<T>(path: string, body: Body, parse: (answer: Answer) => T, retry = true): Call<T> {
-  return { method: "POST", path, body, parse, retry };
+function post<T>(path: string, body: Body, parse: (answer: Answer) => T, changes = true): Call<T> {
+  return { method: "POST", path, body, parse, changes };
 }
 
 /** A session's id and secret: together, what it takes to act on the session. */
@@ -283,8 +288,9 @@ export const calls = {
     }));
   },
 
+  /** Not a change whose outcome matters: a refused keepalive (the session gone) is the truth either way. */
   keepAlive(handle: SessionHandle): Call<number> {
-    return post("/v1/session/keepalive", handle.fields(), (a) => int(a["ttl_ms"]));
+    return post("/v1/session/keepalive", handle.fields(), (a) => int(a["ttl_ms"]), false);
   },
 
   closeSession(handle: SessionHandle): Call<void> {

@@ -2,11 +2,20 @@
  * `Client`, `Session` (a lease renewed in the background) and `Guard` (a
  * held lock and its fencing token). The rules are `protocol.ts`'s and the
  * requests `calls.ts`'; this file decides when to send and retry.
+ *
+ * `client.lock`, `tryLock` and `withLock` take their locks in sessions the
+ * client shares (`SessionPool`, as etcd's `concurrency.Session` is shared),
+ * not in a session each: a session of its own cost every lock two more
+ * round trips (open and close) and a watchdog of its own, and the
+ * README's `withLock` loop did half the pairs per second of an explicit
+ * session's (issue 60). The price is shared fate: a lost lease loses every
+ * lock of that session at once, which the docs say; `ownSession` keeps a
+ * lock's loss its own.
  */
 
 import { type Body, type Call, type Grant, type Leader, type LockStatus, type Permit, type SemaphoreStatus, SessionHandle, type Stored, type AuditEntry, type WatchEvent, Target, WATCH_POLL, calls } from "./calls.js";
 import { DeadboltError, InvalidArgumentError, LeaseLostError, LockBusyError, NotLeaderError, UnavailableError, UnknownSessionError, WaitTimeoutError } from "./errors.js";
-import { Backoff, type Duration, Endpoints as EndpointRing, Lease, encodeBody, endsSession, isTransient, mayHaveBeenDone, millis, nextAttempt, normalize, now, parseAnswer, unreachable } from "./protocol.js";
+import { Backoff, type Duration, Endpoints as EndpointRing, Lease, encodeBody, endsSession, isTransient, mayHaveBeenDone, millis, nextAttempt, normalize, now, parseAnswer, unknownOutcome, unreachable } from "./protocol.js";
 import { type Lane, type TlsFiles, Transport, TransportError } from "./transport.js";
 
 /** How long a call that does not wait on a lock may take before it counts as unanswered. */
@@ -14,6 +23,8 @@ const CALL_TIMEOUT = 10_000;
 const CONNECT_TIMEOUT = 2_000;
 /** How long after an acquire is abandoned its clean-up looks for a grant. */
 const CLEAN_UP_DELAY = 1_000;
+/** How long `client.close()` waits for each shared session's close. */
+const CLOSE_AT_EXIT = 1_000;
 
 /**
  * Where the cluster is: one URL (`"http://10.0.0.1:7070"`, or a bare
@@ -132,7 +143,24 @@ export interface WaitOptions {
   signal?: AbortSignal;
 }
 
-export type LockOptions = SessionOptions & WaitOptions;
+/** The lease TTL and margin of `options`, in ms. */
+function leaseOf(options: SessionOptions): { ttl: number; margin: number } {
+  const ttl = millis(options.ttl ?? "30s", "ttl");
+  return { ttl, margin: options.margin === undefined ? Math.min(ttl / 10, 2000) : millis(options.margin, "margin") };
+}
+
+export interface TryLockOptions extends SessionOptions {
+  /**
+   * Take the lock in a session of its own, opened for it and closed when
+   * it is released: its lease is lost only with its own renewals, never
+   * with another lock's, for two more round trips per lock. Without it
+   * (the default) the lock shares the client's session of its TTL and
+   * margin with every other lock of the client.
+   */
+  ownSession?: boolean;
+}
+
+export type LockOptions = TryLockOptions & WaitOptions;
 
 function sleep(ms: number, unref = false, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
@@ -153,6 +181,8 @@ function sleep(ms: number, unref = false, signal?: AbortSignal): Promise<void> {
 export class Client {
   private readonly endpoints: EndpointRing;
   private readonly transport: Transport;
+  /** The sessions `lock`, `tryLock` and `withLock` share, by TTL and margin. */
+  private readonly pools = new Map<string, SessionPool>();
 
   /**
    * `new Client("http://10.0.0.1:7070,http://10.0.0.2:7070")`,
@@ -206,11 +236,27 @@ export class Client {
    */
   async retrying<T>(
     request: () => Promise<T>,
-    options: { giveUp?: number | undefined; lost?: () => DeadboltError | undefined; retryable?: (error: unknown) => boolean; signal?: AbortSignal | undefined } = {},
+    options: {
+      giveUp?: number | undefined;
+      lost?: () => DeadboltError | undefined;
+      retryable?: (error: unknown) => boolean;
+      signal?: AbortSignal | undefined;
+      /**
+       * The request changes state. After an attempt that may have been done
+       * (its answer lost), a refusal of a repeat does not say whether that
+       * attempt was done: it is thrown as an `UnavailableError` whose
+       * outcome is unknown (the Rust client's rule), unless it is `doneIf`,
+       * a refusal that means the attempt was done (`not_holder` after a
+       * release), and then the call's `answer`. A refusal that ends the
+       * session is the truth either way: nothing of it is held.
+       */
+      changes?: boolean | { doneIf: string; answer: T };
+    } = {},
   ): Promise<T> {
     const backoff = new Backoff();
     const retryable = options.retryable ?? isTransient;
     let hops = 0;
+    let cutOff: DeadboltError | undefined;
     for (;;) {
       options.signal?.throwIfAborted();
       const ended = options.lost?.();
@@ -218,7 +264,13 @@ export class Client {
       try {
         return await request();
       } catch (error) {
-        if (!(error instanceof DeadboltError) || !retryable(error)) throw error;
+        if (!(error instanceof DeadboltError)) throw error;
+        if (!retryable(error)) {
+          if (cutOff === undefined) throw error;
+          if (typeof options.changes === "object" && error.kind === options.changes.doneIf) return options.changes.answer;
+          throw endsSession(error) ? error : unknownOutcome(cutOff, error);
+        }
+        if (options.changes && mayHaveBeenDone(error)) cutOff ??= error;
         const elsewhere =
           (error instanceof NotLeaderError && error.leader !== undefined) || (error instanceof UnavailableError && error.unsent);
         const delay = elsewhere && hops < this.endpoints.urls.length ? 0 : backoff.delayAfter(error);
@@ -231,13 +283,12 @@ export class Client {
 
   /** A call that is not a lock's: repeated through a failover for up to the call budget (10 s). */
   private call<T>(call: Call<T>): Promise<T> {
-    if (!call.retry) return this.send(call);
-    return this.retrying(() => this.send(call), { giveUp: now() + CALL_TIMEOUT });
+    return this.retrying(() => this.send(call), { giveUp: now() + CALL_TIMEOUT, changes: call.changes });
   }
 
   /** Opens a session: a lease renewed every third of its TTL in the background. */
   session(options: SessionOptions = {}): Promise<Session> {
-    return this.openSession(options, now() + CALL_TIMEOUT, undefined);
+    return this.openSession(leaseOf(options), now() + CALL_TIMEOUT, undefined);
   }
 
   /**
@@ -247,9 +298,8 @@ export class Client {
    * ends by itself one TTL later. Failing the caller instead would turn
    * every leader change into an error.
    */
-  private async openSession(options: SessionOptions, giveUp: number, signal: AbortSignal | undefined): Promise<Session> {
-    const ttl = millis(options.ttl ?? "30s", "ttl");
-    const margin = options.margin === undefined ? Math.min(ttl / 10, 2000) : millis(options.margin, "margin");
+  /** @internal */
+  async openSession({ ttl, margin }: { ttl: number; margin: number }, giveUp: number, signal: AbortSignal | undefined): Promise<Session> {
     const open = calls.openSession(ttl);
     let sent = now();
     const opened = await this.retrying(() => {
@@ -257,38 +307,58 @@ export class Client {
       // opened it: no earlier than this.
       sent = now();
       return this.send(open, signal ? { signal } : {});
-    }, { giveUp, signal });
+    }, { giveUp, signal, changes: true });
     return new Session(this, opened.handle, opened.ttlMs, sent, margin);
   }
 
   /**
-   * Takes `name` in a session of its own, waiting in FIFO order. Releasing
-   * the guard (or disposing it: `await using`) closes the session. If the
-   * lock is not acquired, this throws: code after it never runs without it.
+   * Takes `name`, waiting in FIFO order, in the session this client shares
+   * between its locks of the same TTL and margin (opened on first use, and
+   * renewed by one watchdog): every lock of that session is lost together
+   * if its lease is, and `guard.signal` of each aborts at once. With
+   * `ownSession`, in a session of its own, closed on release. If the lock
+   * is not acquired, this throws: code after it never runs without it.
    * `timeout` bounds the whole call, a failover's repeats included.
    */
-  async lock(name: string, options: LockOptions = {}): Promise<Guard> {
+  lock(name: string, options: LockOptions = {}): Promise<Guard> {
     const giveUp = options.timeout === undefined ? undefined : now() + millis(options.timeout, "timeout");
-    const session = await this.openSession(options, giveUp ?? now() + CALL_TIMEOUT, options.signal);
-    try {
+    return this.inSession(name, options, giveUp ?? now() + CALL_TIMEOUT, options.signal, (session) => {
       const wait: WaitOptions = {};
       if (giveUp !== undefined) wait.timeout = Math.max(giveUp - now(), 0);
       if (options.signal) wait.signal = options.signal;
-      const guard = await session.lock(name, wait);
-      guard.ownsSession = true;
-      return guard;
-    } catch (error) {
-      await session.close();
-      throw error;
-    }
+      return session.lock(name, wait);
+    });
   }
 
-  /** Takes `name` if it is free, in a session of its own; `null` if someone holds it. */
-  async tryLock(name: string, options: SessionOptions = {}): Promise<Guard | null> {
+  /** Takes `name` if it is free (in the shared session, as `lock` does); `null` if someone holds it. */
+  tryLock(name: string, options: TryLockOptions = {}): Promise<Guard | null> {
     const giveUp = now() + CALL_TIMEOUT;
-    const session = await this.openSession(options, giveUp, undefined);
+    return this.inSession(name, options, giveUp, undefined, (session) => session.tryWithin(Target.lock(name), giveUp));
+  }
+
+  /**
+   * Runs `acquire` in a session in which `name` is free: the shared one of
+   * `options`' TTL and margin, or one opened for this lock alone
+   * (`ownSession`), closed when its guard is released or the lock is not
+   * acquired.
+   */
+  private async inSession<G extends Guard | null>(
+    name: string,
+    options: TryLockOptions,
+    giveUp: number,
+    signal: AbortSignal | undefined,
+    acquire: (session: Session) => Promise<G>,
+  ): Promise<G> {
+    const lease = leaseOf(options);
+    if (!options.ownSession) {
+      const key = `${lease.ttl} ${lease.margin}`;
+      let pool = this.pools.get(key);
+      if (!pool) this.pools.set(key, (pool = new SessionPool(this, lease)));
+      return pool.run(name, giveUp, signal, acquire);
+    }
+    const session = await this.openSession(lease, giveUp, signal);
     try {
-      const guard = await session.tryWithin(Target.lock(name), giveUp);
+      const guard = await acquire(session);
       if (guard) guard.ownsSession = true;
       else await session.close();
       return guard;
@@ -383,9 +453,103 @@ export class Client {
     return this.call(calls.keepAlive(handle));
   }
 
-  /** Closes the kept connections. */
-  close(): void {
+  /**
+   * Closes the sessions `lock` shares (releasing what they still hold; one
+   * attempt each, of at most 1 s: a lease left behind ends by itself) and
+   * then the kept connections.
+   */
+  async close(): Promise<void> {
+    const pools = [...this.pools.values()];
+    this.pools.clear();
+    await Promise.all(pools.map((pool) => pool.close()));
     this.transport.close();
+  }
+}
+
+/**
+ * `promise`, unless `signal` aborts or `giveUp` passes first: a caller's
+ * own limits on a wait it shares with other callers.
+ */
+function settleWithin<T>(promise: Promise<T>, giveUp: number, signal: AbortSignal | undefined, late: () => Error): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const settle = (done: () => void): void => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+      done();
+    };
+    const timer = setTimeout(() => settle(() => reject(late())), Math.max(giveUp - now(), 0));
+    const onAbort = (): void => settle(() => reject(signal?.reason));
+    signal?.addEventListener("abort", onAbort, { once: true });
+    promise.then(
+      (value) => settle(() => resolve(value)),
+      (error: unknown) => settle(() => reject(error)),
+    );
+  });
+}
+
+/**
+ * The sessions a client's `lock`, `tryLock` and `withLock` share, for one
+ * TTL and margin: one session, opened on first use, holds every lock; a
+ * second (third, ...) is opened only while the same name is wanted again
+ * in this client, since a session holds a lock once (the server answers a
+ * repeat by the same session with the grant it has), and so each waiter
+ * keeps its own FIFO place on the server. A session that held nothing for
+ * a whole renewal interval is closed instead of renewed.
+ */
+class SessionPool {
+  private readonly sessions: Session[] = [];
+  /** The session being opened, which callers that found no free one wait for together. */
+  private opening: Promise<Session> | undefined;
+
+  constructor(
+    private readonly client: Client,
+    private readonly lease: { ttl: number; margin: number },
+  ) {}
+
+  /**
+   * `acquire` in a live session in which `name` is free, called in the
+   * same turn as it is found free, so that no other caller takes the name
+   * in it first. Waits for a session to be opened, until `giveUp` or
+   * `signal`.
+   */
+  async run<T>(name: string, giveUp: number, signal: AbortSignal | undefined, acquire: (session: Session) => Promise<T>): Promise<T> {
+    for (;;) {
+      signal?.throwIfAborted();
+      const free = this.freeFor(name);
+      if (free) return acquire(free);
+      this.opening ??= this.open();
+      await settleWithin(this.opening, giveUp, signal, () =>
+        new WaitTimeoutError("wait_timeout", `timed out opening a session for lock ${JSON.stringify(name)}`),
+      );
+    }
+  }
+
+  private freeFor(name: string): Session | undefined {
+    for (let i = 0; i < this.sessions.length; ) {
+      const session = this.sessions[i] as Session;
+      if (session.signal.aborted) {
+        this.sessions.splice(i, 1);
+        continue;
+      }
+      if (!session.isBusyWith(name)) return session;
+      i++;
+    }
+    return undefined;
+  }
+
+  private async open(): Promise<Session> {
+    try {
+      const session = await this.client.openSession(this.lease, now() + CALL_TIMEOUT, undefined);
+      session.closesWhenIdle = true;
+      this.sessions.push(session);
+      return session;
+    } finally {
+      this.opening = undefined;
+    }
+  }
+
+  close(): Promise<void> {
+    return Promise.all(this.sessions.splice(0).map((session) => session.closeWithin(CLOSE_AT_EXIT))).then(() => undefined);
   }
 }
 
@@ -402,6 +566,10 @@ export class Session {
   private changed: { promise: Promise<void>; resolve: () => void };
   private readonly inUse = new Set<string>();
   private alarm: ReturnType<typeof setTimeout> | undefined;
+  /** @internal A shared session (`SessionPool`): closed rather than renewed once it held nothing for a renewal interval. */
+  closesWhenIdle = false;
+  /** Whether a lock was held or wanted through this session since its last renewal. */
+  private usedSinceRenewal = false;
 
   constructor(
     /** The client this session was opened through. */
@@ -499,6 +667,11 @@ export class Session {
     while (!this.lease.ended) {
       await sleep(lastSent + interval - now(), true);
       if (this.lease.ended) return;
+      if (this.closesWhenIdle && !this.usedSinceRenewal && this.inUse.size === 0) {
+        await this.close();
+        return;
+      }
+      this.usedSinceRenewal = this.inUse.size > 0;
       const deadline = this.lease.deadline;
       const sent = now();
       let granted: number;
@@ -577,6 +750,11 @@ export class Session {
     return this.acquire(Target.election(election, value), true, options);
   }
 
+  /** @internal Whether `name` is held or being acquired through this session. */
+  isBusyWith(name: string): boolean {
+    return this.inUse.has(name);
+  }
+
   /** This session's place in lock `name`'s queue (0 is next), or `undefined` if it is not waiting. */
   async queuePosition(name: string): Promise<number | undefined> {
     const status = await this.client.status(name);
@@ -616,6 +794,7 @@ export class Session {
     }
     options.signal?.throwIfAborted();
     this.inUse.add(name);
+    this.usedSinceRenewal = true;
     const send = (): Promise<Grant> => {
       const body: Body = { ...this.handle.fields(), ...target.fields, wait };
       let readTimeout: number | undefined = CALL_TIMEOUT;
@@ -692,47 +871,40 @@ export class Session {
 
   /** @internal */
   async release(target: Target, token: bigint): Promise<void> {
-    let maybeApplied = false;
     const release = target.release(this.handle, token);
     try {
-      await this.client.retrying(async () => {
-        try {
-          // An answer after the lease's end means nothing: wait no longer.
-          return await this.client.send(release, { wait: Math.max(Math.min(CALL_TIMEOUT, this.deadline - now()), 1) });
-        } catch (error) {
-          // A live session holds its locks until it releases them: "not
-          // holder" after a send whose reply was lost means it went through.
-          if (error instanceof DeadboltError && error.kind === "not_holder" && maybeApplied) return;
-          if (mayHaveBeenDone(error)) maybeApplied = true;
-          throw error;
-        }
-      }, { lost: () => this.lostReason() });
+      // An answer after the lease's end means nothing: wait no longer.
+      await this.client.retrying(() => this.client.send(release, { wait: Math.max(Math.min(CALL_TIMEOUT, this.deadline - now()), 1) }), {
+        lost: () => this.lostReason(),
+        // A live session holds its locks until it releases them: "not
+        // holder" after a send whose reply was lost means it went through.
+        changes: { doneIf: "not_holder", answer: undefined },
+      });
     } finally {
       this.inUse.delete(target.name);
     }
   }
 
   /** Stops renewing and ends the session on the server, releasing its locks. */
-  async close(): Promise<void> {
+  close(): Promise<void> {
+    return this.closeWithin(Math.max(this.deadline - now(), 1000));
+  }
+
+  /** @internal `close`, trying for at most `within` ms. */
+  async closeWithin(within: number): Promise<void> {
     if (!this.lease.end(new UnknownSessionError("unknown_session", `session ${this.id} is closed`))) return;
     this.notify();
-    await this.closeQuietly(Math.max(this.deadline - now(), 1000));
+    await this.closeQuietly(within);
   }
 
   private async closeQuietly(within: number): Promise<void> {
-    let maybeApplied = false;
     const close = calls.closeSession(this.handle);
     try {
-      await this.client.retrying(async () => {
-        try {
-          return await this.client.send(close);
-        } catch (error) {
-          // "Unknown session" after a close whose reply was lost: it was closed.
-          if (error instanceof DeadboltError && error.kind === "unknown_session" && maybeApplied) return;
-          if (mayHaveBeenDone(error)) maybeApplied = true;
-          throw error;
-        }
-      }, { giveUp: now() + within });
+      await this.client.retrying(() => this.client.send(close, { wait: Math.max(Math.min(CALL_TIMEOUT, within), 1) }), {
+        giveUp: now() + within,
+        // "Unknown session" after a close whose reply was lost: it was closed.
+        changes: { doneIf: "unknown_session", answer: undefined },
+      });
     } catch {
       // Best effort: the lease ends by itself.
     }
@@ -754,9 +926,11 @@ export class Guard {
   readonly token: bigint;
   /** A semaphore's permits, each with its own token and slot. */
   readonly permits: Permit[];
-  /** @internal */
+  /** @internal Its session is its own (`ownSession`), closed when it is released. */
   ownsSession = false;
   private released = false;
+  /** `signal`'s, made on first use (most guards never read it) while the session is shared. */
+  private signalOfItsOwn: { controller: AbortController; onLost: () => void } | undefined;
 
   constructor(
     readonly session: Session,
@@ -768,16 +942,36 @@ export class Guard {
     this.permits = grant.permits;
   }
 
-  /** Aborts when the lease can no longer be trusted (see `Session.signal`). */
+  /**
+   * Aborts when the lease of the session holding the lock can no longer be
+   * trusted (see `Session.signal`): in the client's shared session, that
+   * is every lock of the session at once. Also aborted once the guard is
+   * released: in a shared session with an `AbortError`, in a session of its
+   * own as the session closes (`UnknownSessionError`).
+   */
   get signal(): AbortSignal {
-    return this.session.signal;
+    if (this.ownsSession) return this.session.signal;
+    if (!this.signalOfItsOwn) {
+      const controller = new AbortController();
+      const shared = this.session.signal;
+      const onLost = (): void => controller.abort(shared.reason);
+      this.signalOfItsOwn = { controller, onLost };
+      if (this.released) controller.abort(this.releasedReason());
+      else if (shared.aborted) onLost();
+      else shared.addEventListener("abort", onLost, { once: true });
+    }
+    return this.signalOfItsOwn.controller.signal;
+  }
+
+  private releasedReason(): DOMException {
+    return new DOMException(`lock ${JSON.stringify(this.name)} (token ${this.token}) was released`, "AbortError");
   }
 
   /** An election leader's new value; `NotHolderError` or `StaleTokenError` once its term is over. */
   async proclaim(value: string): Promise<void> {
     const client = this.session.client;
     const call = calls.proclaim(this.session.handle, this.name, this.token, value);
-    await client.retrying(() => client.send(call), { giveUp: now() + CALL_TIMEOUT });
+    await client.retrying(() => client.send(call), { giveUp: now() + CALL_TIMEOUT, changes: true });
   }
 
   /**
@@ -792,6 +986,11 @@ export class Guard {
       await this.session.release(this.target, this.token);
     } finally {
       if (this.ownsSession) await this.session.close();
+      else if (this.signalOfItsOwn) {
+        const { controller, onLost } = this.signalOfItsOwn;
+        this.session.signal.removeEventListener("abort", onLost);
+        if (!controller.signal.aborted) controller.abort(this.releasedReason());
+      }
     }
   }
 
@@ -805,7 +1004,8 @@ export class Guard {
    * `LeaseLostError`, so a loss never goes unnoticed.
    */
   async [Symbol.asyncDispose](): Promise<void> {
-    const lostDuring = this.signal.aborted && !(this.signal.reason instanceof UnknownSessionError);
+    const { aborted, reason } = this.session.signal;
+    const lostDuring = !this.released && aborted && !(reason instanceof UnknownSessionError);
     await this.release().catch((error: unknown) => {
       if (!lostDuring) throw error;
     });

@@ -48,6 +48,15 @@ export class NotLeaderError extends DeadboltError {
 export class UnavailableError extends DeadboltError {
   /** The request never left this process, so it certainly did nothing. */
   unsent = false;
+  /**
+   * A change whose first attempt was cut off (the connection broke after
+   * it was sent, or a forwarding node said it may or may not have been
+   * done) and whose repeat was refused: the refusal (say, a stale token,
+   * because a newer holder wrote since) does not say whether the first
+   * attempt was done, so neither can this error. Read the state again to
+   * know.
+   */
+  outcomeUnknown = false;
 }
 /** The leader refused the request for now; nothing was done. */
 export class OverloadedError extends DeadboltError {

@@ -9,7 +9,7 @@
  * ```
  */
 
-export { Client, Guard, Session, type ClientOptions, type ConnectOptions, type Endpoints, type LockOptions, type SessionOptions, type WaitOptions } from "./client.js";
+export { Client, Guard, Session, type ClientOptions, type ConnectOptions, type Endpoints, type LockOptions, type SessionOptions, type TryLockOptions, type WaitOptions } from "./client.js";
 export { SessionHandle, type AuditEntry, type Leader, type LockStatus, type Permit, type SemaphoreStatus, type Stored, type WatchEvent } from "./calls.js";
 export * from "./errors.js";
 export { type Duration, millis, decodeJson } from "./protocol.js";

@@ -291,6 +291,22 @@ export function mayHaveBeenDone(error: unknown): boolean {
   return error instanceof UnavailableError && !error.unsent;
 }
 
+/**
+ * A change `cutOff` (its answer lost, so it may have been done), repeated
+ * and then `refused`: the outcome is unknown, reported as `unavailable`
+ * (as the Rust client's `Error::of_unknown_outcome` reports it), not as
+ * the refusal, which says nothing of the first attempt.
+ */
+export function unknownOutcome(cutOff: DeadboltError, refused: DeadboltError): UnavailableError {
+  const error = new UnavailableError(
+    "unavailable",
+    `${cutOff.message}; repeated, the call was refused (${refused.message}), which does not say whether the first attempt was done: it may have been, its outcome is unknown`,
+    { cause: refused },
+  );
+  error.outcomeUnknown = true;
+  return error;
+}
+
 // ---- typed readers of answer fields ----------------------------------------
 
 // A field left out reads as 0, as in protobuf's JSON. Anything else that

@@ -1,7 +1,7 @@
 // The client against a real server (the package's own test helper).
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { Client, InvalidArgumentError, LeaseLostError, PermissionDeniedError, SessionHandle, UnavailableError, WaitTimeoutError } from "deadbolt-client";
+import { Client, type Guard, InvalidArgumentError, LeaseLostError, PermissionDeniedError, SessionHandle, UnavailableError, UnknownSessionError, WaitTimeoutError } from "deadbolt-client";
 import { startServer } from "deadbolt-client/testing";
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -190,4 +190,76 @@ test("a wait ends with the lease when the server stops answering", async () => {
   }
   await holder.release();
   client.close();
+});
+
+test("client.lock shares one session between locks, and opens another only for a name it already holds", async () => {
+  await using server = await startServer();
+  const client = new Client({ endpoints: server.endpoint });
+  const guards = await Promise.all(["shared/a", "shared/b", "shared/c"].map((name) => client.lock(name, { ttl: "10s" })));
+  const [a, b, c] = guards as [Guard, Guard, Guard];
+  assert.ok(a.session === b.session && b.session === c.session);
+  assert.equal((await client.status("shared/b"))?.holder, a.session.id);
+  // The same name again waits in FIFO order, in a session of its own.
+  const second = client.lock("shared/a", { ttl: "10s" });
+  while ((await client.status("shared/a"))?.waiters.length !== 1) await sleep(20);
+  await a.release();
+  const next = await second;
+  assert.notEqual(next.session, a.session);
+  assert.ok(next.token > a.token);
+  // Released: that guard's signal is aborted, the others' are not.
+  assert.equal(a.signal.aborted, true);
+  assert.equal((a.signal.reason as Error).name, "AbortError");
+  assert.equal(b.signal.aborted, false);
+  for (const guard of [b, c, next]) await guard.release();
+  // With ownSession, a session of its own, closed on release.
+  const own = await client.lock("shared/own", { ttl: "10s", ownSession: true });
+  assert.notEqual(own.session, b.session);
+  await own.release();
+  assert.equal(own.session.signal.aborted, true);
+  await client.close();
+  assert.equal(b.session.signal.aborted, true, "client.close() closes the shared session");
+});
+
+test("a shared session that held nothing for a renewal interval is closed", async () => {
+  await using server = await startServer();
+  const client = new Client({ endpoints: server.endpoint });
+  const guard = await client.lock("idle", { ttl: "1s" });
+  await guard.release();
+  const deadline = Date.now() + 5000;
+  while (!guard.session.signal.aborted) {
+    assert.ok(Date.now() < deadline, "the idle session was renewed on and on");
+    await sleep(50);
+  }
+  assert.ok(guard.session.signal.reason instanceof UnknownSessionError);
+  const again = await client.lock("idle", { ttl: "1s" });
+  assert.notEqual(again.session, guard.session);
+  await again.release();
+  await client.close();
+});
+
+test("every lock of a shared session stops its work before anyone else is granted one", async () => {
+  await using server = await startServer();
+  const client = new Client({ endpoints: server.endpoint });
+  const names = ["fate/1", "fate/2", "fate/3"];
+  const held = await Promise.all(names.map((name) => client.lock(name, { ttl: "1s" })));
+  const stopped: number[] = [];
+  for (const guard of held) guard.signal.addEventListener("abort", () => stopped.push(Date.now()));
+  const other = new Client({ endpoints: server.endpoint });
+  server.pause();
+  try {
+    await sleep(1500); // past the lease: no renewal got through
+  } finally {
+    server.resume();
+  }
+  const next = await Promise.all(names.map(async (name) => {
+    const guard = await other.lock(name, { timeout: "10s", ownSession: true });
+    return { guard, at: Date.now() };
+  }));
+  const granted = next.map(({ at }) => at);
+  assert.equal(stopped.length, names.length, "every guard's signal aborted");
+  assert.ok(Math.max(...stopped) < Math.min(...granted), `stopped at ${stopped}, others granted at ${granted}`);
+  for (const [i, { guard }] of next.entries()) assert.ok(guard.token > (held[i] as Guard).token);
+  for (const { guard } of next) await guard.release();
+  await client.close();
+  await other.close();
 });

@@ -75,3 +75,52 @@ test("an answer with a malformed integer is refused, not read as 0", async () =>
     server.close();
   }
 });
+
+test("a change refused on repeat after an attempt of unknown outcome reports the outcome unknown", async () => {
+  // Not a Deadbolt server: each path answers its scripted answers in turn.
+  // A forwarding node's 503 says the first attempt may or may not have
+  // been done; a `not_leader` says it was not.
+  const { createServer } = await import("node:http2");
+  const { Client, StaleTokenError, UnavailableError } = await import("deadbolt-client");
+  const maybe = `{"error":{"kind":"unavailable","message":"forwarding to the leader failed: the call may or may not have been done there"}}`;
+  const notLeader = `{"error":{"kind":"not_leader","message":"no leader yet"}}`;
+  const stale = `{"error":{"kind":"stale_token","message":"token 5 is below the fence 6"}}`;
+  const notHolder = `{"error":{"kind":"not_holder","message":"session 1 does not hold lock"}}`;
+  let script: Record<string, string[]> = {};
+  const server = createServer((request, response) => {
+    const path = (request.url ?? "").split("?")[0] ?? "";
+    const answer = script[path]?.shift() ?? `{"session_id":1,"session_secret":"s","ttl_ms":30000,"token":5}`;
+    response.statusCode = answer.includes(`"error"`) ? 503 : 200;
+    response.end(answer);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const address = server.address();
+  assert.ok(address && typeof address === "object");
+  const client = new Client({ endpoints: `http://127.0.0.1:${address.port}` });
+  const unknown = (error: unknown): boolean => {
+    assert.ok(error instanceof UnavailableError, String(error));
+    assert.equal(error.kind, "unavailable");
+    assert.equal(error.outcomeUnknown, true);
+    assert.match(error.message, /may have been/);
+    assert.match(error.message, /token 5 is below the fence 6/);
+    return true;
+  };
+  try {
+    script = { "/v1/store/put": [maybe, stale] };
+    await assert.rejects(client.put("k", "v", 5n), unknown);
+    script = { "/v1/store/put": [notLeader, stale] };
+    await assert.rejects(client.put("k", "v", 5n), StaleTokenError);
+    script = { "/v1/store/put": [stale] };
+    await assert.rejects(client.put("k", "v", 5n), StaleTokenError);
+    const session = await client.session();
+    script = { "/v1/lock/release": [maybe, stale] };
+    await assert.rejects((await session.lock("a")).release(), unknown);
+    // "Not holder" after a release whose answer was lost: it went through.
+    script = { "/v1/lock/release": [maybe, notHolder] };
+    await (await session.lock("a")).release();
+    await session.close();
+  } finally {
+    await client.close();
+    server.close();
+  }
+});

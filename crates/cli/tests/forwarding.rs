@@ -31,8 +31,18 @@ static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const
 /// A TLS cluster of three whose client certificate names `alice`, once
 /// its cluster version lets followers forward.
 async fn tls_cluster(dir: &Path) -> TestCluster {
+    tls_cluster_with(dir, &[]).await
+}
+
+/// [`tls_cluster`], each node started with `flags`.
+async fn tls_cluster_with(dir: &Path, flags: &[&str]) -> TestCluster {
     let pki = TestPki::create(Path::new(BIN), &dir.join("certs"), "alice");
-    let cluster = TestCluster::start_with(Path::new(BIN), &dir.join("cluster"), 3, Some(pki)).await;
+    let mut cluster =
+        TestCluster::stopped(Path::new(BIN), &dir.join("cluster"), 3, Some(pki)).await;
+    for id in 1..=3 {
+        cluster.start_node_with_flags(id, flags);
+    }
+    cluster.leader_within(Duration::from_secs(30)).await;
     let newest = deadbolt_server::FeatureLevel::NEWEST.0;
     let deadline = Instant::now() + Duration::from_secs(30);
     while cluster_version(&cluster) < newest {
@@ -247,6 +257,99 @@ async fn a_follower_serves_every_client_as_the_leader_would_and_as_the_caller() 
             message.contains("only the cluster's nodes may forward"),
             "{message}"
         );
+    }
+}
+
+/// Issue 58: a caller's limit of calls in flight
+/// (`--max-calls-per-identity`) must hold wherever its calls enter, not
+/// once per node it sends them through. Two blocking acquires of `worker`
+/// wait through two different followers; a third call of `worker`, through
+/// either follower or the leader, is refused as the limit says, while
+/// another identity goes on. (It holds because the leader counts each
+/// forwarded call under the caller's identity: the follower only passes
+/// it on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identitys_call_limit_holds_through_every_follower() {
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = tls_cluster_with(dir.path(), &["--max-calls-per-identity", "2"]).await;
+    let leader = cluster.leader_within(Duration::from_secs(30)).await;
+    let followers: Vec<String> = cluster
+        .nodes
+        .iter()
+        .filter(|node| node.id != leader)
+        .map(|node| node.endpoint())
+        .collect();
+    let at_leader = cluster.node(leader).endpoint();
+    let (root, worker) = secure(&cluster, &followers[0]);
+    let held = cli(
+        &cluster,
+        &at_leader,
+        Some(&root),
+        &["acquire", "--lock", "jobs/a"],
+    );
+    assert!(held.status.success(), "{held:?}");
+
+    let flags = cluster.pki().unwrap().client_flags();
+    let waiters: Vec<_> = followers
+        .iter()
+        .map(|follower| {
+            std::process::Command::new(BIN)
+                .args(&flags)
+                .args(["acquire", "--lock", "jobs/a", "--wait", "60s"])
+                .env("DEADBOLT_ENDPOINT", follower)
+                .env("DEADBOLT_ACCESS_TOKEN", &worker)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let started = Instant::now();
+    loop {
+        let status = cli_json(
+            &cluster,
+            &at_leader,
+            Some(&root),
+            &["status", "--lock", "jobs/a", "--json"],
+        );
+        if status["state"]["waiter_session_ids"]
+            .as_array()
+            .unwrap()
+            .len()
+            == 2
+        {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "{status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    for entry in [&followers[0], &followers[1], &at_leader] {
+        let third = cli(
+            &cluster,
+            entry,
+            Some(&worker),
+            &["acquire", "--lock", "jobs/b"],
+        );
+        let said = String::from_utf8_lossy(&third.stderr);
+        assert_eq!(third.status.code(), Some(1), "through {entry}: {third:?}");
+        assert!(
+            said.contains(r#"identity "worker" has 2 calls in flight already"#),
+            "through {entry}: {said}"
+        );
+    }
+    // Another identity (alice, by her certificate) is not held up.
+    let other = cli(
+        &cluster,
+        &followers[1],
+        None,
+        &["acquire", "--lock", "jobs/c"],
+    );
+    assert!(other.status.success(), "{other:?}");
+    for mut waiter in waiters {
+        waiter.kill().unwrap();
+        waiter.wait().unwrap();
     }
 }
 

@@ -54,6 +54,14 @@ class Call(Generic[T]):
     answer was lost, did it: after such an attempt, that error is success
     (and the answer is read as an empty one)."""
 
+    @property
+    def changes(self) -> bool:
+        """Whether it changes state: every POST does (a fenced read raises
+        the key's fence), no GET does. After an attempt whose outcome is
+        unknown, a refusal of the repeat leaves the outcome unknown
+        (``Retry``)."""
+        return self.method == "POST"
+
 
 def _get(path: str, parse: Callable[[dict[str, Any]], T], **query: str | int) -> Call[T]:
     return Call("GET", f"{path}?{urlencode(query)}", None, parse)

@@ -84,10 +84,14 @@ class NotLeader(DeadboltError):
 
 class Unavailable(DeadboltError, ConnectionError):
     """No server could be reached (or none answered in time). ``unsent``:
-    the request never left this process, so it certainly did nothing."""
+    the request never left this process, so it certainly did nothing.
+    ``outcome_unknown``: a change was cut off, then refused when repeated,
+    and the refusal does not say whether the first attempt was done: read
+    the state again to know."""
 
     kind = "unavailable"
     unsent = False
+    outcome_unknown = False
 
 
 class Overloaded(DeadboltError):

@@ -163,26 +163,6 @@ def outcome_unknown(error: DeadboltError) -> bool:
     return isinstance(error, Unavailable) and not error.unsent
 
 
-@dataclass
-class Repeats:
-    """A request repeated through outages whose repeat can find its own
-    earlier attempt done: ``done`` is the error kind such a repeat answers
-    (a release's ``not_holder``: a live session holds its locks until it
-    releases them; a close's ``unknown_session``). That answer, after an
-    attempt whose outcome is unknown, means the earlier attempt went
-    through, and is the success it would have been."""
-
-    done: str | None
-    maybe_applied: bool = False
-
-    def went_through(self, error: DeadboltError) -> bool:
-        if self.done is not None and error.kind == self.done and self.maybe_applied:
-            return True
-        if outcome_unknown(error):
-            self.maybe_applied = True
-        return False
-
-
 class SendTime:
     """When the latest attempt of a repeated request was sent (``stamp``
     before each)."""
@@ -288,7 +268,23 @@ class Retry:
     another attempt (``retryable``), the jittered backoff between attempts,
     and when to stop: at ``give_up`` (a ``now()`` instant: the call's own
     deadline), or as soon as ``lost`` reports the lease gone (anything a
-    lock call could achieve is gone with it, and that is the answer)."""
+    lock call could achieve is gone with it, and that is the answer).
+
+    It also remembers an attempt whose outcome is unknown (sent, no answer
+    came back), which changes what a later attempt's refusal means:
+
+    - ``done`` is the error kind a repeat answers when such an attempt did
+      it (a release's ``not_holder``: a live session holds its locks until
+      it releases them; a close's ``unknown_session``): that answer is then
+      the success the first attempt was (``went_through``);
+    - for a request that ``changes`` state, any other refusal of the repeat
+      (a stale token once a newer holder fenced the key) does not say
+      whether the first attempt was done, so neither may the error: it is
+      ``unavailable``, its outcome unknown (``unknown_outcome``), as the
+      Rust client's ``Error::of_unknown_outcome``. A refusal that the
+      session is gone stays itself: every lock of the session is gone with
+      it, whatever the first attempt did.
+    """
 
     def __init__(
         self,
@@ -296,21 +292,37 @@ class Retry:
         give_up: float | None = None,
         lost: Callable[[], DeadboltError | None] | None = None,
         retryable: Callable[[DeadboltError], bool] | None = None,
+        done: str | None = None,
+        changes: bool = False,
     ) -> None:
         self._give_up = give_up
         self._lost = lost
         self._retryable = retryable or is_transient
         self._backoff = Backoff()
+        self._done = done
+        self._changes = changes
+        self._maybe_done: DeadboltError | None = None
+        """The first attempt whose outcome is unknown, if one was."""
 
     def check(self) -> None:
         """Raises why the lease is gone, before an attempt."""
         if self._lost is not None and (ended := self._lost()) is not None:
             raise ended
 
+    def went_through(self, error: DeadboltError) -> bool:
+        """Whether ``error`` is the answer of a repeat that found an earlier
+        attempt's work done (see ``done``): a success."""
+        return self._maybe_done is not None and error.kind == self._done
+
     def delay_after(self, error: DeadboltError) -> float:
         """The pause before the next attempt after ``error``; raises
-        ``error`` when there is to be none."""
+        ``error`` (or, after an attempt of unknown outcome, what it means:
+        see ``changes``) when there is to be none."""
+        if self._maybe_done is None and outcome_unknown(error):
+            self._maybe_done = error
         if not self._retryable(error):
+            if self._changes and self._maybe_done is not None and not ends_session(error):
+                raise unknown_outcome(self._maybe_done, error)
             raise error
         delay = overloaded_delay(error, self._backoff)
         if self._give_up is not None:
@@ -323,18 +335,37 @@ class Retry:
         return delay
 
 
+def unknown_outcome(earlier: DeadboltError, refused: DeadboltError) -> Unavailable:
+    """What a change whose ``earlier`` attempt was cut off, and whose repeat
+    was ``refused``, raises: its outcome is unknown."""
+    failure = Unavailable(
+        f"{earlier}; repeated, the call was refused ({refused}), which does not say whether "
+        "the first attempt was done: it may have been, its outcome is unknown (read the "
+        "state again to know)"
+    )
+    failure.outcome_unknown = True
+    return failure
+
+
 def claim(in_use: set[str], name: str, session_id: int) -> None:
     """Marks ``name`` used by one caller of the session: the server knows
     only the session, so two callers taking one lock through one session
     would both be told they hold it."""
-    if not isinstance(name, str):
-        raise InvalidArgument(f"a lock name is text, not {type(name).__name__}")
-    if name in in_use:
+    if not claim_if_free(in_use, name):
         raise InvalidArgument(
             f"lock {name!r} is already held or being acquired through session "
             f"{session_id}; use one session per holder"
         )
+
+
+def claim_if_free(in_use: set[str], name: str) -> bool:
+    """``claim``, saying whether ``name`` was free instead of raising."""
+    if not isinstance(name, str):
+        raise InvalidArgument(f"a lock name is text, not {type(name).__name__}")
+    if name in in_use:
+        return False
     in_use.add(name)
+    return True
 
 
 def acquire_failure(error: DeadboltError, kind: str, name: str, timed: bool) -> DeadboltError:

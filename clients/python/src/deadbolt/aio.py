@@ -31,6 +31,7 @@ from ._errors import (
     LeaseLost,
     LockBusy,
     UnknownSession,
+    WaitTimeout,
 )
 from ._protocol import (
     CALL_TIMEOUT,
@@ -42,7 +43,6 @@ from ._protocol import (
     Leader,
     Lease,
     LockStatus,
-    Repeats,
     Retry,
     SemaphoreStatus,
     SendTime,
@@ -53,6 +53,7 @@ from ._protocol import (
     acquire_request,
     call_deadline,
     claim,
+    claim_if_free,
     default_margin,
     ends_session,
     lost_in_block,
@@ -88,6 +89,10 @@ class AsyncClient:
         self._ssl = tls_context(ca, cert, key)
         self._headers = request_headers(token)
         self._http: aiohttp.ClientSession | None = None
+        self._shared: dict[tuple[float, float], list[AsyncSession]] = {}
+        """The sessions ``lock`` and ``try_lock`` share, by TTL and margin."""
+        self._opening: asyncio.Lock | None = None
+        """Held while a shared session is opened."""
 
     def _session(self) -> aiohttp.ClientSession:
         # Made on first use: aiohttp binds it to the running loop.
@@ -158,7 +163,7 @@ class AsyncClient:
         """As ``Client._call``: repeated until ``give_up`` (``CALL_TIMEOUT``
         from now without one) or the lease is ``lost``."""
         until = call_deadline(give_up)
-        repeats = Repeats(call.done)
+        retry = Retry(give_up=until, lost=lost, done=call.done, changes=call.changes)
 
         async def send() -> T:
             wait = within_lease(until, CALL_TIMEOUT)
@@ -169,11 +174,11 @@ class AsyncClient:
             try:
                 return await self._send(call, wait=wait)
             except DeadboltError as error:
-                if repeats.went_through(error):
+                if retry.went_through(error):
                     return call.parse({})
                 raise
 
-        return await self._retrying(send, Retry(give_up=until, lost=lost))
+        return await self._retrying(send, retry)
 
     async def session(
         self, ttl: Duration = "30s", *, margin: Duration | None = None
@@ -181,21 +186,20 @@ class AsyncClient:
         """Opens a session whose lease a background task renews; see
         ``Client.session`` (repeated through outages for up to
         ``CALL_TIMEOUT``)."""
-        return await self._open(ttl, margin, None)
+        ttl_seconds = seconds(ttl, "ttl")
+        return await self._open(ttl_seconds, default_margin(ttl_seconds, margin), None)
 
     async def _open(
-        self, ttl: Duration, margin: Duration | None, give_up: float | None
+        self, ttl: float, margin: float, give_up: float | None, *, shared: bool = False
     ) -> AsyncSession:
-        ttl_seconds = seconds(ttl, "ttl")
-        margin_seconds = default_margin(ttl_seconds, margin)
         # The lease counts from the attempt that opened it, which the
         # server received after it was sent (not from the first attempt:
         # after a long failover, that would leave too short a lease).
         sent = SendTime()
         handle, granted = await self._call(
-            calls.open_session(ttl_seconds), give_up=give_up, sent=sent.stamp
+            calls.open_session(ttl), give_up=give_up, sent=sent.stamp
         )
-        return AsyncSession(self, handle, granted, sent.last, margin_seconds)
+        return AsyncSession(self, handle, granted, sent.last, margin, shared=shared)
 
     def lock(
         self,
@@ -204,44 +208,115 @@ class AsyncClient:
         ttl: Duration = "30s",
         timeout: Duration | None = None,
         margin: Duration | None = None,
+        own_session: bool = False,
     ) -> Acquiring:
-        """Takes ``name`` in a session of its own (see ``Client.lock``).
-        ``await`` it for the guard, or ``async with`` it: the block runs only
-        once the lock is held, and leaving it releases the lock."""
-        return Acquiring(self._lock(name, ttl, timeout, margin))
-
-    async def _lock(
-        self, name: str, ttl: Duration, timeout: Duration | None, margin: Duration | None
-    ) -> AsyncGuard:
-        # As ``Client.lock``: both steps repeated until ``timeout``.
+        """Takes ``name`` in this client's shared session, or with
+        ``own_session`` in one of its own (see ``Client.lock``: a shared
+        lease is lost for all its locks at once). ``await`` it for the
+        guard, or ``async with`` it: the block runs only once the lock is
+        held, and leaving it releases the lock."""
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
-        target = Target.lock(name)
-        try:
-            session = await self._open(ttl, margin, give_up)
-        except DeadboltError as error:
-            raise acquire_failure(error, target.kind, name, give_up is not None) from None
-        try:
-            guard = await session._acquire(target, wait=True, give_up=give_up)
-        except BaseException:
-            await asyncio.shield(session.close())
-            raise
-        guard._owns_session = True
-        return guard
+        return Acquiring(
+            self._take(Target.lock(name), ttl, margin, own_session, wait=True, give_up=give_up)
+        )
 
     async def try_lock(
-        self, name: str, *, ttl: Duration = "30s", margin: Duration | None = None
+        self,
+        name: str,
+        *,
+        ttl: Duration = "30s",
+        margin: Duration | None = None,
+        own_session: bool = False,
     ) -> AsyncGuard | None:
-        session = await self.session(ttl, margin=margin)
         try:
-            guard = await session.try_lock(name)
-        except BaseException:
-            await asyncio.shield(session.close())
-            raise
-        if guard is None:
-            await session.close()
+            return await self._take(
+                Target.lock(name), ttl, margin, own_session, wait=False, give_up=None
+            )
+        except LockBusy:
             return None
-        guard._owns_session = True
-        return guard
+
+    async def _take(
+        self,
+        target: Target,
+        ttl: Duration,
+        margin: Duration | None,
+        own_session: bool,
+        *,
+        wait: bool,
+        give_up: float | None,
+    ) -> AsyncGuard:
+        """As ``Client._take``."""
+        ttl_seconds = seconds(ttl, "ttl")
+        margin_seconds = default_margin(ttl_seconds, margin)
+        timed = wait and give_up is not None
+        until = give_up if wait else now() + CALL_TIMEOUT
+        if own_session:
+            try:
+                session = await self._open(ttl_seconds, margin_seconds, give_up)
+            except DeadboltError as error:
+                raise acquire_failure(error, target.kind, target.name, timed) from None
+            try:
+                session._claim(target.name)
+                guard = await session._acquire(target, wait=wait, give_up=until)
+            except BaseException:
+                await asyncio.shield(session.close())
+                raise
+            guard._owns_session = True
+            return guard
+        retried = False
+        while True:
+            try:
+                session = await self._shared_session(
+                    target.name, ttl_seconds, margin_seconds, give_up
+                )
+            except DeadboltError as error:
+                raise acquire_failure(error, target.kind, target.name, timed) from None
+            try:
+                return await session._acquire(target, wait=wait, give_up=until)
+            except LeaseLost as error:
+                # As in ``Client._take``: a lease lost before anything was
+                # taken in it for this call; once more, in a fresh session.
+                session._end(error)
+                if retried:
+                    raise
+                retried = True
+
+    async def _shared_session(
+        self, name: str, ttl: float, margin: float, give_up: float | None
+    ) -> AsyncSession:
+        """As ``Client._shared_session``."""
+        key = (ttl, margin)
+        session = self._claim_shared(key, name)
+        if session is not None:
+            return session
+        if self._opening is None:
+            self._opening = asyncio.Lock()  # made in the loop: Python 3.9 binds it there
+        opening = self._opening
+        try:
+            await asyncio.wait_for(
+                opening.acquire(), timeout=None if give_up is None else max(give_up - now(), 0)
+            )
+        except asyncio.TimeoutError:
+            raise WaitTimeout(
+                f"timed out waiting for lock {name!r}: a session was being opened"
+            ) from None
+        try:
+            session = self._claim_shared(key, name)  # another caller opened one meanwhile
+            if session is None:
+                session = await self._open(ttl, margin, give_up, shared=True)
+                session._claim(name)
+                # A lost (or idle-closed) session takes no more locks.
+                sessions = [s for s in self._shared.get(key, []) if not s.lost.is_set()]
+                self._shared[key] = [*sessions, session]
+        finally:
+            opening.release()
+        return session
+
+    def _claim_shared(self, key: tuple[float, float], name: str) -> AsyncSession | None:
+        for session in self._shared.get(key, ()):
+            if session._claim_if_free(name):
+                return session
+        return None
 
     def locked(
         self, name: str, *, ttl: Duration = "30s", timeout: Duration | None = None
@@ -311,6 +386,12 @@ class AsyncClient:
         return await self._call(calls.keep_alive(handle))
 
     async def close(self) -> None:
+        """Closes the sessions ``lock`` and ``try_lock`` share (which releases
+        any lock still held in them) and the connections."""
+        shared, self._shared = self._shared, {}
+        for sessions in shared.values():
+            for session in sessions:
+                await session.close()
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -320,13 +401,6 @@ class AsyncClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def UnavailableAt(url: str, error: BaseException) -> DeadboltError:
-    from ._errors import Unavailable
-
-    reason = str(error) or type(error).__name__
-    return Unavailable(f"could not reach the Deadbolt server at {url}: {reason}")
 
 
 class Acquiring:
@@ -354,7 +428,14 @@ class AsyncSession:
     ``deadbolt.Session``. ``lost`` is an ``asyncio.Event``."""
 
     def __init__(
-        self, client: AsyncClient, handle: SessionHandle, ttl: float, opened: float, margin: float
+        self,
+        client: AsyncClient,
+        handle: SessionHandle,
+        ttl: float,
+        opened: float,
+        margin: float,
+        *,
+        shared: bool = False,
     ) -> None:
         self._client = client
         self.handle = handle
@@ -363,6 +444,10 @@ class AsyncSession:
         self._lease = Lease(handle.id, opened + ttl)
         self._moved = asyncio.Event()
         self._in_use: set[str] = set()
+        self._shared = shared
+        """One of the sessions ``AsyncClient.lock`` shares, closed once idle
+        (see ``Session``)."""
+        self._used_lately = True
         self.lost = asyncio.Event()
         """Set once the lease is within ``margin`` of ending unrenewed, was
         ended by the server, or the session was closed."""
@@ -423,6 +508,8 @@ class AsyncSession:
         while self._lease.ended is None:
             await asyncio.sleep(max(last_sent + interval - now(), 0))
             if self._lease.ended is not None:
+                return
+            if self._shared and await self._close(unless_busy=True):
                 return
             deadline = self._lease.deadline
             sent = now()
@@ -493,6 +580,7 @@ class AsyncSession:
         return status.waiters.index(self.id)
 
     async def _try(self, target: Target) -> AsyncGuard | None:
+        self._claim(target.name)
         try:
             return await self._acquire(target, wait=False, give_up=now() + CALL_TIMEOUT)
         except LockBusy:
@@ -500,13 +588,26 @@ class AsyncSession:
 
     async def _timed(self, target: Target, timeout: Duration | None) -> AsyncGuard:
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        self._claim(target.name)
         return await self._acquire(target, wait=True, give_up=give_up)
 
-    async def _acquire(self, target: Target, *, wait: bool, give_up: float | None) -> AsyncGuard:
-        """As ``Session._acquire``: repeated until ``give_up`` (none: while
-        the lease holds)."""
-        name = target.name
+    def _claim(self, name: str) -> None:
         claim(self._in_use, name, self.id)
+        self._used_lately = True
+
+    def _claim_if_free(self, name: str) -> bool:
+        """Claims ``name`` if the lease is sound and no caller has it."""
+        if self._lease.ended is not None or self.lost.is_set():
+            return False
+        if not claim_if_free(self._in_use, name):
+            return False
+        self._used_lately = True
+        return True
+
+    async def _acquire(self, target: Target, *, wait: bool, give_up: float | None) -> AsyncGuard:
+        """As ``Session._acquire`` (``target`` claimed already): repeated
+        until ``give_up`` (none: while the lease holds)."""
+        name = target.name
         fields = {**self.handle.fields(), **target.fields}
 
         async def send() -> calls.Grant:
@@ -579,13 +680,25 @@ class AsyncSession:
     async def close(self) -> None:
         """Stops renewing and ends the session on the server (releasing its
         locks). Shielded: a cancelled close still closes."""
+        await self._close(unless_busy=False)
+
+    async def _close(self, *, unless_busy: bool) -> bool:
+        """As ``Session._close``."""
+        if unless_busy:
+            busy = bool(self._in_use) or self._used_lately
+            self._used_lately = False
+            if busy:
+                return False
         if not self._lease.end(UnknownSession(f"session {self.id} is closed")):
-            return
+            return False
         self._changed()
         self.lost.set()
+        closing = asyncio.current_task()  # the watchdog, closing an idle session
         for task in self._tasks:
-            task.cancel()
+            if task is not closing:
+                task.cancel()
         await asyncio.shield(self._close_quietly(max(self._lease.deadline - now(), 1.0)))
+        return True
 
     async def _close_quietly(self, within: float) -> None:
         with contextlib.suppress(DeadboltError):
@@ -624,7 +737,7 @@ class AsyncGuard:
 
     async def release(self) -> None:
         """Releases the lock (resigns an election), and closes a session
-        ``AsyncClient.lock`` opened. Shielded: if the caller is cancelled,
+        ``AsyncClient.lock`` opened for it alone (``own_session``). Shielded: if the caller is cancelled,
         the release goes on, or the lease runs out; the lock is never
         stranded."""
         if self._released:

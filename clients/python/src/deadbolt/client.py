@@ -3,9 +3,18 @@ watchdog thread) and ``Guard`` (a held lock and its fencing token).
 
 Why threads: a lease must be renewed while the caller's code runs,
 whatever it does, so the watchdog cannot wait for the caller. HTTP goes
-through ``_transport`` (the standard library's ``http.client`` and a pool of
-idle connections); the rules themselves live in ``_protocol``, the requests
-in ``_calls``.
+through ``_transport`` (keep-alive connections shared by every thread);
+the rules themselves live in ``_protocol``, the requests in ``_calls``.
+
+Why ``Client.lock`` shares a session between locks (as etcd's
+``concurrency.Session`` does): a session of its own per lock cost four
+round trips a lock (open, acquire, release, close), each a durable write,
+and two new threads; the README's ``try_lock`` then ``release`` made
+MEASURED_BEFORE pairs/s where redis-py's ``Lock`` made MEASURED_REDIS. In a shared
+session a lock costs what the work needs, an acquire and a release. The
+price is that the locks of a shared lease are lost together, which the
+guards say (``guard.lost``) and the docs state; ``own_session`` keeps the
+old way for a lock whose loss must be its own.
 """
 
 from __future__ import annotations
@@ -22,8 +31,10 @@ from . import _calls as calls
 from ._calls import Target
 from ._errors import (
     DeadboltError,
+    LeaseLost,
     LockBusy,
     UnknownSession,
+    WaitTimeout,
 )
 from ._protocol import (
     CALL_TIMEOUT,
@@ -35,7 +46,6 @@ from ._protocol import (
     Leader,
     Lease,
     LockStatus,
-    Repeats,
     Retry,
     SemaphoreStatus,
     SendTime,
@@ -46,6 +56,7 @@ from ._protocol import (
     acquire_request,
     call_deadline,
     claim,
+    claim_if_free,
     default_margin,
     ends_session,
     lost_in_block,
@@ -92,6 +103,11 @@ class Client:
         self._transport = Transport(
             request_headers(token), tls_context(ca, cert, key), max_connections, CONNECT_TIMEOUT
         )
+        self._shared: dict[tuple[float, float], list[Session]] = {}
+        """The sessions ``lock`` and ``try_lock`` share, by TTL and margin."""
+        self._shared_lock = threading.Lock()
+        self._opening = threading.Lock()
+        """Held while a shared session is opened."""
 
     # ---- plumbing -------------------------------------------------------
 
@@ -152,7 +168,7 @@ class Client:
         that answers ``call.done`` after an attempt whose outcome is unknown
         was done by that attempt."""
         until = call_deadline(give_up)
-        repeats = Repeats(call.done)
+        retry = Retry(give_up=until, lost=lost, done=call.done, changes=call.changes)
 
         def send() -> T:
             wait = within_lease(until, CALL_TIMEOUT)
@@ -163,11 +179,11 @@ class Client:
             try:
                 return self._send(call, wait=wait)
             except DeadboltError as error:
-                if repeats.went_through(error):
+                if retry.went_through(error):
                     return call.parse({})
                 raise
 
-        return self._retrying(send, Retry(give_up=until, lost=lost))
+        return self._retrying(send, retry)
 
     # ---- sessions and locks ----------------------------------------------
 
@@ -179,19 +195,18 @@ class Client:
         Repeated through outages for up to ``CALL_TIMEOUT``: an attempt
         whose answer was lost may leave an unused session behind, which
         expires after its TTL holding nothing."""
-        return self._open(ttl, margin, None)
-
-    def _open(self, ttl: Duration, margin: Duration | None, give_up: float | None) -> Session:
         ttl_seconds = seconds(ttl, "ttl")
-        margin_seconds = default_margin(ttl_seconds, margin)
+        return self._open(ttl_seconds, default_margin(ttl_seconds, margin), None)
+
+    def _open(
+        self, ttl: float, margin: float, give_up: float | None, *, shared: bool = False
+    ) -> Session:
         # The lease counts from the attempt that opened it, which the
         # server received after it was sent (not from the first attempt:
         # after a long failover, that would leave too short a lease).
         sent = SendTime()
-        handle, granted = self._call(
-            calls.open_session(ttl_seconds), give_up=give_up, sent=sent.stamp
-        )
-        return Session(self, handle, granted, sent.last, margin_seconds)
+        handle, granted = self._call(calls.open_session(ttl), give_up=give_up, sent=sent.stamp)
+        return Session(self, handle, granted, sent.last, margin, shared=shared)
 
     def lock(
         self,
@@ -200,44 +215,124 @@ class Client:
         ttl: Duration = "30s",
         timeout: Duration | None = None,
         margin: Duration | None = None,
+        own_session: bool = False,
     ) -> Guard:
-        """Takes ``name`` in a session of its own, waiting in FIFO order for
-        at most ``timeout`` (forever without one; ``WaitTimeout`` after it).
-        Releasing the guard (leaving its ``with`` block) closes the session.
-        If the lock is not acquired, this raises: a ``with`` body never runs
-        without the lock. Outages and leader changes only make it take
-        longer: both steps (opening the session, then the wait) are
-        repeated until ``timeout``, after which it is ``WaitTimeout``."""
+        """Takes ``name``, waiting in FIFO order for at most ``timeout``
+        (forever without one; ``WaitTimeout`` after it). If the lock is not
+        acquired, this raises: a ``with`` body never runs without the lock.
+        Outages and leader changes only make it take longer: every step is
+        repeated until ``timeout``, after which it is ``WaitTimeout``.
+
+        The lock is taken in a session this client shares between its locks
+        of the same ``ttl`` and ``margin`` (opened on first use, renewed by
+        one watchdog, closed once idle for a third of the TTL): two round
+        trips a lock, acquire and release. Sharing a lease means sharing its
+        loss: if it cannot be renewed, every lock of this client held in it
+        is lost at once (``guard.lost`` is set for each, and each ``with``
+        block raises ``LeaseLost``). With ``own_session``, the lock gets a
+        session of its own instead, closed on release: its loss is its own,
+        for two more round trips."""
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
-        target = Target.lock(name)
-        try:
-            session = self._open(ttl, margin, give_up)
-        except DeadboltError as error:
-            raise acquire_failure(error, target.kind, name, give_up is not None) from None
-        try:
-            guard = session._acquire(target, wait=True, give_up=give_up)
-        except BaseException:
-            session.close()
-            raise
-        guard._owns_session = True
-        return guard
+        return self._take(Target.lock(name), ttl, margin, own_session, wait=True, give_up=give_up)
 
     def try_lock(
-        self, name: str, *, ttl: Duration = "30s", margin: Duration | None = None
+        self,
+        name: str,
+        *,
+        ttl: Duration = "30s",
+        margin: Duration | None = None,
+        own_session: bool = False,
     ) -> Guard | None:
-        """Takes ``name`` if it is free, in a session of its own; ``None`` if
-        another session holds it."""
-        session = self.session(ttl, margin=margin)
+        """Takes ``name`` if it is free, in this client's shared session (or
+        one of its own: see ``lock``); ``None`` if another session holds it."""
         try:
-            guard = session.try_lock(name)
-        except BaseException:
-            session.close()
-            raise
-        if guard is None:
-            session.close()
+            return self._take(Target.lock(name), ttl, margin, own_session, wait=False, give_up=None)
+        except LockBusy:
             return None
-        guard._owns_session = True
-        return guard
+
+    def _take(
+        self,
+        target: Target,
+        ttl: Duration,
+        margin: Duration | None,
+        own_session: bool,
+        *,
+        wait: bool,
+        give_up: float | None,
+    ) -> Guard:
+        """``lock`` and ``try_lock``: ``target`` taken in a shared session or
+        in one of its own, waiting (until ``give_up``) or not."""
+        ttl_seconds = seconds(ttl, "ttl")
+        margin_seconds = default_margin(ttl_seconds, margin)
+        timed = wait and give_up is not None
+        # A try is repeated through outages for CALL_TIMEOUT; a wait until
+        # its timeout, or while the lease holds.
+        until = give_up if wait else now() + CALL_TIMEOUT
+        if own_session:
+            try:
+                session = self._open(ttl_seconds, margin_seconds, give_up)
+            except DeadboltError as error:
+                raise acquire_failure(error, target.kind, target.name, timed) from None
+            try:
+                session._claim(target.name)
+                guard = session._acquire(target, wait=wait, give_up=until)
+            except BaseException:
+                session.close()
+                raise
+            guard._owns_session = True
+            return guard
+        retried = False
+        while True:
+            try:
+                session = self._shared_session(target.name, ttl_seconds, margin_seconds, give_up)
+            except DeadboltError as error:
+                raise acquire_failure(error, target.kind, target.name, timed) from None
+            try:
+                return session._acquire(target, wait=wait, give_up=until)
+            except LeaseLost as error:
+                # The shared lease ended before anything was taken in it for
+                # this call (the server forgot the session, or the client
+                # counted it lost): that loss takes nothing of this call's
+                # with it. Once more, in a fresh session.
+                session._end(error)
+                if retried:
+                    raise
+                retried = True
+
+    def _shared_session(
+        self, name: str, ttl: float, margin: float, give_up: float | None
+    ) -> Session:
+        """A shared session (see ``lock``) with ``name`` claimed in it: the
+        first whose lease is sound and in which ``name`` is free, or a new
+        one. One serves every lock of distinct names; callers of one name
+        need one each, since the server tells holders apart by session only
+        (they then queue there in FIFO order). Sessions are opened one at a
+        time, so a burst of first calls opens one, not one each."""
+        key = (ttl, margin)
+        session = self._claim_shared(key, name)
+        if session is not None:
+            return session
+        if not self._opening.acquire(timeout=-1 if give_up is None else max(give_up - now(), 0)):
+            raise WaitTimeout(f"timed out waiting for lock {name!r}: a session was being opened")
+        try:
+            session = self._claim_shared(key, name)  # another caller opened one meanwhile
+            if session is None:
+                session = self._open(ttl, margin, give_up, shared=True)
+                session._claim(name)
+                with self._shared_lock:
+                    # A lost (or idle-closed) session takes no more locks.
+                    sessions = [s for s in self._shared.get(key, []) if not s.lost.is_set()]
+                    self._shared[key] = [*sessions, session]
+        finally:
+            self._opening.release()
+        return session
+
+    def _claim_shared(self, key: tuple[float, float], name: str) -> Session | None:
+        with self._shared_lock:
+            for session in self._shared.get(key, ()):
+                if session._claim_if_free(name):
+                    return session
+        return None
 
     def locked(
         self, name: str, *, ttl: Duration = "30s", timeout: Duration | None = None
@@ -330,7 +425,13 @@ class Client:
         return self._call(calls.keep_alive(handle))
 
     def close(self) -> None:
-        """Closes the idle connections."""
+        """Closes the sessions ``lock`` and ``try_lock`` share (which releases
+        any lock still held in them) and the idle connections."""
+        with self._shared_lock:
+            shared, self._shared = self._shared, {}
+        for sessions in shared.values():
+            for session in sessions:
+                session.close()
         self._transport.close()
 
     def __enter__(self) -> Client:
@@ -351,7 +452,14 @@ class Session:
     """
 
     def __init__(
-        self, client: Client, handle: SessionHandle, ttl: float, opened: float, margin: float
+        self,
+        client: Client,
+        handle: SessionHandle,
+        ttl: float,
+        opened: float,
+        margin: float,
+        *,
+        shared: bool = False,
     ) -> None:
         self._client = client
         self.handle = handle
@@ -360,6 +468,12 @@ class Session:
         self._changed = threading.Condition()
         self._lease = Lease(handle.id, opened + ttl)
         self._in_use: set[str] = set()
+        self._shared = shared
+        """One of the sessions ``Client.lock`` shares: its watchdog closes it
+        once a renewal interval passed with no lock held or taken in it, so
+        an idle client (or one dropped without ``close``) keeps no session
+        alive on the server."""
+        self._used_lately = True
         self.lost = threading.Event()
         """Set once the lease is within ``margin`` of running out unrenewed,
         was ended by the server, or the session was closed: from then on,
@@ -425,6 +539,8 @@ class Session:
                 if self._lease.ended is not None:
                     return
                 deadline = self._lease.deadline
+            if self._shared and self._close(unless_busy=True):
+                return
             sent = now()
             try:
                 granted = self._renew(deadline, interval)
@@ -521,6 +637,7 @@ class Session:
         return status.waiters.index(self.id)
 
     def _try(self, target: Target) -> Guard | None:
+        self._claim(target.name)
         try:
             return self._acquire(target, wait=False, give_up=now() + CALL_TIMEOUT)
         except LockBusy:
@@ -528,16 +645,32 @@ class Session:
 
     def _timed(self, target: Target, timeout: Duration | None) -> Guard:
         give_up = None if timeout is None else now() + seconds(timeout, "timeout")
+        self._claim(target.name)
         return self._acquire(target, wait=True, give_up=give_up)
 
-    def _acquire(self, target: Target, *, wait: bool, give_up: float | None) -> Guard:
-        """Takes ``target``, repeating through outages and leader changes
-        until ``give_up`` (a waiting acquire: also what it asks the server
-        to wait for; none: for as long as the lease holds). A repeat by the
-        same session answers the grant it has, or keeps its queue place."""
-        name = target.name
+    def _claim(self, name: str) -> None:
+        """Marks ``name`` taken by one caller (see ``claim``)."""
         with self._changed:
             claim(self._in_use, name, self.id)
+            self._used_lately = True
+
+    def _claim_if_free(self, name: str) -> bool:
+        """Claims ``name`` if the lease is sound and no caller has it."""
+        with self._changed:
+            if self._lease.ended is not None or self.lost.is_set():
+                return False
+            if not claim_if_free(self._in_use, name):
+                return False
+            self._used_lately = True
+            return True
+
+    def _acquire(self, target: Target, *, wait: bool, give_up: float | None) -> Guard:
+        """Takes ``target``, claimed already, repeating through outages and
+        leader changes until ``give_up`` (a waiting acquire: also what it
+        asks the server to wait for; none: for as long as the lease holds).
+        A repeat by the same session answers the grant it has, or keeps its
+        queue place."""
+        name = target.name
         fields = {**self.handle.fields(), **target.fields}
 
         def send() -> calls.Grant:
@@ -618,15 +751,28 @@ class Session:
 
     def close(self) -> None:
         """Stops renewing and ends the session on the server, which releases
-        every lock it holds. Past the lease's end the server does it anyway."""
+        every lock it holds. Past the lease's end the server does it anyway.
+        Closing a session ``Client.lock`` shares releases every lock of the
+        client held in it."""
+        self._close(unless_busy=False)
+
+    def _close(self, *, unless_busy: bool) -> bool:
+        """``close``; ``unless_busy``: only if no lock was held or taken in
+        it since the last look. Whether this call closed it."""
         with self._changed:
+            if unless_busy:
+                busy = bool(self._in_use) or self._used_lately
+                self._used_lately = False
+                if busy:
+                    return False
             # Closed already, or over (an expired lease's watchdog closed it).
             if not self._lease.end(UnknownSession(f"session {self.id} is closed")):
-                return
+                return False
             self._changed.notify_all()
             deadline = self._lease.deadline
         self.lost.set()
         self._close_quietly(max(deadline - now(), 1.0))
+        return True
 
     def _close_quietly(self, within: float) -> None:
         # Best effort: if it fails, the lease ends by itself.
@@ -666,7 +812,9 @@ class Guard:
 
     @property
     def lost(self) -> threading.Event:
-        """Set once the lease can no longer be trusted (see ``Session.lost``)."""
+        """Set once the lease can no longer be trusted (see ``Session.lost``):
+        the session's, so for a lock ``Client.lock`` took in its shared
+        session, set for every lock of the client held in it at once."""
         return self.session.lost
 
     def proclaim(self, value: str) -> None:
@@ -678,7 +826,7 @@ class Guard:
 
     def release(self) -> None:
         """Releases the lock (resigns an election), and closes the session
-        ``Client.lock`` opened for it. Raises ``LeaseLost`` if the lease was
+        ``Client.lock`` opened for it alone (``own_session``). Raises ``LeaseLost`` if the lease was
         already gone, since the lock may then have been someone else's."""
         if self._released:
             return
