@@ -27,8 +27,10 @@
 // safe (an acquire by the same session is idempotent on the server; a
 // release whose repeat answers "not holder" after an attempt with no answer
 // went through; keepalives repeat freely), moving between the endpoints
-// and following the leader a follower names, until the call's context
-// ends. Blocking waits honour the context: its deadline is sent to the
+// and following the leader a follower or a forwarding node names, until
+// the call's context ends. A change repeated after an attempt whose outcome
+// is unknown, then refused, fails as unavailable with its outcome unknown
+// (Error.OutcomeUnknown), not with the refusal. Blocking waits honour the context: its deadline is sent to the
 // server, which answers wait_timeout then, and a cancel gives the queue
 // place (or a grant answered as the caller left) back at once.
 //

@@ -16,7 +16,8 @@
 import { type Body, type Call, type Grant, type Leader, type LockStatus, type Permit, type SemaphoreStatus, SessionHandle, type Stored, type AuditEntry, type WatchEvent, Target, WATCH_POLL, calls } from "./calls.js";
 import { DeadboltError, InvalidArgumentError, LeaseLostError, LockBusyError, NotLeaderError, UnavailableError, UnknownSessionError, WaitTimeoutError } from "./errors.js";
 import { Backoff, type Duration, Endpoints as EndpointRing, Lease, encodeBody, endsSession, isTransient, mayHaveBeenDone, millis, nextAttempt, normalize, now, parseAnswer, unknownOutcome, unreachable } from "./protocol.js";
-import { type Lane, type TlsFiles, Transport, TransportError } from "./transport.js";
+import { FramedCalls, FramedRefused } from "./framed.js";
+import { Deadlines, type Lane, type TlsFiles, Transport, TransportError } from "./transport.js";
 
 /** How long a call that does not wait on a lock may take before it counts as unanswered. */
 const CALL_TIMEOUT = 10_000;
@@ -181,6 +182,8 @@ function sleep(ms: number, unref = false, signal?: AbortSignal): Promise<void> {
 export class Client {
   private readonly endpoints: EndpointRing;
   private readonly transport: Transport;
+  /** Acquires, releases and keepalives, where the endpoint serves them framed; everything else goes by `transport`. */
+  private readonly framed: FramedCalls;
   /** The sessions `lock`, `tryLock` and `withLock` share, by TTL and margin. */
   private readonly pools = new Map<string, SessionPool>();
 
@@ -197,7 +200,9 @@ export class Client {
     this.endpoints = new EndpointRing(urls, false);
     const headers: Record<string, string> = { "content-type": "application/json" };
     if (options.token) headers["authorization"] = `Bearer ${options.token}`;
-    this.transport = new Transport(headers, options, CONNECT_TIMEOUT);
+    const deadlines = new Deadlines();
+    this.transport = new Transport(headers, options, CONNECT_TIMEOUT, deadlines);
+    this.framed = new FramedCalls(headers["authorization"] ?? "", CONNECT_TIMEOUT, deadlines, (base) => this.transport.ping(base), now);
   }
 
   /** One request to the current endpoint; on failure the endpoint moves on before throwing. */
@@ -207,8 +212,18 @@ export class Client {
     const wait = "wait" in options ? options.wait : CALL_TIMEOUT;
     let answer;
     try {
-      const raw = await this.transport.request(url, call.method, call.path, body && encodeBody(body), wait, options.signal, options.lane);
-      answer = parseAnswer(raw.status, raw.text, raw.retryAfter);
+      if (body && this.framed.serves(url, call.path)) {
+        try {
+          answer = await this.framed.request(url, call.path, body, wait, options.signal, (options.lane ?? "calls") === "calls");
+        } catch (error) {
+          if (!(error instanceof FramedRefused)) throw error;
+          // Nothing was sent: over HTTP/2, then.
+        }
+      }
+      if (answer === undefined) {
+        const raw = await this.transport.request(url, call.method, call.path, body && encodeBody(body), wait, options.signal, options.lane);
+        answer = parseAnswer(raw.status, raw.text, raw.retryAfter);
+      }
     } catch (error) {
       if (error instanceof DeadboltError) {
         this.endpoints.failed(url, error);
@@ -297,8 +312,8 @@ export class Client {
    * second session: the first, which nobody knows of, holds nothing and
    * ends by itself one TTL later. Failing the caller instead would turn
    * every leader change into an error.
+   * @internal
    */
-  /** @internal */
   async openSession({ ttl, margin }: { ttl: number; margin: number }, giveUp: number, signal: AbortSignal | undefined): Promise<Session> {
     const open = calls.openSession(ttl);
     let sent = now();
@@ -320,7 +335,7 @@ export class Client {
    * is not acquired, this throws: code after it never runs without it.
    * `timeout` bounds the whole call, a failover's repeats included.
    */
-  lock(name: string, options: LockOptions = {}): Promise<Guard> {
+  async lock(name: string, options: LockOptions = {}): Promise<Guard> {
     const giveUp = options.timeout === undefined ? undefined : now() + millis(options.timeout, "timeout");
     return this.inSession(name, options, giveUp ?? now() + CALL_TIMEOUT, options.signal, (session) => {
       const wait: WaitOptions = {};
@@ -331,7 +346,7 @@ export class Client {
   }
 
   /** Takes `name` if it is free (in the shared session, as `lock` does); `null` if someone holds it. */
-  tryLock(name: string, options: TryLockOptions = {}): Promise<Guard | null> {
+  async tryLock(name: string, options: TryLockOptions = {}): Promise<Guard | null> {
     const giveUp = now() + CALL_TIMEOUT;
     return this.inSession(name, options, giveUp, undefined, (session) => session.tryWithin(Target.lock(name), giveUp));
   }
@@ -462,6 +477,7 @@ export class Client {
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((pool) => pool.close()));
+    this.framed.close();
     this.transport.close();
   }
 }

@@ -8,11 +8,16 @@
  * Why HTTP/2 and not `node:http`: measured against one node with 16
  * concurrent requests, a request cost 48 µs of client CPU over `node:http2`,
  * 72 µs over `node:http` with a keep-alive pool, and 225 µs through `fetch`;
- * Node runs the client on one thread, so that is its throughput.
+ * Node runs the client on one thread, so that is its throughput. The calls
+ * of a held lock's hot path (acquire, release, keepalive) go cheaper still
+ * where the endpoint serves them: framed, on a connection of their own
+ * (`framed.ts`). Every other call, and those where framed calls are not
+ * served, come here.
  */
 
 import http2 from "node:http2";
 import { readFileSync } from "node:fs";
+import { now } from "./protocol.js";
 
 export interface TlsFiles {
   /** PEM file of the CA that signed the servers' certificates. */
@@ -55,8 +60,57 @@ export type Lane = "calls" | "waits";
  * their own timeouts. Any live server answers pings at once, however long
  * its answer to a call (a lock wait) takes.
  */
-const PING_INTERVAL = 500;
+export const PING_INTERVAL = 500;
 const PING_TIMEOUT = 1000;
+
+/** How often `Deadlines` looks for a request past its time: how late a timeout may fire. */
+const SWEEP_INTERVAL = 50;
+
+export interface Deadline {
+  at: number;
+  expire: () => void;
+}
+
+/**
+ * Requests' deadlines, looked at by one timer every `SWEEP_INTERVAL`
+ * rather than a timer per request: Node keeps a list of timers per
+ * distinct duration, and the lease-bounded ones (a release, a wait) had a
+ * fresh fractional duration each, so each request made and dropped a list
+ * of its own. A timeout fires up to 50 ms late, which no lease relies on:
+ * the lease clock (`Session`) ends a lease on its own.
+ */
+export class Deadlines {
+  private readonly pending = new Set<Deadline>();
+  private sweeper: ReturnType<typeof setInterval> | undefined;
+
+  add(at: number, expire: () => void): Deadline {
+    const deadline = { at, expire };
+    this.pending.add(deadline);
+    if (this.sweeper === undefined) {
+      // Unreferenced: requests in flight hold the process open by their connection.
+      this.sweeper = setInterval(() => this.sweep(), SWEEP_INTERVAL);
+      this.sweeper.unref();
+    }
+    return deadline;
+  }
+
+  delete(deadline: Deadline): void {
+    this.pending.delete(deadline);
+  }
+
+  private sweep(): void {
+    const time = now();
+    for (const deadline of this.pending) {
+      if (deadline.at > time) continue;
+      this.pending.delete(deadline);
+      deadline.expire();
+    }
+    if (this.pending.size === 0) {
+      clearInterval(this.sweeper);
+      this.sweeper = undefined;
+    }
+  }
+}
 
 export class Transport {
   private readonly sessions = new Map<string, http2.ClientHttp2Session>();
@@ -70,6 +124,7 @@ export class Transport {
     private readonly headers: Record<string, string>,
     tls: TlsFiles,
     private readonly connectTimeout: number,
+    private readonly deadlines: Deadlines,
   ) {
     this.tls = {
       ...(tls.ca ? { ca: readFileSync(tls.ca) } : {}),
@@ -178,24 +233,24 @@ export class Transport {
       // The caller's whole budget, connecting included: a keepalive must
       // not outlive the lease it renews.
       const limit = timeout;
-      const timer =
+      const deadline =
         limit === undefined
           ? undefined
-          : setTimeout(() => {
+          : this.deadlines.add(now() + limit, () => {
               finish(new TransportError(`no answer within ${Math.round(limit)}ms`));
               // A connection that answers a call nothing in time is presumed
               // dead (a dropped NAT entry, a frozen peer): the next call makes
               // a new one instead of queueing on it. (A wait running out of
               // its time is routine, and says nothing about the connection.)
               if (lane === "calls") session.destroy();
-            }, limit);
+            });
       const onAbort = (): void => finish(signal?.reason ?? new Error("aborted"));
       signal?.addEventListener("abort", onAbort, { once: true });
       let done = false;
       const finish = (error?: unknown): void => {
         if (done) return;
         done = true;
-        clearTimeout(timer);
+        if (deadline) this.deadlines.delete(deadline);
         signal?.removeEventListener("abort", onAbort);
         this.hold(session, -1);
         if (error === undefined) {
@@ -223,6 +278,39 @@ export class Transport {
         if (!done) finish(new TransportError(`the stream closed before the answer (code ${stream.rstCode})`));
       });
       stream.end(body);
+    });
+  }
+
+  /**
+   * Resolves once `base` answers an HTTP/2 ping on its connection for
+   * calls (made if need be); rejects if it does not within `PING_TIMEOUT`.
+   * Framed calls, which have no ping of their own, ask this of the server.
+   */
+  ping(base: string): Promise<void> {
+    return new Promise((resolve, reject) => {
+      const session = this.session(base, "calls");
+      const silent = setTimeout(() => {
+        setImmediate(() => reject(new TransportError(`${base} answered no ping within ${PING_TIMEOUT}ms (stopped or cut off?)`)));
+      }, PING_TIMEOUT);
+      silent.unref();
+      const send = (): void => {
+        let sent = false;
+        try {
+          sent = session.ping((error) => {
+            clearTimeout(silent);
+            if (error) reject(error);
+            else resolve();
+          });
+        } catch {
+          // A connection torn down meanwhile: as good as no answer.
+        }
+        if (!sent) {
+          clearTimeout(silent);
+          reject(new TransportError(`${base}: the connection is closing`));
+        }
+      };
+      if (session.connecting) session.once("connect", send);
+      else send();
     });
   }
 

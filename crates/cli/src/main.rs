@@ -134,9 +134,11 @@ impl Endpoints {
         patience: Option<std::time::Duration>,
     ) -> Result<Client, deadbolt_client::Error> {
         let give_up = patience.and_then(|patience| std::time::Instant::now().checked_add(patience));
+        // Spaced as the client spaces its repeats during a failover: a
+        // refused connection costs the node nothing.
         let mut backoff = deadbolt_client::Backoff::new(
             std::time::Duration::from_millis(50),
-            std::time::Duration::from_secs(1),
+            std::time::Duration::from_millis(250),
         );
         loop {
             let error = match self.connect().await {

@@ -13,8 +13,16 @@ use std::time::{Duration, Instant};
 
 /// First retry ceiling: short, because a leader change usually settles fast.
 pub(crate) const BASE: Duration = Duration::from_millis(50);
-/// Longest delay between retries, so recovery is noticed within a second.
+/// Longest delay between retries of an overloaded call, so recovery is
+/// noticed within a second while the refused callers stay spread out.
 pub(crate) const CAP: Duration = Duration::from_secs(1);
+/// Longest delay between retries while the cluster fails over (`unavailable`,
+/// `not_leader`): an election takes 0.2-0.6 s at the default timeouts, so a
+/// pause of up to a second after it would make a caller wait for nothing
+/// (issue 59: kill-to-grant medians of 1.3-1.8 s). A node that cannot serve
+/// answers such a retry at once and cheaply, and the jitter still spreads a
+/// dead leader's clients over a quarter of a second.
+pub(crate) const FAILOVER_CAP: Duration = Duration::from_millis(250);
 
 /// Delays for successive retries of one operation. Public so that other
 /// lock clients built on this crate (`deadbolt-backends`) retry the same way.
@@ -62,11 +70,17 @@ pub(crate) async fn retry<T, Fut>(
 where
     Fut: Future<Output = Result<T, Error>>,
 {
-    let mut backoff = Backoff::new(BASE, CAP);
+    let mut failover = Backoff::new(BASE, FAILOVER_CAP);
+    let mut overload = Backoff::new(BASE, CAP);
     loop {
         let error = match request().await {
             Err(error) if retryable(&error) => error,
             result => return result,
+        };
+        let backoff = if error.points_elsewhere() {
+            &mut failover
+        } else {
+            &mut overload
         };
         let delay = crate::simulation::with_rng(|mut rng| backoff.next_delay(&mut rng));
         if give_up.is_some_and(|give_up| crate::clock::now() + delay >= give_up) {
@@ -157,6 +171,23 @@ mod tests {
         // Ceilings 50, 100, 200, 400, 800 ms, then the 1 s cap three times.
         assert!(
             started.elapsed() <= Duration::from_millis(4550),
+            "{:?}",
+            started.elapsed()
+        );
+        // A failover's retries are spaced by at most the failover cap.
+        let started = tokio::time::Instant::now();
+        let refusals = AtomicU32::new(0);
+        let answer = retry("testing", 1, None, Error::is_transient, || async {
+            match refusals.fetch_add(1, Ordering::Relaxed) {
+                0..8 => Err(Error::new(ErrorKind::NotLeader, "no leader yet")),
+                refused => Ok(refused),
+            }
+        })
+        .await;
+        assert_eq!(answer.unwrap(), 8);
+        // Ceilings 50, 100, 200 ms, then the 250 ms cap five times.
+        assert!(
+            started.elapsed() <= Duration::from_millis(1600),
             "{:?}",
             started.elapsed()
         );

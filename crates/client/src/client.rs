@@ -18,7 +18,7 @@
 //! (`call_over`) every call goes through, whose rules are what this file is
 //! about.
 
-use crate::backoff::{Backoff, BASE, CAP};
+use crate::backoff::{Backoff, BASE, FAILOVER_CAP};
 use crate::calls::Calls;
 use crate::error::{describe_chain, tls_hint};
 use crate::framed::{FramedTls, Framing};
@@ -1128,7 +1128,7 @@ impl Client {
     {
         let started = crate::clock::now();
         let give_up = started + FAILOVER_BUDGET;
-        let mut backoff = Backoff::new(BASE, CAP);
+        let mut backoff = Backoff::new(BASE, FAILOVER_CAP);
         // An earlier attempt of this change failed in a way that may have
         // let it through: what a later attempt is refused with is then not
         // the whole story.

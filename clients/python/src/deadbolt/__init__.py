@@ -13,8 +13,6 @@ protects, so that a holder paused past its lease cannot overwrite the work
 of the next one. See README.md for cron, long-task and fenced-write examples.
 """
 
-from typing import TYPE_CHECKING, Any
-
 from ._errors import (
     Compacted,
     DeadboltError,
@@ -47,27 +45,11 @@ from ._protocol import (
     Stored,
     WatchEvent,
 )
+from .aio import AsyncClient, AsyncGuard, AsyncSession
 from .client import Client, Guard, Session
 from .run import run
 
-if TYPE_CHECKING:
-    from .aio import AsyncClient, AsyncGuard, AsyncSession
-
 __version__ = "0.2.0.dev0"
-
-
-def __getattr__(name: str) -> Any:
-    # The asyncio client needs aiohttp (the "asyncio" extra); importing it
-    # only when asked keeps the synchronous client free of it.
-    if name in ("AsyncClient", "AsyncGuard", "AsyncSession"):
-        try:
-            from . import aio
-        except ImportError as error:
-            raise ImportError(
-                f"deadbolt.{name} needs aiohttp: pip install 'deadbolt[asyncio]' ({error})"
-            ) from None
-        return getattr(aio, name)
-    raise AttributeError(f"module 'deadbolt' has no attribute {name!r}")
 
 
 __all__ = [

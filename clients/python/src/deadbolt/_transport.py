@@ -88,7 +88,7 @@ class Transport:
         max_idle: int,
         connect_timeout: float,
     ) -> None:
-        self._headers = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        self._headers = header_lines(headers)
         self._ssl = ssl_context
         self._max_idle = max_idle
         self._connect_timeout = connect_timeout
@@ -138,10 +138,7 @@ class Transport:
         takes). Never sent twice: a request that may have reached the server
         is the caller's to retry (with a fresh acquire ``attempt``), or not."""
         connection = self._connection(base)
-        host = base.split("://", 1)[1]
-        head = f"{method} {path} HTTP/1.1\r\nhost: {host}\r\n{self._headers}"
-        payload = body or b""
-        message = f"{head}content-length: {len(payload)}\r\n\r\n".encode("latin-1") + payload
+        message = request_bytes(self._headers, base, method, path, body)
         try:
             connection.sock.settimeout(timeout)
             connection.sock.sendall(message)
@@ -163,60 +160,89 @@ class Transport:
                 connection.close()
 
 
+def request_bytes(headers: str, base: str, method: str, path: str, body: bytes | None) -> bytes:
+    """A request as it goes on the wire; ``headers`` are the fixed ones, as
+    header lines."""
+    payload = body or b""
+    head = (
+        f"{method} {path} HTTP/1.1\r\nhost: {base.split('://', 1)[1]}\r\n{headers}"
+        f"content-length: {len(payload)}\r\n\r\n"
+    )
+    return head.encode("latin-1") + payload
+
+
+def header_lines(headers: dict[str, str]) -> str:
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+
 def _read_answer(sock: socket.socket) -> tuple[Answer, bool]:
-    """Reads one answer; whether the connection can carry another request.
-    Raises ``ValueError`` for what is not an HTTP/1.1 answer, ``OSError``
-    for a connection that ends before the answer does."""
-    data = _receive(sock, b"")
-    while (end := data.find(b"\r\n\r\n")) < 0:
-        data = _receive(sock, data)
+    """Reads one answer; whether the connection can carry another request."""
+    data = b""
+    ended = False
+    while (parsed := parse_http_answer(data, ended=ended)) is None:
+        if ended:
+            raise ConnectionResetError("the server closed the connection before answering")
+        chunk = sock.recv(READ_SIZE)
+        ended = not chunk
+        data += chunk
+    answer, used, reusable = parsed
+    # Bytes past the answer: not one this client asked for.
+    return answer, reusable and used == len(data)
+
+
+def parse_http_answer(data: bytes, *, ended: bool) -> tuple[Answer, int, bool] | None:
+    """The HTTP/1.1 answer at the start of ``data``, how many bytes it took,
+    and whether its connection can carry another request; ``None`` while it
+    is incomplete (``ended``: no more bytes will come). Raises
+    ``ValueError`` for what is not an HTTP/1.x answer."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return None
     lines = data[:end].decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
     status = int(rest[:3])
     headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
     reusable = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-    data = data[end + 4 :]
+    start = end + 4
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        body, data = _read_chunked(sock, data)
+        dechunked = _dechunk(data, start)
+        if dechunked is None:
+            return None
+        body, stop = dechunked
     elif "content-length" in headers:
-        length = int(headers["content-length"])
-        while len(data) < length:
-            data = _receive(sock, data)
-        body, data = data[:length], data[length:]
-    else:
+        stop = start + int(headers["content-length"])
+        if len(data) < stop:
+            return None
+        body = data[start:stop]
+    elif status in (204, 304) or status < 200:
+        body, stop = b"", start
+    elif ended:
         # Delimited by the end of the connection.
-        while chunk := sock.recv(READ_SIZE):
-            data += chunk
-        body, data, reusable = data, b"", False
-    # Bytes past the answer: not one this client asked for.
-    return Answer(status, body, headers.get("retry-after")), reusable and not data
+        body, stop, reusable = data[start:], len(data), False
+    else:
+        return None
+    return Answer(status, body, headers.get("retry-after")), stop, reusable
 
 
-def _read_chunked(sock: socket.socket, data: bytes) -> tuple[bytes, bytes]:
+def _dechunk(data: bytes, start: int) -> tuple[bytes, int] | None:
+    """A chunked body from ``start``, and where it ends; ``None`` while
+    incomplete."""
     body = b""
-    while True:
-        while (line_end := data.find(b"\r\n")) < 0:
-            data = _receive(sock, data)
-        size = int(data[:line_end].split(b";", 1)[0], 16)
-        data = data[line_end + 2 :]
+    while (line_end := data.find(b"\r\n", start)) >= 0:
+        size = int(data[start:line_end].split(b";", 1)[0], 16)
+        start = line_end + 2
         if size == 0:
-            while (trailers_end := data.find(b"\r\n")) != 0:
-                if trailers_end < 0:
-                    data = _receive(sock, data)
-                else:
-                    data = data[trailers_end + 2 :]
-            return body, data[2:]
-        while len(data) < size + 2:
-            data = _receive(sock, data)
-        body += data[:size]
-        data = data[size + 2 :]
-
-
-def _receive(sock: socket.socket, data: bytes) -> bytes:
-    chunk = sock.recv(READ_SIZE)
-    if not chunk:
-        raise ConnectionResetError("the server closed the connection before answering")
-    return data + chunk
+            # Trailers, each a line, up to an empty one.
+            while (line_end := data.find(b"\r\n", start)) > start:
+                start = line_end + 2
+            return None if line_end < 0 else (body, line_end + 2)
+        if len(data) < start + size + 2:
+            return None
+        body += data[start : start + size]
+        start += size + 2
+    return None

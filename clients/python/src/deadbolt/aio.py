@@ -1,11 +1,12 @@
 """The asyncio client: ``AsyncClient``, ``AsyncSession`` and ``AsyncGuard``,
 the same API as the synchronous one with ``await``.
 
-Why aiohttp (the ``asyncio`` extra: ``pip install "deadbolt[asyncio]"``):
-cancelling a task that waits on a lock must close its connection, which is
-how the server learns the caller left and gives its queue place back;
-a thread pool over a blocking client cannot cancel a request in flight. The rules
-are ``_protocol``'s and the requests ``_calls``', shared with ``client.py``.
+Why asyncio's own connections (``_aio_transport``), not a thread pool over
+the blocking client: cancelling a task that waits on a lock must close its
+connection, which is how the server learns the caller left and gives its
+queue place back, and a thread cannot be cancelled mid-request. The rules
+are ``_protocol``'s and the requests ``_calls``', shared with ``client.py``,
+and so is the shared session of ``lock`` and ``try_lock``.
 
     async with deadbolt.AsyncClient("http://127.0.0.1:7070") as client:
         async with client.lock("invoice-981", ttl="30s", timeout="5s") as guard:
@@ -22,10 +23,9 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Generator
 from typing import Any, Callable, TypeVar
 
-import aiohttp
-
 from . import _calls as calls
 from ._calls import Target
+from ._aio_transport import AsyncTransport
 from ._errors import (
     DeadboltError,
     LeaseLost,
@@ -66,6 +66,7 @@ from ._protocol import (
     unreachable,
     within_lease,
 )
+from ._transport import TransportError
 
 T = TypeVar("T")
 
@@ -84,30 +85,16 @@ class AsyncClient:
         cert: str | None = None,
         key: str | None = None,
         token: str | None = None,
+        max_connections: int = 32,
     ) -> None:
         self._endpoints = Endpoints.parse(endpoints, ca is not None or cert is not None)
-        self._ssl = tls_context(ca, cert, key)
-        self._headers = request_headers(token)
-        self._http: aiohttp.ClientSession | None = None
+        self._transport = AsyncTransport(
+            request_headers(token), tls_context(ca, cert, key), max_connections, CONNECT_TIMEOUT
+        )
         self._shared: dict[tuple[float, float], list[AsyncSession]] = {}
         """The sessions ``lock`` and ``try_lock`` share, by TTL and margin."""
         self._opening: asyncio.Lock | None = None
         """Held while a shared session is opened."""
-
-    def _session(self) -> aiohttp.ClientSession:
-        # Made on first use: aiohttp binds it to the running loop.
-        if self._http is None:
-            self._http = aiohttp.ClientSession(
-                headers=self._headers,
-                # No limit on connections: a keepalive must never queue behind
-                # waiting acquires for one (each wait holds a connection).
-                connector=aiohttp.TCPConnector(
-                    limit=0,
-                    limit_per_host=0,
-                    ssl=True if self._ssl is None else self._ssl,
-                ),
-            )
-        return self._http
 
     async def _send(
         self,
@@ -120,20 +107,17 @@ class AsyncClient:
         on (to the leader a follower names) before raising."""
         url = self._endpoints.url()
         data = body if body is not None else call.body
-        timeout = aiohttp.ClientTimeout(total=wait, sock_connect=CONNECT_TIMEOUT)
         try:
-            async with self._session().request(
+            response = await self._transport.request(
+                url,
                 call.method,
-                url + call.path,
-                data=None if data is None else json.dumps(data).encode(),
-                timeout=timeout,
-            ) as response:
-                raw = await response.read()
-                answer = parse_answer(response.status, raw, response.headers.get("retry-after"))
-        except (aiohttp.ClientError, asyncio.TimeoutError) as error:
-            # A failed connect never sent the request.
-            unsent = isinstance(error, aiohttp.ClientConnectorError)
-            failure = unreachable(url, error, unsent=unsent)
+                call.path,
+                None if data is None else json.dumps(data).encode(),
+                wait,
+            )
+            answer = parse_answer(response.status, response.body, response.retry_after)
+        except TransportError as error:
+            failure = unreachable(url, error, unsent=error.unsent)
             self._endpoints.failed(url, failure)
             raise failure from None
         except DeadboltError as error:
@@ -392,9 +376,7 @@ class AsyncClient:
         for sessions in shared.values():
             for session in sessions:
                 await session.close()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        self._transport.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -59,7 +59,10 @@ def run(
     ttl_s = seconds(ttl, "ttl")
     grace_s = min(ttl_s / 4, 5.0) if grace is None else seconds(grace, "grace")
     drift = drift_margin(ttl_s)
-    client = client or Client()
+    if client is None:
+        # Made for this run alone: closed with it, its session too.
+        with Client() as made:
+            return run(args, lock=lock, client=made, ttl=ttl, timeout=timeout, grace=grace, env=env, cwd=cwd)
     guard = client.lock(lock, ttl=ttl_s, timeout=timeout, margin=drift + grace_s)
     try:
         process = subprocess.Popen(
