@@ -194,7 +194,15 @@ pub enum ProposeError {
         bytes: usize,
         limits: QueueLimits,
     },
-    #[error("raft failure: {0}")]
+    /// This node's Raft stopped (its storage failed, or it is shutting
+    /// down): it serves nothing more, and another node will lead. A change
+    /// in flight may or may not have been committed (sim seeds 285 and 299:
+    /// a leader whose log write failed answered `internal`, which clients
+    /// do not repeat, while the rest of the cluster went on).
+    #[error(
+        "this node stopped ({0}); another node will serve: the change may or may not have been \
+         done (every call is safe to repeat)"
+    )]
     Fatal(String),
 }
 

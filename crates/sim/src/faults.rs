@@ -26,7 +26,8 @@
 
 use crate::cluster::{DiskDamage, SimCluster};
 use crate::network::{address, LinkQuality};
-use crate::workload::{Failure, Router, SESSION_TTL};
+use crate::workload::{now_ns, Failure, History, Router, SESSION_TTL};
+use deadbolt_checker::availability::{Bearing, Fault};
 use deadbolt_proto::v1::{AddMemberRequest, RemoveMemberRequest};
 use deadbolt_proto::ErrorKind;
 use deadbolt_server::embedded::{Credentials, NodeId};
@@ -77,6 +78,7 @@ pub async fn inject(
     rng: &mut StdRng,
     until: Instant,
     log: &mut FaultLog,
+    history: &History,
 ) -> Result<u64, String> {
     let ids = cluster.ids();
     let mut faults = 0;
@@ -89,6 +91,10 @@ pub async fn inject(
             _ => *ids.choose(rng).expect("nodes"),
         };
         faults += 1;
+        let (from, first_line) = (now_ns(), log.len());
+        // Every fault but two leaves a majority up and connected, which
+        // must serve every caller (availability, issue 59).
+        let mut bearing = Bearing::Kept;
         match rng.gen_range(0..14) {
             10 => replace(cluster, router, victim, rng, log).await?,
             11 => damage_disk(cluster, router, victim, hold, rng, log).await?,
@@ -115,6 +121,9 @@ pub async fn inject(
                 restart(cluster, victim, rng, log).await?;
             }
             4 => {
+                bearing = Bearing::NoMajority {
+                    grace: RESTART_GRACE.as_nanos() as u64,
+                };
                 log.push(format!("{} crash every node", at()));
                 for &id in &ids {
                     cluster.crash(id, rng);
@@ -138,6 +147,11 @@ pub async fn inject(
                 cluster.fabric.heal();
             }
             _ => {
+                // Messages between the nodes lost and late: no majority is
+                // reliably connected until the network heals.
+                bearing = Bearing::NoMajority {
+                    grace: RESTART_GRACE.as_nanos() as u64,
+                };
                 let quality = LinkQuality {
                     loss: rng.gen_range(0.05..0.3),
                     min_delay: Duration::from_micros(100),
@@ -150,9 +164,19 @@ pub async fn inject(
                 cluster.fabric.heal();
             }
         }
+        history.fault(Fault {
+            from,
+            to: now_ns(),
+            what: log.get(first_line).cloned().unwrap_or_default(),
+            bearing,
+        });
     }
     Ok(faults)
 }
+
+/// After a fault that left no majority, how long until a leader serves
+/// again: the nodes restart (or the network heals), elect, and catch up.
+const RESTART_GRACE: Duration = Duration::from_secs(5);
 
 /// Node `lost` loses its disk and is rebuilt from its peers.
 async fn replace(

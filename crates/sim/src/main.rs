@@ -76,6 +76,9 @@ fn print_report(report: &SeedReport, verbose: bool) {
     for violation in &report.violations {
         print!("{violation}");
     }
+    let mut availability = Availability::default();
+    availability.add(report);
+    availability.print();
     if verbose || !report.violations.is_empty() {
         for line in &report.fault_log {
             println!("  fault {line}");
@@ -88,6 +91,44 @@ fn print_report(report: &SeedReport, verbose: bool) {
     }
     if !report.violations.is_empty() {
         println!("  reproduce: deadbolt-sim --seed {} --verbose", report.seed);
+    }
+}
+
+/// The real clients' availability over the seeds run (issue 59): errors
+/// that did not count, and each node fault's longest time without a grant.
+#[derive(Default)]
+struct Availability {
+    excused: usize,
+    lease_lost: usize,
+    outcome_unknown: usize,
+    gaps_ms: Vec<u64>,
+}
+
+impl Availability {
+    fn add(&mut self, report: &SeedReport) {
+        let served = &report.served;
+        self.excused += served.excused;
+        self.lease_lost += served.lease_lost;
+        self.outcome_unknown += served.outcome_unknown;
+        self.gaps_ms
+            .extend(served.gaps.iter().map(|(_, gap)| gap / 1_000_000));
+    }
+
+    fn print(&mut self) {
+        self.gaps_ms.sort_unstable();
+        let median = self.gaps_ms.get(self.gaps_ms.len() / 2).copied();
+        println!(
+            "  availability: errors a fault excused {}, on leases a fault outlasted {}, changes \
+             left of unknown outcome {} (outages while a majority was up are violations); after \
+             each of {} faults that left a majority, the longest time without a grant: median \
+             {} ms, max {} ms",
+            self.excused,
+            self.lease_lost,
+            self.outcome_unknown,
+            self.gaps_ms.len(),
+            median.unwrap_or(0),
+            self.gaps_ms.last().copied().unwrap_or(0)
+        );
     }
 }
 
@@ -137,12 +178,14 @@ fn main() {
     let next = Arc::new(AtomicU64::new(cli.first));
     let end = cli.first + cli.seeds;
     let totals = Arc::new(Mutex::new((0u64, 0usize, 0u64, 0usize, 0u64)));
+    let availability = Arc::new(Mutex::new(Availability::default()));
     let replayed = Arc::new(AtomicU64::new(0));
     let replay_every = cli.replay_every;
     let started = Instant::now();
     let workers: Vec<_> = (0..threads)
         .map(|_| {
             let (next, totals, options) = (next.clone(), totals.clone(), options.clone());
+            let availability = availability.clone();
             let replayed = replayed.clone();
             let verbose = cli.verbose;
             std::thread::spawn(move || loop {
@@ -163,6 +206,10 @@ fn main() {
                     }
                     again.digest == report.digest
                 });
+                availability
+                    .lock()
+                    .expect("availability poisoned")
+                    .add(&report);
                 let mut totals = totals.lock().expect("totals poisoned");
                 totals.3 += usize::from(same_again == Some(false));
                 totals.0 += 1;
@@ -197,6 +244,10 @@ fn main() {
         started.elapsed(),
         replayed.load(Ordering::Relaxed)
     );
+    availability
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .print();
     println!("seeds={seeds} ops={ops} faults={faults} violations={violations}");
     std::process::exit(i32::from(violations > 0));
 }

@@ -24,6 +24,7 @@ use crate::network::{address, Fabric, Lost};
 use crate::workload::{
     now_ns, History, SimResource, Step, ACQUIRE_WAIT, PAUSE_CHANCE, SESSION_TTL,
 };
+use deadbolt_checker::availability::{Bearing, ClientError, Fault};
 use deadbolt_checker::checker::Violation;
 use deadbolt_checker::history::{Op, Phase};
 use deadbolt_client::{Client, Error, ErrorKind, Session};
@@ -152,7 +153,8 @@ impl RealClient {
         while !*stop.borrow() {
             let session = match self.client.open_session(SESSION_TTL).await {
                 Ok(session) => session,
-                Err(_) => {
+                Err(error) => {
+                    self.client_error("open_session", &error, None);
                     tokio::time::sleep(RETRY_PAUSE).await;
                     continue;
                 }
@@ -183,6 +185,7 @@ impl RealClient {
         let guard = match session.lock_timeout(&lock, ACQUIRE_WAIT).await {
             Ok(guard) => guard,
             Err(error) => {
+                self.client_error("acquire", &error, Some(session));
                 let waited = matches!(error.kind(), ErrorKind::WaitTimeout | ErrorKind::Busy);
                 let phase = if waited { Phase::Fail } else { Phase::Info };
                 acquire.record(phase, None, Some(error.to_string()));
@@ -196,12 +199,24 @@ impl RealClient {
 
         if Instant::now() < self.faults_until && self.rng.gen_bool(PAUSE_CHANCE) {
             let pause = SESSION_TTL.mul_f64(self.rng.gen_range(1.5..3.0));
+            let from = now_ns();
             self.paused.send_replace(true);
             tokio::time::sleep(pause).await;
             self.paused.send_replace(false);
+            // Its lease is rightly gone: its own errors for a while after
+            // are no outage.
+            self.history.fault(Fault {
+                from,
+                to: now_ns(),
+                what: format!("client {} paused for {pause:?}", self.id),
+                bearing: Bearing::Client {
+                    client: self.id,
+                    grace: (SESSION_TTL * 2).as_nanos() as u64,
+                },
+            });
         }
 
-        self.store_increment(&lock, token).await;
+        self.store_increment(session, &lock, token).await;
         self.resource_increment(session, &lock, token).await;
         self.note_lease(session);
 
@@ -212,6 +227,7 @@ impl RealClient {
                 true
             }
             Err(error) => {
+                self.client_error("release", &error, Some(session));
                 release.record(phase(&error), None, Some(error.to_string()));
                 false
             }
@@ -219,7 +235,7 @@ impl RealClient {
     }
 
     /// A fenced read, then a put of the value + 1 fenced by the lock.
-    async fn store_increment(&mut self, lock: &str, token: u64) {
+    async fn store_increment(&mut self, session: &Session, lock: &str, token: u64) {
         let step = Step::begin(
             &self.history,
             self.id,
@@ -230,7 +246,10 @@ impl RealClient {
         let key = format!("counter:{lock}");
         let current = match self.client.store_get(&key, Some((token, Some(lock)))).await {
             // A read changes no counter: the increment did not happen.
-            Err(error) => return step.refused(error.to_string()),
+            Err(error) => {
+                self.client_error("store_get", &error, Some(session));
+                return step.refused(error.to_string());
+            }
             Ok(stored) => stored
                 .value
                 .map_or(0, |value| value.parse().expect("counters are numbers")),
@@ -242,8 +261,25 @@ impl RealClient {
             .await;
         match written {
             Ok(_) => step.ok(Some(next)),
-            Err(error) => step.record(phase(&error), Some(next), Some(error.to_string())),
+            Err(error) => {
+                self.client_error("store_put", &error, Some(session));
+                step.record(phase(&error), Some(next), Some(error.to_string()));
+            }
         }
+    }
+
+    /// Writes down an error the client crate returned, for the run's
+    /// availability check (`session`: the one the call was made on).
+    fn client_error(&self, call: &str, error: &Error, session: Option<&Session>) {
+        self.history.client_error(ClientError {
+            at: now_ns(),
+            client: self.id,
+            call: call.to_owned(),
+            kind: error.kind().as_str().to_owned(),
+            message: error.to_string(),
+            lease_lost: session.is_some_and(Session::is_lost),
+            outcome_unknown: error.outcome_unknown(),
+        });
     }
 
     /// The same on the resource, across the simulated network, judging

@@ -13,6 +13,7 @@
 //! share the round's state, and split apart each would need all of it.
 
 use crate::network::{node_at, Fabric, Lost, Sender};
+use deadbolt_checker::availability::{ClientError, Fault};
 use deadbolt_checker::checker::Violation;
 use deadbolt_checker::history::{Accepted, Op, Phase, Record};
 use deadbolt_fence::FenceGates;
@@ -64,6 +65,10 @@ pub struct History {
     /// said, as they were sent, that their lease lasted past their arrival
     /// (see `real_client.rs`): two holders inside their windows at once.
     overlaps: Arc<Mutex<Vec<Violation>>>,
+    /// The errors the real clients' library returned, and the faults that
+    /// may excuse them: the run's availability check (issue 59).
+    client_errors: Arc<Mutex<Vec<ClientError>>>,
+    faults: Arc<Mutex<Vec<Fault>>>,
 }
 
 /// What the service said of one session: a call on a session it once
@@ -136,6 +141,27 @@ impl History {
     /// Each session's latest acknowledged lease start (send time, ns).
     pub fn lease_starts(&self) -> BTreeMap<u64, u64> {
         self.lease_starts.lock().expect("history poisoned").clone()
+    }
+
+    /// An error a real client's library returned.
+    pub(crate) fn client_error(&self, error: ClientError) {
+        self.client_errors
+            .lock()
+            .expect("history poisoned")
+            .push(error);
+    }
+
+    /// A fault, once it is over.
+    pub(crate) fn fault(&self, fault: Fault) {
+        self.faults.lock().expect("history poisoned").push(fault);
+    }
+
+    /// What [`client_error`](Self::client_error) and
+    /// [`fault`](Self::fault) collected.
+    pub fn availability(&self) -> (Vec<ClientError>, Vec<Fault>) {
+        let errors = self.client_errors.lock().expect("history poisoned").clone();
+        let faults = self.faults.lock().expect("history poisoned").clone();
+        (errors, faults)
     }
 }
 

@@ -79,9 +79,9 @@ impl From<ProposeError> for ApiError {
             ProposeError::NotLeader { .. } => ErrorKind::NotLeader,
             ProposeError::ShuttingDown
             | ProposeError::NoQuorum(_)
-            | ProposeError::LostQuorum(_) => ErrorKind::Unavailable,
+            | ProposeError::LostQuorum(_)
+            | ProposeError::Fatal(_) => ErrorKind::Unavailable,
             ProposeError::Overloaded { .. } => ErrorKind::Overloaded,
-            ProposeError::Fatal(_) => ErrorKind::Internal,
         };
         let leader = match &err {
             ProposeError::NotLeader { leader } => leader.clone(),

@@ -332,10 +332,11 @@ impl Node {
                 Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(_)))) => {
                     return Err(self.not_leader("cannot serve a linearizable read here"))
                 }
+                // This node is gone for good; another will serve.
                 Ok(Err(RaftError::Fatal(fatal))) => {
                     return Err(ApiError::new(
-                        ErrorKind::Internal,
-                        format!("raft has stopped: {fatal}"),
+                        ErrorKind::Unavailable,
+                        format!("this node stopped ({fatal}); another node will serve"),
                     ))
                 }
                 // Peers that did not answer this round (one slow, one just
