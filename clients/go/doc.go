@@ -30,9 +30,10 @@
 // and following the leader a follower or a forwarding node names, until
 // the call's context ends. A change repeated after an attempt whose outcome
 // is unknown, then refused, fails as unavailable with its outcome unknown
-// (Error.OutcomeUnknown), not with the refusal. Blocking waits honour the context: its deadline is sent to the
-// server, which answers wait_timeout then, and a cancel gives the queue
-// place (or a grant answered as the caller left) back at once.
+// (Error.OutcomeUnknown), not with the refusal. Blocking waits honour the
+// context: its deadline is sent to the server, which answers wait_timeout
+// then, and a cancel gives the queue place (or a grant answered as the
+// caller left) back at once.
 //
 // Errors are *Error values with a Kind; compare them with errors.Is
 // against ErrBusy, ErrLost, ErrNotHolder, ErrPermission, ErrUnavailable
