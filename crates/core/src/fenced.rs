@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 #[serde(from = "Entries")]
 pub struct FencedStore {
     /// Persistent, as the lock table's maps are: cloned in O(1) for a snapshot.
+    /// Decoded through [`Entries`].
     entries: imbl::OrdMap<String, Entry>,
     /// Bytes of keys and values, kept with every change. Not stored: a
     /// snapshot holds the entries alone, as before the limit, and loading
@@ -34,6 +35,7 @@ pub struct FencedStore {
 /// store's serialized form.
 #[derive(Deserialize)]
 struct Entries {
+    #[serde(deserialize_with = "crate::bounded::ord_map")]
     entries: imbl::OrdMap<String, Entry>,
 }
 

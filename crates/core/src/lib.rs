@@ -15,6 +15,7 @@
 
 mod acl;
 mod audit;
+mod bounded;
 mod command;
 mod error;
 mod feature_level;

@@ -47,7 +47,9 @@ pub const MAX_PERMITS: u32 = 1_024;
 /// that a session's end finds its permits without a scan).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Semaphores {
+    #[serde(deserialize_with = "crate::bounded::ord_map")]
     by_name: imbl::OrdMap<String, Semaphore>,
+    #[serde(deserialize_with = "crate::bounded::ord_map")]
     by_session: imbl::OrdMap<SessionId, BTreeSet<String>>,
 }
 

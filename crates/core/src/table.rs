@@ -44,7 +44,9 @@ use std::time::Duration;
 /// stalled every request for up to a second: docs/performance.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockTable {
+    #[serde(deserialize_with = "crate::bounded::ord_map")]
     sessions: imbl::OrdMap<SessionId, Session>,
+    #[serde(deserialize_with = "crate::bounded::ord_map")]
     locks: imbl::OrdMap<String, Lock>,
     store: FencedStore,
     next_session: u64,
@@ -78,7 +80,9 @@ pub struct LockTable {
 /// a table with [`TableLimits::DEFAULT`], the limits it ran with.
 #[derive(Debug, Deserialize)]
 pub struct LockTableV9 {
+    #[serde(deserialize_with = "crate::bounded::ord_map")]
     sessions: imbl::OrdMap<SessionId, Session>,
+    #[serde(deserialize_with = "crate::bounded::ord_map")]
     locks: imbl::OrdMap<String, Lock>,
     store: FencedStore,
     next_session: u64,
