@@ -339,9 +339,8 @@ def unknown_outcome(earlier: DeadboltError, refused: DeadboltError) -> Unavailab
     """What a change whose ``earlier`` attempt was cut off, and whose repeat
     was ``refused``, raises: its outcome is unknown."""
     failure = Unavailable(
-        f"{earlier}; repeated, the call was refused ({refused}), which does not say whether "
-        "the first attempt was done: it may have been, its outcome is unknown (read the "
-        "state again to know)"
+        f"{earlier}; the call was repeated and refused ({refused}), but the first attempt "
+        "may have been done: its outcome is unknown (read the state again to know)"
     )
     failure.outcome_unknown = True
     return failure

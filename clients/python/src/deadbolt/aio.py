@@ -24,8 +24,8 @@ from collections.abc import AsyncIterator, Awaitable, Generator
 from typing import Any, Callable, TypeVar
 
 from . import _calls as calls
-from ._calls import Target
 from ._aio_transport import AsyncTransport
+from ._calls import Target
 from ._errors import (
     DeadboltError,
     LeaseLost,
@@ -719,9 +719,9 @@ class AsyncGuard:
 
     async def release(self) -> None:
         """Releases the lock (resigns an election), and closes a session
-        ``AsyncClient.lock`` opened for it alone (``own_session``). Shielded: if the caller is cancelled,
-        the release goes on, or the lease runs out; the lock is never
-        stranded."""
+        ``AsyncClient.lock`` opened for it alone (``own_session``).
+        Shielded: if the caller is cancelled, the release goes on, or the
+        lease runs out; the lock is never stranded."""
         if self._released:
             return
         self._released = True

@@ -62,7 +62,16 @@ def run(
     if client is None:
         # Made for this run alone: closed with it, its session too.
         with Client() as made:
-            return run(args, lock=lock, client=made, ttl=ttl, timeout=timeout, grace=grace, env=env, cwd=cwd)
+            return run(
+                args,
+                lock=lock,
+                client=made,
+                ttl=ttl,
+                timeout=timeout,
+                grace=grace,
+                env=env,
+                cwd=cwd,
+            )
     guard = client.lock(lock, ttl=ttl_s, timeout=timeout, margin=drift + grace_s)
     try:
         process = subprocess.Popen(
