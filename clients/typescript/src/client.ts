@@ -483,39 +483,19 @@ export class Client {
 }
 
 /**
- * `promise`, unless `signal` aborts or `giveUp` passes first: a caller's
- * own limits on a wait it shares with other callers.
- */
-function settleWithin<T>(promise: Promise<T>, giveUp: number, signal: AbortSignal | undefined, late: () => Error): Promise<T> {
-  return new Promise((resolve, reject) => {
-    const settle = (done: () => void): void => {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", onAbort);
-      done();
-    };
-    const timer = setTimeout(() => settle(() => reject(late())), Math.max(giveUp - now(), 0));
-    const onAbort = (): void => settle(() => reject(signal?.reason));
-    signal?.addEventListener("abort", onAbort, { once: true });
-    promise.then(
-      (value) => settle(() => resolve(value)),
-      (error: unknown) => settle(() => reject(error)),
-    );
-  });
-}
-
-/**
  * The sessions a client's `lock`, `tryLock` and `withLock` share, for one
  * TTL and margin: one session, opened on first use, holds every lock; a
  * second (third, ...) is opened only while the same name is wanted again
  * in this client, since a session holds a lock once (the server answers a
  * repeat by the same session with the grant it has), and so each waiter
- * keeps its own FIFO place on the server. A session that held nothing for
- * a whole renewal interval is closed instead of renewed.
+ * keeps its own FIFO place on the server. A caller that finds no free
+ * session opens one with its own `timeout` and `signal`, as a lock of its
+ * own did (callers that come together before the first is open open one
+ * each, and the spares fall idle). A session that held nothing for a whole
+ * renewal interval is closed instead of renewed.
  */
 class SessionPool {
   private readonly sessions: Session[] = [];
-  /** The session being opened, which callers that found no free one wait for together. */
-  private opening: Promise<Session> | undefined;
 
   constructor(
     private readonly client: Client,
@@ -524,20 +504,16 @@ class SessionPool {
 
   /**
    * `acquire` in a live session in which `name` is free, called in the
-   * same turn as it is found free, so that no other caller takes the name
-   * in it first. Waits for a session to be opened, until `giveUp` or
-   * `signal`.
+   * same turn as it is found free (or opened), so that no other caller
+   * takes the name in it first.
    */
   async run<T>(name: string, giveUp: number, signal: AbortSignal | undefined, acquire: (session: Session) => Promise<T>): Promise<T> {
-    for (;;) {
-      signal?.throwIfAborted();
-      const free = this.freeFor(name);
-      if (free) return acquire(free);
-      this.opening ??= this.open();
-      await settleWithin(this.opening, giveUp, signal, () =>
-        new WaitTimeoutError("wait_timeout", `timed out opening a session for lock ${JSON.stringify(name)}`),
-      );
-    }
+    const free = this.freeFor(name);
+    if (free) return acquire(free);
+    const opened = await this.client.openSession(this.lease, giveUp, signal);
+    opened.closesWhenIdle = true;
+    this.sessions.push(opened);
+    return acquire(opened);
   }
 
   private freeFor(name: string): Session | undefined {
@@ -551,17 +527,6 @@ class SessionPool {
       i++;
     }
     return undefined;
-  }
-
-  private async open(): Promise<Session> {
-    try {
-      const session = await this.client.openSession(this.lease, now() + CALL_TIMEOUT, undefined);
-      session.closesWhenIdle = true;
-      this.sessions.push(session);
-      return session;
-    } finally {
-      this.opening = undefined;
-    }
   }
 
   close(): Promise<void> {

@@ -195,8 +195,8 @@ test("a wait ends with the lease when the server stops answering", async () => {
 test("client.lock shares one session between locks, and opens another only for a name it already holds", async () => {
   await using server = await startServer();
   const client = new Client({ endpoints: server.endpoint });
-  const guards = await Promise.all(["shared/a", "shared/b", "shared/c"].map((name) => client.lock(name, { ttl: "10s" })));
-  const [a, b, c] = guards as [Guard, Guard, Guard];
+  const a = await client.lock("shared/a", { ttl: "10s" });
+  const [b, c] = (await Promise.all(["shared/b", "shared/c"].map((name) => client.lock(name, { ttl: "10s" })))) as [Guard, Guard];
   assert.ok(a.session === b.session && b.session === c.session);
   assert.equal((await client.status("shared/b"))?.holder, a.session.id);
   // The same name again waits in FIFO order, in a session of its own.
