@@ -8,9 +8,12 @@ import (
 
 const clockBoottime = 7 // CLOCK_BOOTTIME
 
+// boottime reads CLOCK_BOOTTIME. A raw syscall: clock_gettime never
+// blocks, so it need not tell the scheduler (4 % of the client's CPU per
+// acquire+release pair went to the bookkeeping of a plain one).
 func boottime() (time.Duration, bool) {
 	var ts syscall.Timespec
-	_, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clockBoottime, uintptr(unsafe.Pointer(&ts)), 0)
+	_, _, errno := syscall.RawSyscall(syscall.SYS_CLOCK_GETTIME, clockBoottime, uintptr(unsafe.Pointer(&ts)), 0)
 	return time.Duration(ts.Nano()), errno == 0
 }
 
