@@ -1,0 +1,62 @@
+package deadbolt
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A kept connection the server closed while it was idle is not an outage:
+// the call goes again on a new one, once.
+func TestKeptConnectionClosedByTheServer(t *testing.T) {
+	var calls int64
+	server := standIn(t, func(w http.ResponseWriter, count int64) {
+		atomic.StoreInt64(&calls, count)
+		answerWith(w, 200, `{"state":null,"index":1}`)
+	})
+	client := standInClient(t, server.URL)
+	ctx := context.Background()
+	if _, err := client.Status(ctx, "x"); err != nil {
+		t.Fatal(err)
+	}
+	server.CloseClientConnections()
+	if _, err := client.Status(ctx, "x"); err != nil {
+		t.Fatalf("on a kept connection the server had closed: %v", err)
+	}
+	if n := atomic.LoadInt64(&calls); n != 2 {
+		t.Fatalf("the server got %d calls, not 2", n)
+	}
+}
+
+// A call that waits for its answer ends as soon as its context is
+// cancelled (once watchAfter has passed, a goroutine watches for it), and
+// the next call goes through.
+func TestCancelCutsACallShort(t *testing.T) {
+	var calls int64
+	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if atomic.AddInt64(&calls, 1) == 1 {
+			<-r.Context().Done() // the client went away
+			return
+		}
+		answerWith(w, 200, `{"state":null,"index":1}`)
+	}))
+	t.Cleanup(server.Close)
+	client := standInClient(t, server.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel)
+	started := time.Now()
+	_, err := client.Status(ctx, "x")
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled call: %v", err)
+	}
+	if took := time.Since(started); took > time.Second {
+		t.Fatalf("the cancel took %v to end the call", took)
+	}
+	if _, err := client.Status(context.Background(), "x"); err != nil {
+		t.Fatalf("the next call: %v", err)
+	}
+}
