@@ -16,6 +16,7 @@ transport code drift apart. What lives here:
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -55,18 +56,29 @@ def seconds(duration: Duration, what: str = "duration") -> float:
     elif isinstance(duration, (int, float)):
         value = float(duration)
     elif isinstance(duration, str):
-        text = duration.strip().replace(" ", "")
-        parts = _PART.findall(text)
-        if not text or "".join(n + u for n, u in parts) != text:
+        parsed = _text_seconds(duration)
+        if parsed is None:
             raise InvalidArgument(
                 f"{what} {duration!r} is not a duration: write it like 30s, 500ms, 1m30s or 2h"
             )
-        value = sum(float(number) * _UNIT[unit] for number, unit in parts)
+        value = parsed
     else:
         raise InvalidArgument(f"{what} must be a duration, not {type(duration).__name__}")
     if not 0 <= value < float("inf"):
         raise InvalidArgument(f"{what} {duration!r} is not a finite duration of 0 or more")
     return value
+
+
+@functools.lru_cache(maxsize=256)
+def _text_seconds(duration: str) -> float | None:
+    """``"1m30s"`` in seconds, or ``None`` if it is no duration. Cached: a
+    program writes the same few (``ttl="30s"`` on every lock), and each
+    parse runs a regular expression."""
+    text = duration.strip().replace(" ", "")
+    parts = _PART.findall(text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(number) * _UNIT[unit] for number, unit in parts)
 
 
 def millis(duration_seconds: float) -> int:

@@ -194,28 +194,25 @@ def parse_http_answer(data: bytes, *, ended: bool) -> tuple[Answer, int, bool] |
     """The HTTP/1.1 answer at the start of ``data``, how many bytes it took,
     and whether its connection can carry another request; ``None`` while it
     is incomplete (``ended``: no more bytes will come). Raises
-    ``ValueError`` for what is not an HTTP/1.x answer."""
+    ``ValueError`` for what is not an HTTP/1.x answer. Only the headers
+    this client reads are looked for, in the head lower-cased at once."""
     end = data.find(b"\r\n\r\n")
     if end < 0:
         return None
-    lines = data[:end].decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    if not version.startswith("HTTP/1."):
-        raise ValueError(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
-    status = int(rest[:3])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    reusable = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+    head = data[:end].lower()
+    if not head.startswith(b"http/1."):
+        raise ValueError(f"not an HTTP/1.1 answer: {data[:80]!r}")
+    status = int(head[9:12])
+    reusable = head.startswith(b"http/1.1") and _header(head, b"connection") != b"close"
     start = end + 4
-    if "chunked" in headers.get("transfer-encoding", "").lower():
+    length = _header(head, b"content-length")
+    if b"chunked" in (_header(head, b"transfer-encoding") or b""):
         dechunked = _dechunk(data, start)
         if dechunked is None:
             return None
         body, stop = dechunked
-    elif "content-length" in headers:
-        stop = start + int(headers["content-length"])
+    elif length is not None:
+        stop = start + int(length)
         if len(data) < stop:
             return None
         body = data[start:stop]
@@ -226,7 +223,19 @@ def parse_http_answer(data: bytes, *, ended: bool) -> tuple[Answer, int, bool] |
         body, stop, reusable = data[start:], len(data), False
     else:
         return None
-    return Answer(status, body, headers.get("retry-after")), stop, reusable
+    retry_after = _header(head, b"retry-after")
+    answer = Answer(status, body, None if retry_after is None else retry_after.decode("latin-1"))
+    return answer, stop, reusable
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    """The value of header ``name`` in a lower-cased ``head``, if it has one."""
+    at = head.find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    start = at + len(name) + 3
+    stop = head.find(b"\r\n", start)
+    return head[start : len(head) if stop < 0 else stop].strip()
 
 
 def _dechunk(data: bytes, start: int) -> tuple[bytes, int] | None:
