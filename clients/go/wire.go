@@ -37,6 +37,11 @@ import (
 // it is closed rather than used again.
 const idleTimeout = 90 * time.Second
 
+// checkIdleAfter is how long a connection sits idle before it is checked
+// for a close by the server when taken: one used a moment ago (as under
+// load) is not worth a system call.
+const checkIdleAfter = time.Millisecond
+
 // watchAfter is how long a call goes without an answer before a goroutine
 // starts watching for its context's cancel (see exchange).
 const watchAfter = 10 * time.Millisecond
@@ -126,17 +131,27 @@ func (w *wire) dial(ctx context.Context, host string) (*wireConn, error) {
 }
 
 // take is an idle connection to host, the most recently used, or nil.
+// One idle for checkIdleAfter is dropped if the server closed it meanwhile
+// (a restart, a proxy's idle timeout, a node killed), so that a call is
+// not sent on it only to find that out: it would then not know whether
+// the server had the request (see call).
 func (w *wire) take(host string) (*wireConn, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	pool := w.idle[host]
-	if len(pool) == 0 {
-		return nil, false
+	for {
+		w.mu.Lock()
+		pool := w.idle[host]
+		if len(pool) == 0 {
+			w.mu.Unlock()
+			return nil, false
+		}
+		c := pool[len(pool)-1]
+		pool[len(pool)-1] = nil
+		w.idle[host] = pool[:len(pool)-1]
+		w.mu.Unlock()
+		if time.Since(c.idleSince) < checkIdleAfter || !c.closedWhileIdle() {
+			return c, true
+		}
+		c.conn.Close()
 	}
-	c := pool[len(pool)-1]
-	pool[len(pool)-1] = nil
-	w.idle[host] = pool[:len(pool)-1]
-	return c, true
 }
 
 // put keeps c for the next call to host, and closes the connection idle
