@@ -31,9 +31,19 @@ const DefaultCallTimeout = 10 * time.Second
 const (
 	connectTimeout = 2 * time.Second
 	backoffBase    = 50 * time.Millisecond
-	backoffCap     = time.Second
-	cleanUpDelay   = time.Second
-	maxAnswer      = 64 << 20
+	// backoffCap spaces the repeats of a call an overloaded leader
+	// refused: recovery is seen within a second, and the refused callers
+	// stay spread out.
+	backoffCap = time.Second
+	// failoverCap spaces the repeats through a failover (unavailable,
+	// not_leader): an election takes 0.2-0.6 s at the default timeouts,
+	// and a pause of up to a second after it made callers wait for
+	// nothing (issue 59; the Rust, Python and TypeScript clients' cap too).
+	// A node that cannot serve answers at once and cheaply, and the jitter
+	// still spreads a dead leader's clients over a quarter of a second.
+	failoverCap  = 250 * time.Millisecond
+	cleanUpDelay = time.Second
+	maxAnswer    = 64 << 20
 	// leaderHeader names the leader in an answer a node forwarded to it.
 	leaderHeader = "Deadbolt-Leader"
 )
@@ -531,6 +541,9 @@ type backoff struct{ attempt int }
 
 func (b *backoff) next(err error) time.Duration {
 	ceiling := backoffCap
+	if kind := ErrorKind(err); kind == KindUnavailable || kind == KindNotLeader {
+		ceiling = failoverCap
+	}
 	if b.attempt < 16 {
 		if c := backoffBase << b.attempt; c < ceiling {
 			ceiling = c

@@ -151,3 +151,23 @@ func TestFollowsTheLeaderHint(t *testing.T) {
 		t.Fatalf("after not_leader naming %s, calls go to %v", plain.URL, got)
 	}
 }
+
+// Through a failover, repeats are at most failoverCap apart; an
+// overloaded leader's refusals are spaced up to backoffCap.
+func TestBackoffCaps(t *testing.T) {
+	var failover, overload backoff
+	notLeader := newError(KindNotLeader, "no leader yet")
+	overloaded := newError(KindOverloaded, "the queue is full")
+	longest := time.Duration(0)
+	for i := 0; i < 40; i++ {
+		if d := failover.next(notLeader); d > failoverCap {
+			t.Fatalf("a failover's repeat %d after %v, over %v", i, d, failoverCap)
+		}
+		if d := overload.next(overloaded); d > longest {
+			longest = d
+		}
+	}
+	if longest <= failoverCap || longest > backoffCap {
+		t.Fatalf("an overloaded leader's repeats at most %v apart, want (%v, %v]", longest, failoverCap, backoffCap)
+	}
+}
