@@ -92,25 +92,33 @@ func newWire(maxIdle int) *wire {
 // was idle long enough for the server to drop it), as net/http does for
 // idempotent requests.
 func (w *wire) call(ctx context.Context, host, method, path, auth string, body []byte, replayable bool) (reply, error) {
+	send := func(c *wireConn) error { return c.writeRequest(host, method, path, auth, body) }
+	return w.exchange(ctx, host, w.dial, send, (*wireConn).readAnswer, replayable)
+}
+
+// exchange sends a request with send on a connection to key (taken from
+// the pool, else dialled), and reads the answer with receive.
+func (w *wire) exchange(ctx context.Context, key string, dial func(context.Context, string) (*wireConn, error),
+	send func(*wireConn) error, receive func(*wireConn) (reply, bool, error), replayable bool) (reply, error) {
 	// A kept connection that closed before answering: the server may
 	// also have died with the request in hand, so if the request cannot
 	// be sent again, that is the failure (its outcome unknown), not the
 	// failed connect after it (which would say it was never sent).
 	var cut error
 	for {
-		c, reused := w.take(host)
+		c, reused := w.take(key)
 		if c == nil {
 			var err error
-			if c, err = w.dial(ctx, host); err != nil {
+			if c, err = dial(ctx, key); err != nil {
 				if cut != nil {
 					return reply{}, cut
 				}
 				return reply{}, err
 			}
 		}
-		answer, keep, err := c.exchange(ctx, host, method, path, auth, body)
+		answer, keep, err := c.exchange(ctx, send, receive)
 		if keep {
-			w.put(host, c)
+			w.put(key, c)
 		} else {
 			c.conn.Close()
 		}
@@ -189,8 +197,8 @@ func (w *wire) closeIdle() {
 // before a byte of the answer came.
 var errClosedBeforeAnswer = errors.New("the server closed the connection before answering")
 
-// exchange writes one request on c and reads the answer, within ctx;
-// keep says whether c can carry another call.
+// exchange writes one request on c (send) and reads the answer (receive),
+// within ctx; keep says whether c can carry another call.
 //
 // ctx's deadline is the connection's. A cancel before it needs a goroutine
 // to watch for it, and starting one costs two goroutine hand-offs a call:
@@ -198,7 +206,7 @@ var errClosedBeforeAnswer = errors.New("the server closed the connection before 
 // so the watcher starts only once watchAfter has passed without one (a
 // lock wait, a slow server): a cancel in the first watchAfter of a call is
 // seen at its end.
-func (c *wireConn) exchange(ctx context.Context, host, method, path, auth string, body []byte) (answer reply, keep bool, err error) {
+func (c *wireConn) exchange(ctx context.Context, send func(*wireConn) error, receive func(*wireConn) (reply, bool, error)) (answer reply, keep bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return reply{}, true, err
 	}
@@ -218,7 +226,7 @@ func (c *wireConn) exchange(ctx context.Context, host, method, path, auth string
 	if err := c.conn.SetReadDeadline(readDeadline); err != nil {
 		return reply{}, false, err
 	}
-	if err := c.write(host, method, path, auth, body); err != nil {
+	if err := send(c); err != nil {
 		return reply{}, false, c.failure(ctx, closedOr(err))
 	}
 	_, err = c.reader.Peek(1)
@@ -244,7 +252,7 @@ func (c *wireConn) exchange(ctx context.Context, host, method, path, auth string
 	if err != nil {
 		return reply{}, false, c.failure(ctx, closedOr(err))
 	}
-	answer, keep, err = c.read()
+	answer, keep, err = receive(c)
 	return answer, keep, c.failure(ctx, err)
 }
 
@@ -273,8 +281,8 @@ func (c *wireConn) failure(ctx context.Context, err error) error {
 	return err
 }
 
-// write sends one request.
-func (c *wireConn) write(host, method, path, auth string, body []byte) error {
+// writeRequest sends one HTTP request.
+func (c *wireConn) writeRequest(host, method, path, auth string, body []byte) error {
 	out := append(c.request[:0], method...)
 	out = append(out, ' ')
 	out = append(out, path...)
@@ -298,9 +306,9 @@ func (c *wireConn) write(host, method, path, auth string, body []byte) error {
 	return err
 }
 
-// read reads one answer; keep says whether the connection can carry
-// another call.
-func (c *wireConn) read() (reply, bool, error) {
+// readAnswer reads one HTTP answer; keep says whether the connection can
+// carry another call.
+func (c *wireConn) readAnswer() (reply, bool, error) {
 	resp, err := http.ReadResponse(c.reader, nil)
 	if err != nil {
 		return reply{}, false, err
