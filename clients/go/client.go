@@ -539,7 +539,8 @@ func unreachable(base string, err error) *Error {
 // or its TLS handshake failed).
 func unsent(err error) bool {
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	var handshake *handshakeError
+	if (errors.As(err, &op) && op.Op == "dial") || errors.As(err, &handshake) {
 		return true
 	}
 	var (

@@ -99,7 +99,7 @@ func (f *framing) dial(ctx context.Context, key string) (*wireConn, error) {
 	out := append([]byte(framedPreface), frameOf(hello)...)
 	if _, err := c.conn.Write(out); err != nil {
 		c.conn.Close()
-		return nil, err
+		return nil, &handshakeError{err}
 	}
 	welcome, err := readFrame(c, 4096)
 	if err != nil {
@@ -108,7 +108,8 @@ func (f *framing) dial(ctx context.Context, key string) (*wireConn, error) {
 		if errors.As(err, &tooLong) || errors.Is(err, io.EOF) {
 			return nil, errNotServed // an HTTP answer, or a close: not spoken here
 		}
-		return nil, err
+		// No welcome (a paused node, say): the call was never sent.
+		return nil, &handshakeError{err}
 	}
 	refusal := field(welcome, 1)
 	if refusal != nil {
@@ -197,6 +198,15 @@ func readFramedAnswer(c *wireConn) (reply, bool, error) {
 	}
 	return reply{status: 200, body: body}, true, nil
 }
+
+// handshakeError: a framed connection failed before its welcome, so no
+// call was sent on it.
+type handshakeError struct{ err error }
+
+func (e *handshakeError) Error() string {
+	return "no welcome to framed calls: " + e.err.Error()
+}
+func (e *handshakeError) Unwrap() error { return e.err }
 
 // ---- frames and protobuf ----------------------------------------------------------
 

@@ -67,3 +67,24 @@ func TestCancelCutsACallShort(t *testing.T) {
 		t.Fatalf("the next call: %v", err)
 	}
 }
+
+// A server that does not speak framed calls (here one that speaks only
+// HTTP, and answers the preface 400) gets the calls over HTTP.
+func TestFramedCallsFallBackToHTTP(t *testing.T) {
+	server := standIn(t, func(w http.ResponseWriter, count int64) {
+		answerWith(w, 200, `{"ttl_ms":1000}`)
+	})
+	client, err := New(server.URL, WithFramedCalls())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	for i := 0; i < 2; i++ {
+		if ttl, err := client.KeepAlive(context.Background(), SessionHandle{1, "s"}); err != nil || ttl != time.Second {
+			t.Fatalf("a keepalive to an HTTP-only server: %v %v", ttl, err)
+		}
+	}
+	if !client.framing.refusing(server.URL[len("http://"):]) {
+		t.Fatal("the refusal is not remembered")
+	}
+}
