@@ -1,9 +1,11 @@
 """HTTP/1.1 with keep-alive on asyncio's own connections: the asyncio
 client's transport, speaking what ``_transport`` speaks.
 
-Why not aiohttp (which this client used): MEASURED. A request here is one
-write and one answer handed over whole when its last byte arrives, on a
-connection kept idle in a pool between requests; what aiohttp adds (a
+Why not aiohttp (which this client used): with one caller reading a lock's
+status from a local node, a request cost 163-175 µs of client CPU through
+aiohttp and 70 µs here, and an event loop has one core. A request here is
+one write, and one answer handed over whole when its last byte arrives, on
+a connection kept idle in a pool between requests; what aiohttp adds (a
 request and a response object with their streams, URL parsing, cookie
 jars, a timer per request) is nothing this client uses.
 
@@ -162,14 +164,17 @@ class AsyncTransport:
         self._idle: dict[str, list[_Connection]] = {}
         self._deadlines = _Deadlines()
 
-    async def _connection(self, base: str) -> _Connection:
-        """An idle connection to ``base`` the server has not closed, or a
-        new one."""
+    def _kept(self, base: str) -> _Connection | None:
+        """An idle connection to ``base`` the server has not closed, if any
+        (not a coroutine: on the usual path nothing is awaited)."""
         idle = self._idle.get(base)
         while idle:
             kept = idle.pop()
             if not kept.closed:
                 return kept
+        return None
+
+    async def _connect(self, base: str) -> _Connection:
         parts = urlsplit(base)
         host, port = parts.hostname or "127.0.0.1", parts.port or 7070
         context = (self._ssl or ssl.create_default_context()) if parts.scheme == "https" else None
@@ -190,7 +195,7 @@ class AsyncTransport:
     ) -> Answer:
         """As ``Transport.request``. Cancelled while it waits, it closes its
         connection: the server takes that as the caller leaving."""
-        connection = await self._connection(base)
+        connection = self._kept(base) or await self._connect(base)
         loop = asyncio.get_running_loop()
         try:
             answer = connection.exchange(

@@ -477,7 +477,7 @@ def normalize(endpoint: str, tls: bool) -> str:
 def parse_answer(status: int, body: bytes, retry_after: str | None) -> dict[str, Any]:
     """An answer's JSON object, or the exception its error names."""
     try:
-        decoded = json.loads(body) if body else {}
+        decoded = json.loads(body.decode()) if body else {}
     except ValueError:
         decoded = None
     if not isinstance(decoded, dict):

@@ -249,9 +249,10 @@ class AsyncClient:
             return guard
         retried = False
         while True:
+            key = (ttl_seconds, margin_seconds)
             try:
-                session = await self._shared_session(
-                    target.name, ttl_seconds, margin_seconds, give_up
+                session = self._claim_shared(key, target.name) or await self._shared_session(
+                    key, target.name, give_up
                 )
             except DeadboltError as error:
                 raise acquire_failure(error, target.kind, target.name, timed) from None
@@ -266,13 +267,12 @@ class AsyncClient:
                 retried = True
 
     async def _shared_session(
-        self, name: str, ttl: float, margin: float, give_up: float | None
+        self, key: tuple[float, float], name: str, give_up: float | None
     ) -> AsyncSession:
-        """As ``Client._shared_session``."""
-        key = (ttl, margin)
-        session = self._claim_shared(key, name)
-        if session is not None:
-            return session
+        """As ``Client._shared_session``, once no open one was free (the
+        caller looked first, without a coroutine): ``key`` is the TTL and
+        margin."""
+        ttl, margin = key
         if self._opening is None:
             self._opening = asyncio.Lock()  # made in the loop: Python 3.9 binds it there
         opening = self._opening
