@@ -8,8 +8,8 @@
 # crates/backends tests and haproxy for the load-balancer test, and scripts/chromium.sh the headless Chromium and
 # chromedriver the dashboard tests drive (each installing Debian's package
 # first when run as root without it); scripts/python-client.sh builds the
-# Python client's wheel into a virtualenv (from PyPI: setuptools, aiohttp,
-# pytest, mypy, ruff) and scripts/typescript-client.sh the TypeScript client
+# Python client's wheel into a virtualenv (from PyPI: setuptools, pytest,
+# mypy, ruff, vermin) and scripts/typescript-client.sh the TypeScript client
 # (from npm: typescript, @types/node) and scripts/go-client.sh the Go client
 # (Debian's golang-go, the standard library only) for their own tests and the
 # client conformance suite.
