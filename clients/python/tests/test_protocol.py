@@ -162,3 +162,18 @@ def test_a_change_refused_after_an_unknown_outcome_has_an_unknown_outcome() -> N
     read.delay_after(cut_off)
     with pytest.raises(deadbolt.NotHolder):
         read.delay_after(deadbolt.NotHolder("not holder"))
+
+
+def test_a_failover_is_retried_within_a_quarter_second_and_an_overload_within_a_second() -> None:
+    # Issue 59: a pause of up to a second after an election made callers
+    # wait for nothing; an overloaded leader still gets the longer spread.
+    for error, cap in [
+        (error_for("not_leader", "x"), protocol.FAILOVER_CAP),
+        (error_for("unavailable", "x"), protocol.FAILOVER_CAP),
+        (error_for("overloaded", "x"), protocol.BACKOFF_CAP),
+    ]:
+        retry = protocol.Retry()
+        delays = [retry.delay_after(error) for _ in range(200)]
+        assert all(0.0 <= delay <= cap for delay in delays)
+        assert max(delays) > cap / 2
+    assert protocol.FAILOVER_CAP < protocol.BACKOFF_CAP

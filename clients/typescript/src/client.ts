@@ -15,7 +15,7 @@
 
 import { type Body, type Call, type Grant, type Leader, type LockStatus, type Permit, type SemaphoreStatus, SessionHandle, type Stored, type AuditEntry, type WatchEvent, Target, WATCH_POLL, calls } from "./calls.js";
 import { DeadboltError, InvalidArgumentError, LeaseLostError, LockBusyError, NotLeaderError, UnavailableError, UnknownSessionError, WaitTimeoutError } from "./errors.js";
-import { Backoff, type Duration, Endpoints as EndpointRing, Lease, encodeBody, endsSession, isTransient, mayHaveBeenDone, millis, nextAttempt, normalize, now, parseAnswer, unknownOutcome, unreachable } from "./protocol.js";
+import { type Duration, Endpoints as EndpointRing, Lease, encodeBody, endsSession, isTransient, mayHaveBeenDone, millis, nextAttempt, normalize, now, parseAnswer, RetryPause, unknownOutcome, unreachable } from "./protocol.js";
 import { FramedCalls, FramedRefused } from "./framed.js";
 import { Deadlines, type Lane, type TlsFiles, Transport, TransportError } from "./transport.js";
 
@@ -268,7 +268,7 @@ export class Client {
       changes?: boolean | { doneIf: string; answer: T };
     } = {},
   ): Promise<T> {
-    const backoff = new Backoff();
+    const pause = new RetryPause();
     const retryable = options.retryable ?? isTransient;
     let hops = 0;
     let cutOff: DeadboltError | undefined;
@@ -288,7 +288,7 @@ export class Client {
         if (options.changes && mayHaveBeenDone(error)) cutOff ??= error;
         const elsewhere =
           (error instanceof NotLeaderError && error.leader !== undefined) || (error instanceof UnavailableError && error.unsent);
-        const delay = elsewhere && hops < this.endpoints.urls.length ? 0 : backoff.delayAfter(error);
+        const delay = elsewhere && hops < this.endpoints.urls.length ? 0 : pause.after(error);
         hops = delay === 0 ? hops + 1 : 0;
         if (options.giveUp !== undefined && now() + delay >= options.giveUp) throw error;
         if (delay > 0) await sleep(delay, false, options.signal);

@@ -127,13 +127,25 @@ export function nextAttempt(): bigint {
   return lastAttempt;
 }
 
-/** Exponential backoff with full jitter: 50 ms doubling to a 1 s cap. */
-export class Backoff {
+/**
+ * Longest pause between retries while the cluster fails over (`unavailable`,
+ * `not_leader`): an election takes 0.2-0.6 s at the default timeouts, and a
+ * pause of up to a second after it would make the caller wait for nothing
+ * (issue 59). A node that cannot serve answers such a retry at once and
+ * cheaply; the jitter still spreads a dead leader's callers over a quarter
+ * of a second. The Rust, Python and Go clients use the same two caps.
+ */
+export const FAILOVER_CAP = 250;
+/** Longest pause between retries of an overloaded call: recovery is noticed within a second, the refused callers stay spread out. */
+export const OVERLOAD_CAP = 1000;
+
+/** Exponential backoff with full jitter: 50 ms doubling to a cap. */
+class Backoff {
   private attempt = 0;
 
   constructor(
     private readonly base = 50,
-    private readonly cap = 1000,
+    private readonly cap = OVERLOAD_CAP,
   ) {}
 
   nextDelay(): number {
@@ -141,10 +153,17 @@ export class Backoff {
     this.attempt += 1;
     return Math.random() * ceiling;
   }
+}
+
+/** The pauses of one retried call: a failover's (another node, or the next leader, may answer soon) and an overloaded leader's (still the leader, and it needs time). */
+export class RetryPause {
+  private readonly failover = new Backoff(50, FAILOVER_CAP);
+  private readonly overload = new Backoff(50, OVERLOAD_CAP);
 
   /** The pause before retrying `error`: for an overloaded server, up to its Retry-After if longer. */
-  delayAfter(error: DeadboltError): number {
-    const delay = this.nextDelay();
+  after(error: DeadboltError): number {
+    if (error.kind === "unavailable" || error.kind === "not_leader") return this.failover.nextDelay();
+    const delay = this.overload.nextDelay();
     if (error instanceof OverloadedError && error.retryAfter) {
       return Math.max(delay, Math.random() * error.retryAfter * 1000);
     }

@@ -2,6 +2,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { DeadboltError, ERROR_KINDS, LockBusyError, NotLeaderError, OverloadedError, WaitTimeoutError, errorFor, millis, decodeJson, SessionHandle } from "deadbolt-client";
+// The retry pacing is internal: its test builds the source's own errors, as the client would see them.
+import { errorFor as internalErrorFor, type DeadboltError as InternalError } from "../src/errors.js";
+import { FAILOVER_CAP, OVERLOAD_CAP, RetryPause } from "../src/protocol.js";
 
 test("durations read as people write them", () => {
   assert.equal(millis("30s"), 30_000);
@@ -126,4 +129,20 @@ test("a change refused on repeat after an attempt of unknown outcome reports the
     await client.close();
     server.close();
   }
+});
+
+test("a failover is retried within a quarter second, an overload within a second", () => {
+  // Issue 59: a pause of up to a second after an election made callers wait for nothing.
+  const cases: [InternalError, number][] = [
+    [internalErrorFor("not_leader", "x"), FAILOVER_CAP],
+    [internalErrorFor("unavailable", "x"), FAILOVER_CAP],
+    [internalErrorFor("overloaded", "x"), OVERLOAD_CAP],
+  ];
+  for (const [error, cap] of cases) {
+    const pause = new RetryPause();
+    const delays = Array.from({ length: 200 }, () => pause.after(error));
+    assert.ok(delays.every((delay) => delay >= 0 && delay <= cap), `${error.kind}: ${Math.max(...delays)}`);
+    assert.ok(Math.max(...delays) > cap / 2, `${error.kind} never grew`);
+  }
+  assert.ok(FAILOVER_CAP < OVERLOAD_CAP);
 });

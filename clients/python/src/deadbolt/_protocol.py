@@ -251,7 +251,15 @@ def request_headers(token: str | None) -> dict[str, str]:
 BACKOFF_BASE = 0.05
 """First retry ceiling: short, because a leader change usually settles fast."""
 BACKOFF_CAP = 1.0
-"""Longest delay between retries, so recovery is noticed within a second."""
+"""Longest delay between retries of an overloaded call, so recovery is
+noticed within a second while the refused callers stay spread out."""
+FAILOVER_CAP = 0.25
+"""Longest delay between retries while the cluster fails over
+(``unavailable``, ``not_leader``): an election takes 0.2-0.6 s at the default
+timeouts, and a pause of up to a second after it would make the caller wait
+for nothing. A node that cannot serve answers such a retry at once and
+cheaply; the jitter still spreads a dead leader's callers over a quarter of a
+second. The Rust, TypeScript and Go clients use the same two caps."""
 
 
 LAST_ATTEMPT = 0.01
@@ -310,7 +318,8 @@ class Retry:
         self._give_up = give_up
         self._lost = lost
         self._retryable = retryable or is_transient
-        self._backoff = Backoff()
+        self._failover = Backoff(cap=FAILOVER_CAP)
+        self._overload = Backoff()
         self._done = done
         self._changes = changes
         self._maybe_done: DeadboltError | None = None
@@ -326,6 +335,12 @@ class Retry:
         attempt's work done (see ``done``): a success."""
         return self._maybe_done is not None and error.kind == self._done
 
+    def backoff_for(self, error: DeadboltError) -> Backoff:
+        """The backoff that paces a retry after ``error``: a failover's
+        (another node, or the next leader, may answer soon) or an overloaded
+        leader's (which is still the leader, and needs time)."""
+        return self._failover if points_elsewhere(error) else self._overload
+
     def delay_after(self, error: DeadboltError) -> float:
         """The pause before the next attempt after ``error``; raises
         ``error`` (or, after an attempt of unknown outcome, what it means:
@@ -336,7 +351,7 @@ class Retry:
             if self._changes and self._maybe_done is not None and not ends_session(error):
                 raise unknown_outcome(self._maybe_done, error)
             raise error
-        delay = overloaded_delay(error, self._backoff)
+        delay = overloaded_delay(error, self.backoff_for(error))
         if self._give_up is not None:
             # Attempts go on until the deadline itself, closer and closer:
             # never more than half of what is left is slept away.
@@ -514,6 +529,12 @@ def unreachable(url: str, error: BaseException, *, unsent: bool = False) -> Unav
     failure = Unavailable(f"could not reach the Deadbolt server at {url}: {reason}")
     failure.unsent = unsent
     return failure
+
+
+def points_elsewhere(error: DeadboltError) -> bool:
+    """Whether another node may do better: this one could not be reached or
+    is not the leader."""
+    return isinstance(error, (Unavailable, NotLeader))
 
 
 def overloaded_delay(error: DeadboltError, backoff: Backoff) -> float:
