@@ -8,6 +8,7 @@
 use crate::exit;
 use crate::Endpoints;
 use deadbolt_client::{AclGrant, AclTokenResponse, Client, Error};
+use std::time::Duration;
 
 #[derive(clap::Subcommand)]
 pub enum AclCommand {
@@ -42,6 +43,13 @@ pub enum AclCommand {
     Grant { identity: String, role: String },
     /// Take a role from IDENTITY.
     Revoke { identity: String, role: String },
+    /// Refuse IDENTITY whatever it presents: its tokens, and a client
+    /// certificate with its name that the CA still vouches for. Open
+    /// connections are refused at their next call, open watches at their
+    /// next event. Needs cluster version 4.
+    Deny { identity: String },
+    /// Take IDENTITY off the deny list.
+    Allow { identity: String },
 }
 
 #[derive(clap::Subcommand)]
@@ -50,6 +58,11 @@ pub enum TokenCommand {
     /// hash): give it to that client as DEADBOLT_ACCESS_TOKEN.
     Create {
         identity: String,
+        /// Stop the token working this long after the server makes it
+        /// (`30d`, `12h`; by the servers' wall clocks). Without it, the
+        /// token works until revoked. Needs cluster version 4.
+        #[arg(long, value_parser = crate::parse_duration)]
+        ttl: Option<Duration>,
         /// Print JSON instead of the bare token.
         #[arg(long)]
         json: bool,
@@ -119,13 +132,27 @@ async fn run(client: &Client, command: AclCommand) -> Result<(), Error> {
             for identity in &acl.identities {
                 println!("{}  {}", identity.name, identity.roles.join(" "));
             }
-            println!("\nTOKEN ID  IDENTITY");
+            println!("\nTOKEN ID  IDENTITY  EXPIRES");
             for token in &acl.tokens {
-                println!("{}  {}", token.token_id, token.identity);
+                let expires = expiry(token.expires_unix_ms);
+                println!("{}  {}  {expires}", token.token_id, token.identity);
+            }
+            if !acl.denied.is_empty() {
+                println!("\nDENIED");
+                for identity in &acl.denied {
+                    println!("{identity}");
+                }
             }
         }
-        AclCommand::Token(TokenCommand::Create { identity, json }) => {
-            let token = client.acl_create_token(&identity).await?;
+        AclCommand::Token(TokenCommand::Create {
+            identity,
+            ttl,
+            json,
+        }) => {
+            let token = match ttl {
+                Some(ttl) => client.acl_create_expiring_token(&identity, ttl).await?,
+                None => client.acl_create_token(&identity).await?,
+            };
             print_token(&token, json, false);
         }
         AclCommand::Token(TokenCommand::Revoke { token_id }) => {
@@ -149,8 +176,25 @@ async fn run(client: &Client, command: AclCommand) -> Result<(), Error> {
             client.acl_bind_role(&identity, &role, false).await?;
             println!("revoked role {role} from {identity}");
         }
+        AclCommand::Deny { identity } => {
+            client.acl_deny_identity(&identity, true).await?;
+            println!("denied {identity}: refused from its next call on");
+        }
+        AclCommand::Allow { identity } => {
+            client.acl_deny_identity(&identity, false).await?;
+            println!("allowed {identity} again");
+        }
     }
     Ok(())
+}
+
+/// When a token stops working, as a UTC date; "never" for 0.
+fn expiry(expires_unix_ms: u64) -> String {
+    if expires_unix_ms == 0 {
+        return "never".to_owned();
+    }
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(expires_unix_ms);
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// `PERMISSION[:PREFIX]`; the server checks the permission's name.
@@ -190,9 +234,13 @@ fn print_token(token: &AclTokenResponse, json: bool, bootstrap: bool) {
     } else {
         "a new token"
     };
+    let until = match token.expires_unix_ms {
+        0 => String::new(),
+        at => format!(", working until {}", expiry(at)),
+    };
     eprintln!(
-        "deadbolt: {what} for identity {}, id {}. It is shown only now: keep it secret, \
-         and give it to the client as DEADBOLT_ACCESS_TOKEN",
+        "deadbolt: {what} for identity {}, id {}{until}. It is shown only now: keep it \
+         secret, and give it to the client as DEADBOLT_ACCESS_TOKEN",
         token.identity, token.token_id
     );
 }

@@ -513,3 +513,98 @@ fn only_an_admin_defines_or_deletes_a_semaphore() {
     assert_eq!(refused.status.code(), Some(77), "{refused:?}");
     stdout(&as_token(&endpoint, Some(&root), &delete));
 }
+
+/// Issue 58, part 4: a token made with `--ttl` is refused once that time
+/// has passed, and a denied identity at its next call, on a connection
+/// (and a watch) opened while they were still good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_that_end_are_refused_on_connections_opened_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestServer::start(&dir.path().join("data"));
+    let endpoint = server.endpoint();
+    let (root, ci, ops) = secured(&server);
+    common::wait_for_newest_cluster_version(&endpoint);
+    let admin = |args: &[&str]| stdout(&as_token(&endpoint, Some(&root), args));
+
+    let made = admin(&["acl", "token", "create", "ci", "--ttl", "3s", "--json"]);
+    let made: Value = serde_json::from_str(&made).unwrap();
+    let expiring = made["token"].as_str().unwrap().to_owned();
+    let expires_unix_ms = made["expires_unix_ms"].as_u64().unwrap();
+    let listed = admin(&["acl", "show"]);
+    assert!(
+        listed.contains(&format!("{}  ci  20", made["token_id"].as_str().unwrap())),
+        "an expiry date is listed: {listed}"
+    );
+    let connect = |token: String| {
+        let endpoint = endpoint.clone();
+        async move {
+            let tls = deadbolt_client::TlsOptions::default();
+            deadbolt_client::Client::connect_with_token([endpoint], &tls, Some(&token))
+                .await
+                .unwrap()
+        }
+    };
+    let ci_until = connect(expiring).await;
+    let ops_client = connect(ops.clone()).await;
+    assert_eq!(ci_until.acl_whoami().await.unwrap().identity, "ci");
+    assert_eq!(ops_client.acl_whoami().await.unwrap().identity, "ops");
+    let options = deadbolt_client::WatchOptions {
+        prefix: true,
+        ..Default::default()
+    };
+    let mut watch = ci_until.watch("jobs/", options);
+    acquire(&endpoint, &ci, "jobs/before");
+    let seen = watch.next().await.unwrap().unwrap();
+    assert_eq!(seen.name, "jobs/before");
+
+    // Past the expiry, by the wall clock the server reads.
+    let now_unix_ms = || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.unwrap().as_millis() as u64
+    };
+    while now_unix_ms() <= expires_unix_ms {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let expired = ci_until.acl_whoami().await.unwrap_err();
+    assert_eq!(
+        expired.kind(),
+        deadbolt_client::ErrorKind::Unauthenticated,
+        "{expired}"
+    );
+    assert!(expired.to_string().contains("expired at"), "{expired}");
+    // The open watch ends at its next event; the same identity's other
+    // token still works.
+    acquire(&endpoint, &ci, "jobs/after");
+    let ended = watch.next().await.unwrap().unwrap_err();
+    assert_eq!(
+        ended.kind(),
+        deadbolt_client::ErrorKind::Unauthenticated,
+        "{ended}"
+    );
+
+    // Denied: refused on the connection it already has, whatever it
+    // presents, until allowed again. Root cannot be denied.
+    admin(&["acl", "deny", "ops"]);
+    let denied = ops_client.acl_whoami().await.unwrap_err();
+    assert_eq!(
+        denied.kind(),
+        deadbolt_client::ErrorKind::PermissionDenied,
+        "{denied}"
+    );
+    assert!(
+        denied.to_string().contains("`deadbolt acl allow ops`"),
+        "{denied}"
+    );
+    let fresh = as_token(&endpoint, Some(&ops), &["acquire", "--lock", "jobs/c"]);
+    assert_eq!(fresh.status.code(), Some(77), "{fresh:?}");
+    assert!(admin(&["acl", "show"]).contains("DENIED\nops"));
+    let root_denied = as_token(&endpoint, Some(&root), &["acl", "deny", "root"]);
+    assert!(!root_denied.status.success(), "{root_denied:?}");
+    assert!(
+        stderr(&root_denied).contains("cannot be denied"),
+        "{}",
+        stderr(&root_denied)
+    );
+    admin(&["acl", "allow", "ops"]);
+    assert_eq!(ops_client.acl_whoami().await.unwrap().identity, "ops");
+}

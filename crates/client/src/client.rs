@@ -31,7 +31,7 @@ use deadbolt_proto::v1::call_response::Result as Answer;
 use deadbolt_proto::v1::cluster_client::ClusterClient;
 use deadbolt_proto::v1::deadbolt_client::DeadboltClient;
 use deadbolt_proto::v1::{
-    AclBootstrapRequest, AclCreateTokenRequest, AclDeleteRoleRequest, AclGrant,
+    AclBootstrapRequest, AclCreateTokenRequest, AclDeleteRoleRequest, AclGrant, AclIdentityName,
     AclRevokeTokenRequest, AclRole, AclRoleBinding, AclShowRequest, AclShowResponse,
     AclTokenResponse, AcquirePermitsRequest, AcquireRequest, AddMemberRequest, AuditEntry,
     CampaignRequest, CheckTokenRequest, CloseSessionRequest, ClusterStatusRequest,
@@ -953,15 +953,57 @@ impl Client {
         .await
     }
 
-    /// A new token for `identity`. Shown once: the server keeps a hash.
+    /// A new token for `identity`, working until revoked. Shown once: the
+    /// server keeps a hash.
     pub async fn acl_create_token(&self, identity: &str) -> Result<AclTokenResponse, Error> {
+        self.create_token(identity, Duration::ZERO).await
+    }
+
+    /// A new token for `identity` that stops working `ttl` after the server
+    /// makes it (`expires_unix_ms` in the answer says when). Needs cluster
+    /// version 4.
+    pub async fn acl_create_expiring_token(
+        &self,
+        identity: &str,
+        ttl: Duration,
+    ) -> Result<AclTokenResponse, Error> {
+        if ttl.is_zero() {
+            return Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a token's time to live must be above zero (make one without, to last until revoked)",
+            ));
+        }
+        self.create_token(identity, ttl).await
+    }
+
+    async fn create_token(&self, identity: &str, ttl: Duration) -> Result<AclTokenResponse, Error> {
         let request = AclCreateTokenRequest {
             identity: identity.to_owned(),
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         };
         self.call(Repeat::IfUnsent, request, |channel, request| async move {
             AccessClient::new(channel).create_token(request).await
         })
         .await
+    }
+
+    /// Refuses `identity` (`deny`: its tokens and any client certificate
+    /// with its name) from its next call on, or takes it off the deny list.
+    /// Needs cluster version 4.
+    pub async fn acl_deny_identity(&self, identity: &str, deny: bool) -> Result<(), Error> {
+        let request = AclIdentityName {
+            identity: identity.to_owned(),
+        };
+        self.call(Repeat::IfUnsent, request, |channel, request| async move {
+            let mut access = AccessClient::new(channel);
+            if deny {
+                access.deny_identity(request).await
+            } else {
+                access.allow_identity(request).await
+            }
+        })
+        .await?;
+        Ok(())
     }
 
     pub async fn acl_revoke_token(&self, token_id: &str) -> Result<(), Error> {

@@ -14,12 +14,23 @@
 //! allowed, which is the loopback default; bootstrapping turns it on for
 //! good, making identity `root` with the `root` role, which grants all.
 //!
+//! Credentials can end (from [`FeatureLevel::CREDENTIAL_ENDS`] on): a token
+//! made with an expiry stops working at that instant of the wall clock
+//! ([`AccessControl::token_expired`]), and an identity on the deny list is
+//! refused whatever it presents, a client certificate the CA still vouches
+//! for included ([`AclCommand::DenyIdentity`]). Both are read on every call,
+//! so they take effect on open connections at their next call. The wall
+//! clock, not a monotonic one, because a credential's end is a date the
+//! administrator gives ("30 days") that must survive restarts; a skewed
+//! clock moves it by the skew, which is no safety matter (leases run on
+//! monotonic clocks and tokens on the table's own counter).
+//!
 //! Tokens are stored only as the SHA-256 of their secret part (they are 128
 //! random bits, so a slow salted hash would buy nothing and cost every
 //! request: the bcrypt-per-request pain etcd had). Hashing and comparing are
 //! the server's, as for session secrets: this crate has no cryptography.
 
-use crate::SecretHash;
+use crate::{FeatureLevel, SecretHash};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -161,9 +172,35 @@ pub enum AclCommand {
     },
     /// The token stops working on every node once this is applied.
     RevokeToken { token_id: String },
+    /// A new token for `identity` that stops working at `expires_unix_ms`
+    /// (milliseconds since the Unix epoch, on each node's wall clock). From
+    /// [`FeatureLevel::CREDENTIAL_ENDS`] on: release 0.2.0 cannot decode it.
+    CreateExpiringToken {
+        token_id: String,
+        identity: String,
+        hash: SecretHash,
+        expires_unix_ms: u64,
+    },
+    /// Refuse `identity` whatever it presents (its tokens, and a client
+    /// certificate with its name), until [`AclCommand::AllowIdentity`].
+    /// From [`FeatureLevel::CREDENTIAL_ENDS`] on.
+    DenyIdentity { identity: String },
+    /// Take `identity` off the deny list.
+    AllowIdentity { identity: String },
 }
 
 impl AclCommand {
+    /// The cluster version the command needs: an older release cannot
+    /// decode it, so no replica may see it in the log before then.
+    pub fn needs(&self) -> FeatureLevel {
+        match self {
+            AclCommand::CreateExpiringToken { .. }
+            | AclCommand::DenyIdentity { .. }
+            | AclCommand::AllowIdentity { .. } => FeatureLevel::CREDENTIAL_ENDS,
+            _ => FeatureLevel::BASE,
+        }
+    }
+
     /// The bytes of its strings, for the log's size estimate.
     pub(crate) fn text_bytes(&self) -> usize {
         match self {
@@ -178,7 +215,13 @@ impl AclCommand {
             | AclCommand::RevokeRole { identity, role } => identity.len() + role.len(),
             AclCommand::CreateToken {
                 token_id, identity, ..
+            }
+            | AclCommand::CreateExpiringToken {
+                token_id, identity, ..
             } => token_id.len() + identity.len(),
+            AclCommand::DenyIdentity { identity } | AclCommand::AllowIdentity { identity } => {
+                identity.len()
+            }
         }
     }
 }
@@ -201,6 +244,17 @@ impl fmt::Display for AclCommand {
                 token_id, identity, ..
             } => write!(f, "token {token_id} made for {identity}"),
             AclCommand::RevokeToken { token_id } => write!(f, "token {token_id} revoked"),
+            AclCommand::CreateExpiringToken {
+                token_id,
+                identity,
+                expires_unix_ms,
+                ..
+            } => write!(
+                f,
+                "token {token_id} made for {identity}, until {expires_unix_ms} ms after the epoch"
+            ),
+            AclCommand::DenyIdentity { identity } => write!(f, "{identity} denied"),
+            AclCommand::AllowIdentity { identity } => write!(f, "{identity} allowed again"),
         }
     }
 }
@@ -236,6 +290,10 @@ pub enum AclError {
     },
     #[error("the admin permission is not tied to a prefix: write \"admin\", not {0:?}")]
     AdminWithPrefix(String),
+    #[error("identity {0:?} cannot be denied, so an administrator can always get back in (revoke its leaked token instead)")]
+    RootCannotBeDenied(String),
+    #[error("identity {0:?} is not denied")]
+    NotDenied(String),
 }
 
 /// The replicated access-control state.
@@ -248,6 +306,22 @@ pub struct AccessControl {
     identities: BTreeMap<String, BTreeSet<String>>,
     /// Token id (public, listed) → the token.
     tokens: BTreeMap<String, AccessToken>,
+    /// Expiries and the deny list. Not in this struct's own encoding, which
+    /// stays release 0.2.0's: the table image writes them after the
+    /// semaphores, from [`FeatureLevel::CREDENTIAL_ENDS`] on.
+    #[serde(skip)]
+    ends: CredentialEnds,
+}
+
+/// Where credentials end: token expiries and denied identities.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CredentialEnds {
+    /// Token id → when it stops working, in milliseconds since the Unix
+    /// epoch. Only tokens made with an expiry; at most [`MAX_TOKENS`].
+    token_expiries: BTreeMap<String, u64>,
+    /// Identities refused whatever they present; at most
+    /// [`MAX_IDENTITIES`].
+    denied: BTreeSet<String>,
 }
 
 impl AccessControl {
@@ -275,9 +349,11 @@ impl AccessControl {
                 .any(|grant| grant.permission == permission)
     }
 
-    /// Every grant `identity` holds, through all its roles.
+    /// Every grant `identity` holds, through all its roles: none for a
+    /// denied identity.
     pub fn grants<'a>(&'a self, identity: Option<&str>) -> impl Iterator<Item = &'a Grant> + 'a {
         identity
+            .filter(|identity| !self.denied(identity))
             .and_then(|identity| self.identities.get(identity))
             .into_iter()
             .flatten()
@@ -287,6 +363,40 @@ impl AccessControl {
 
     pub fn token(&self, token_id: &str) -> Option<&AccessToken> {
         self.tokens.get(token_id)
+    }
+
+    /// When the token stops working (milliseconds since the Unix epoch),
+    /// if it was made with an expiry.
+    pub fn token_expiry(&self, token_id: &str) -> Option<u64> {
+        self.ends.token_expiries.get(token_id).copied()
+    }
+
+    /// Whether the token has stopped working at `now_unix_ms`.
+    pub fn token_expired(&self, token_id: &str, now_unix_ms: u64) -> bool {
+        self.token_expiry(token_id)
+            .is_some_and(|expiry| now_unix_ms >= expiry)
+    }
+
+    /// Whether `identity` is on the deny list.
+    pub fn denied(&self, identity: &str) -> bool {
+        self.ends.denied.contains(identity)
+    }
+
+    /// The deny list, in order.
+    pub fn denied_identities(&self) -> impl Iterator<Item = &str> {
+        self.ends.denied.iter().map(String::as_str)
+    }
+
+    /// Expiries and the deny list, for the table image.
+    pub fn ends(&self) -> &CredentialEnds {
+        &self.ends
+    }
+
+    /// Rules decoded from a table image, with the expiries and deny list
+    /// recorded after them.
+    pub fn with_ends(mut self, ends: CredentialEnds) -> Self {
+        self.ends = ends;
+        self
     }
 
     pub fn roles(&self) -> impl Iterator<Item = (&str, &[Grant])> {
@@ -397,27 +507,64 @@ impl AccessControl {
                 token_id,
                 identity,
                 hash,
+            } => self.create_token(token_id, identity, hash)?,
+            AclCommand::CreateExpiringToken {
+                token_id,
+                identity,
+                hash,
+                expires_unix_ms,
             } => {
-                check_name("token id", token_id)?;
-                check_name("identity", identity)?;
-                if self.tokens.contains_key(token_id) {
-                    return Err(AclError::TokenExists(token_id.clone()));
-                }
-                check_count("the number of tokens", self.tokens.len() + 1, MAX_TOKENS)?;
-                self.tokens.insert(
-                    token_id.clone(),
-                    AccessToken {
-                        identity: identity.clone(),
-                        hash: *hash,
-                    },
-                );
+                self.create_token(token_id, identity, hash)?;
+                self.ends
+                    .token_expiries
+                    .insert(token_id.clone(), *expires_unix_ms);
             }
             AclCommand::RevokeToken { token_id } => {
                 if self.tokens.remove(token_id).is_none() {
                     return Err(AclError::UnknownToken(token_id.clone()));
                 }
+                self.ends.token_expiries.remove(token_id);
+            }
+            AclCommand::DenyIdentity { identity } => {
+                check_name("identity", identity)?;
+                if identity == ROOT_IDENTITY {
+                    return Err(AclError::RootCannotBeDenied(identity.clone()));
+                }
+                if !self.ends.denied.contains(identity) {
+                    let count = self.ends.denied.len() + 1;
+                    check_count("the number of denied identities", count, MAX_IDENTITIES)?;
+                }
+                self.ends.denied.insert(identity.clone());
+            }
+            AclCommand::AllowIdentity { identity } => {
+                if !self.ends.denied.remove(identity) {
+                    return Err(AclError::NotDenied(identity.clone()));
+                }
             }
         }
+        Ok(())
+    }
+
+    /// Adds a token, or refuses it leaving everything as it was.
+    fn create_token(
+        &mut self,
+        token_id: &str,
+        identity: &str,
+        hash: &SecretHash,
+    ) -> Result<(), AclError> {
+        check_name("token id", token_id)?;
+        check_name("identity", identity)?;
+        if self.tokens.contains_key(token_id) {
+            return Err(AclError::TokenExists(token_id.to_owned()));
+        }
+        check_count("the number of tokens", self.tokens.len() + 1, MAX_TOKENS)?;
+        self.tokens.insert(
+            token_id.to_owned(),
+            AccessToken {
+                identity: identity.to_owned(),
+                hash: *hash,
+            },
+        );
         Ok(())
     }
 }

@@ -44,8 +44,13 @@ impl FeatureLevel {
     /// the forwarding node's own (its node certificate's identity). From
     /// the same release.
     pub const FORWARDING: FeatureLevel = FeatureLevel(3);
+    /// Credentials that end: tokens with an expiry
+    /// ([`crate::AclCommand::CreateExpiringToken`]) and a deny list of
+    /// identities ([`crate::AclCommand::DenyIdentity`]), and snapshots and
+    /// backups that carry both after the semaphores.
+    pub const CREDENTIAL_ENDS: FeatureLevel = FeatureLevel(4);
     /// The highest level this build's state machine applies.
-    pub const NEWEST: FeatureLevel = FeatureLevel::ELECTIONS;
+    pub const NEWEST: FeatureLevel = FeatureLevel::CREDENTIAL_ENDS;
 
     /// The level a member reports, as a number on the wire: 0 (an older
     /// member's unset field) is [`FeatureLevel::BASE`].

@@ -28,7 +28,8 @@ mod table;
 mod watch;
 
 pub use acl::{
-    AccessControl, AccessToken, AclCommand, AclError, Grant, Permission, ROOT_IDENTITY, ROOT_ROLE,
+    AccessControl, AccessToken, AclCommand, AclError, CredentialEnds, Grant, Permission,
+    ROOT_IDENTITY, ROOT_ROLE,
 };
 pub use audit::{AuditKind, AuditRecord};
 pub use command::{AcquireOutcome, Applied, Command, Event, Outcome, SessionEnd};

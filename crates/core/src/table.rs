@@ -19,7 +19,7 @@
 //! the same file; semaphores and read/write locks are already their own
 //! (`semaphore.rs`), as are the store, the ACL and the audit trail.
 
-use crate::acl::AccessControl;
+use crate::acl::{AccessControl, AclCommand, CredentialEnds};
 use crate::audit::{self, AuditKind, AuditRecord};
 use crate::command::{Applied, SessionEnd};
 use crate::fenced::Change;
@@ -244,6 +244,13 @@ impl LockTable {
         self
     }
 
+    /// A table decoded from a snapshot or backup, with the credential
+    /// expiries and deny list that were recorded after it.
+    pub fn with_credential_ends(mut self, ends: CredentialEnds) -> Self {
+        self.acl = self.acl.with_ends(ends);
+        self
+    }
+
     /// The counting semaphores.
     pub fn semaphores(&self) -> &Semaphores {
         &self.semaphores
@@ -390,11 +397,7 @@ impl LockTable {
                 secret,
                 owner,
             } => self.open_session(*ttl_ms, *secret, owner, events),
-            Command::Acl(change) => self
-                .acl
-                .apply(change)
-                .map(|()| Outcome::AclChanged)
-                .map_err(LockError::from),
+            Command::Acl(change) => self.change_acl(change),
             Command::SetLimits(change) => self.limits.changed(change).map(|limits| {
                 self.limits = limits;
                 Outcome::LimitsSet(limits)
@@ -812,6 +815,22 @@ impl LockTable {
         self.semaphores
             .proclaim(session, election, token, value.to_owned())?;
         Ok(Outcome::Proclaimed)
+    }
+
+    /// An access-control change, refused below the cluster version it
+    /// needs (as a leader on this release proposes none: a replica that
+    /// applied it would disagree with one that could not decode it).
+    fn change_acl(&mut self, change: &AclCommand) -> Result<Outcome, LockError> {
+        let needed = change.needs();
+        if self.cluster_version < needed {
+            return Err(LockError::NeedsClusterVersion {
+                feature: "expiring tokens and denied identities".to_owned(),
+                needed,
+                current: self.cluster_version,
+            });
+        }
+        self.acl.apply(change)?;
+        Ok(Outcome::AclChanged)
     }
 
     /// An acquire of a semaphore's permits, of a read/write lock or of an

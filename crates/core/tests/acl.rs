@@ -2,12 +2,13 @@
 //! lock table as the log applies them, against a plain model of what each
 //! change should do. Checks that a refused change changes nothing, that
 //! every permission answer matches the model (deny by default, prefixes,
-//! roles through identities), that root can never be locked out, and that
-//! the rules survive a snapshot (serialize and restore).
+//! roles through identities, denied identities), that token expiries are
+//! kept and dropped with their tokens, that root can never be locked out,
+//! and that the rules survive a snapshot (serialize and restore).
 
 use deadbolt_core::{
-    AclCommand, Command, Grant, LockError, LockTable, Permission, SecretHash, ROOT_IDENTITY,
-    ROOT_ROLE,
+    AclCommand, Command, FeatureLevel, Grant, LockError, LockTable, Permission, SecretHash,
+    ROOT_IDENTITY, ROOT_ROLE,
 };
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,12 +44,26 @@ fn change() -> impl Strategy<Value = AclCommand> {
             .prop_map(|(identity, role)| AclCommand::GrantRole { identity, role }),
         (identity.clone(), role)
             .prop_map(|(identity, role)| AclCommand::RevokeRole { identity, role }),
-        (token.clone(), identity).prop_map(|(token_id, identity)| AclCommand::CreateToken {
-            token_id,
-            identity,
-            hash: SecretHash([1; 32]),
+        (token.clone(), identity.clone()).prop_map(|(token_id, identity)| {
+            AclCommand::CreateToken {
+                token_id,
+                identity,
+                hash: SecretHash([1; 32]),
+            }
         }),
+        (token.clone(), identity.clone(), 1..u64::MAX).prop_map(
+            |(token_id, identity, expires_unix_ms)| AclCommand::CreateExpiringToken {
+                token_id,
+                identity,
+                hash: SecretHash([2; 32]),
+                expires_unix_ms,
+            }
+        ),
         token.prop_map(|token_id| AclCommand::RevokeToken { token_id }),
+        identity
+            .clone()
+            .prop_map(|identity| AclCommand::DenyIdentity { identity }),
+        identity.prop_map(|identity| AclCommand::AllowIdentity { identity }),
     ]
 }
 
@@ -59,6 +74,8 @@ struct Model {
     roles: BTreeMap<String, BTreeSet<Grant>>,
     identities: BTreeMap<String, BTreeSet<String>>,
     tokens: BTreeMap<String, String>,
+    expiries: BTreeMap<String, u64>,
+    denied: BTreeSet<String>,
 }
 
 impl Model {
@@ -125,8 +142,32 @@ impl Model {
                 }
                 next.tokens.insert(token_id.clone(), identity.clone());
             }
+            AclCommand::CreateExpiringToken {
+                token_id,
+                identity,
+                expires_unix_ms,
+                ..
+            } => {
+                if self.tokens.contains_key(token_id) {
+                    return None;
+                }
+                next.tokens.insert(token_id.clone(), identity.clone());
+                next.expiries.insert(token_id.clone(), *expires_unix_ms);
+            }
             AclCommand::RevokeToken { token_id } => {
                 next.tokens.remove(token_id)?;
+                next.expiries.remove(token_id);
+            }
+            AclCommand::DenyIdentity { identity } => {
+                if identity == ROOT_IDENTITY {
+                    return None;
+                }
+                next.denied.insert(identity.clone());
+            }
+            AclCommand::AllowIdentity { identity } => {
+                if !next.denied.remove(identity) {
+                    return None;
+                }
             }
         }
         Some(next)
@@ -135,6 +176,9 @@ impl Model {
     fn allows(&self, identity: Option<&str>, permission: Permission, resource: &str) -> bool {
         if !self.enabled {
             return true;
+        }
+        if identity.is_some_and(|i| self.denied.contains(i)) {
+            return false;
         }
         let Some(roles) = identity.and_then(|i| self.identities.get(i)) else {
             return false;
@@ -153,6 +197,8 @@ proptest! {
         changes in prop::collection::vec(change(), 0..40)
     ) {
         let mut table = LockTable::new();
+        let newest = Command::SetClusterVersion { level: FeatureLevel::NEWEST };
+        prop_assert!(table.apply(&newest).outcome.is_ok());
         let mut model = Model::default();
         for change in &changes {
             let before = table.acl().clone();
@@ -189,14 +235,23 @@ proptest! {
                     acl.token(token).map(|t| t.identity.as_str()),
                     model.tokens.get(token).map(String::as_str)
                 );
+                prop_assert_eq!(acl.token_expiry(token), model.expiries.get(token).copied());
+            }
+            for identity in IDENTITIES {
+                prop_assert_eq!(acl.denied(identity), model.denied.contains(identity));
             }
             if model.enabled {
                 prop_assert!(acl.allows(Some(ROOT_IDENTITY), Permission::Admin, ""));
             }
         }
-        // A snapshot carries the rules whole.
+        // A snapshot carries the rules whole: the table's own encoding, and
+        // the ends the table image writes after it (tested in the server's
+        // table_image.rs).
         let restored: LockTable =
             serde_json::from_str(&serde_json::to_string(&table).unwrap()).unwrap();
+        let restored = restored
+            .with_cluster_version(table.cluster_version())
+            .with_credential_ends(table.acl().ends().clone());
         prop_assert_eq!(restored.acl(), table.acl());
     }
 }

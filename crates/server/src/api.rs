@@ -693,6 +693,7 @@ impl Api {
             token_id,
             identity: deadbolt_core::ROOT_IDENTITY.to_owned(),
             token,
+            expires_unix_ms: 0,
         })
     }
 
@@ -732,30 +733,47 @@ impl Api {
                 .map(|(id, token)| AclTokenInfo {
                     token_id: id.to_owned(),
                     identity: token.identity.clone(),
+                    expires_unix_ms: acl.token_expiry(id).unwrap_or_default(),
                 })
                 .collect(),
+            denied: acl.denied_identities().map(str::to_owned).collect(),
         })
     }
 
+    /// With `ttl_ms`, the token stops working that long after this node
+    /// made it (on each node's wall clock: see `deadbolt_core::acl`).
     pub async fn acl_create_token(
         &self,
         credentials: &Credentials,
         request: AclCreateTokenRequest,
     ) -> Reply<AclTokenResponse> {
         let (token_id, token, hash) = auth::draw_token(&self.secrets);
-        self.change_acl(
-            credentials,
-            AclCommand::CreateToken {
-                token_id: token_id.clone(),
-                identity: request.identity.clone(),
-                hash,
-            },
-        )
-        .await?;
+        let (change, expires_unix_ms) = match request.ttl_ms {
+            0 => {
+                let change = AclCommand::CreateToken {
+                    token_id: token_id.clone(),
+                    identity: request.identity.clone(),
+                    hash,
+                };
+                (change, 0)
+            }
+            ttl_ms => {
+                let expires_unix_ms = self.node.unix_ms().saturating_add(ttl_ms);
+                let change = AclCommand::CreateExpiringToken {
+                    token_id: token_id.clone(),
+                    identity: request.identity.clone(),
+                    hash,
+                    expires_unix_ms,
+                };
+                (change, expires_unix_ms)
+            }
+        };
+        self.change_acl(credentials, change).await?;
         Ok(AclTokenResponse {
             token_id,
             identity: request.identity,
             token,
+            expires_unix_ms,
         })
     }
 
@@ -823,6 +841,29 @@ impl Api {
         let change = AclCommand::RevokeRole {
             identity: request.identity,
             role: request.role,
+        };
+        self.change_acl(credentials, change).await
+    }
+
+    /// Refuses `identity` at its next call, whatever it presents.
+    pub async fn acl_deny_identity(
+        &self,
+        credentials: &Credentials,
+        request: AclIdentityName,
+    ) -> Reply<AclChangedResponse> {
+        let change = AclCommand::DenyIdentity {
+            identity: request.identity,
+        };
+        self.change_acl(credentials, change).await
+    }
+
+    pub async fn acl_allow_identity(
+        &self,
+        credentials: &Credentials,
+        request: AclIdentityName,
+    ) -> Reply<AclChangedResponse> {
+        let change = AclCommand::AllowIdentity {
+            identity: request.identity,
         };
         self.change_acl(credentials, change).await
     }
@@ -953,6 +994,8 @@ impl Watch {
         loop {
             match self.watcher.next(MAX_EVENTS_PER_ANSWER).await {
                 Ok(mut found) => {
+                    // Credentials that ended since the watch began end it.
+                    self.node.still_trusted(&self.caller)?;
                     self.node.retain_watchable(&self.caller, &mut found);
                     if !found.is_empty() {
                         self.answered = Some(tokio::time::Instant::now());

@@ -487,6 +487,22 @@ impl Access for GrpcApi {
                 .await?,
         ))
     }
+
+    async fn deny_identity(&self, request: Request<AclIdentityName>) -> Reply<AclChangedResponse> {
+        Ok(Response::new(
+            self.api
+                .acl_deny_identity(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
+
+    async fn allow_identity(&self, request: Request<AclIdentityName>) -> Reply<AclChangedResponse> {
+        Ok(Response::new(
+            self.api
+                .acl_allow_identity(&credentials(&request), request.into_inner())
+                .await?,
+        ))
+    }
 }
 
 /// Untrusted bytes in, an error or a message out, never a panic: random
@@ -521,6 +537,7 @@ mod tests {
         let _ = AclRole::decode(bytes);
         let _ = AclDeleteRoleRequest::decode(bytes);
         let _ = AclRoleBinding::decode(bytes);
+        let _ = AclIdentityName::decode(bytes);
     }
 
     proptest! {

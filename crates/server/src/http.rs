@@ -61,6 +61,8 @@ pub fn router(api: Api, body_read_timeout: std::time::Duration) -> Router {
         .route("/v1/acl/role/delete", post(acl_delete_role))
         .route("/v1/acl/grant", post(acl_grant_role))
         .route("/v1/acl/revoke", post(acl_revoke_role))
+        .route("/v1/acl/deny", post(acl_deny_identity))
+        .route("/v1/acl/allow", post(acl_allow_identity))
         .route("/v1/snapshot", get(serve_snapshot))
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -700,6 +702,22 @@ async fn acl_revoke_role(
     Ok(Json(api.acl_revoke_role(&credentials, request).await?))
 }
 
+async fn acl_deny_identity(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<AclIdentityName>,
+) -> Reply<AclChangedResponse> {
+    Ok(Json(api.acl_deny_identity(&credentials, request).await?))
+}
+
+async fn acl_allow_identity(
+    State(api): State<Api>,
+    credentials: Credentials,
+    JsonBody(request): JsonBody<AclIdentityName>,
+) -> Reply<AclChangedResponse> {
+    Ok(Json(api.acl_allow_identity(&credentials, request).await?))
+}
+
 /// The bearer token and client certificate of an HTTP request.
 #[axum::async_trait]
 impl<S: Send + Sync> FromRequestParts<S> for Credentials {
@@ -762,6 +780,7 @@ mod tests {
         let _ = parse_body::<AclRole>(bytes);
         let _ = parse_body::<AclDeleteRoleRequest>(bytes);
         let _ = parse_body::<AclRoleBinding>(bytes);
+        let _ = parse_body::<AclIdentityName>(bytes);
     }
 
     /// Every query string a GET call parses, as axum's `Query` does.

@@ -92,6 +92,11 @@ impl Leases {
         }
     }
 
+    /// The clock leases run on, whose wall time also ends credentials.
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
         self.state.lock().expect("lease lock poisoned")
     }

@@ -16,6 +16,11 @@
 //! was just made, on a lagging replica) is looked up once more after a
 //! linearizable barrier, as a session id is.
 //!
+//! Credentials end (`deadbolt acl token create --ttl`, `deadbolt acl deny`)
+//! on the same check: an expired token or a denied identity is refused at
+//! its next call, also on a connection opened before, and an open watch
+//! ends at its next event ([`Node::still_trusted`]).
+//!
 //! Access control is off until `deadbolt acl bootstrap`: then every caller
 //! may do everything, as on the loopback default, but a session still
 //! belongs to the identity that opened it (see `secret.rs` for the other
@@ -166,6 +171,9 @@ impl AuthenticatedBy {
 pub struct Caller {
     pub identity: Option<String>,
     pub by: Option<AuthenticatedBy>,
+    /// The id of the token it presented, if it did: its expiry is checked
+    /// again while a watch runs.
+    token_id: Option<String>,
     /// Held for as long as the call runs.
     slot: Option<InFlightSlot>,
 }
@@ -221,14 +229,17 @@ impl Node {
     /// that it is wrong); a certificate's name is its identity.
     pub async fn authenticate(&self, credentials: &Credentials) -> Result<Caller, ApiError> {
         let Some(authorization) = &credentials.authorization else {
-            return Ok(Caller {
+            let caller = Caller {
                 identity: credentials.certificate.clone(),
                 by: credentials
                     .certificate
                     .as_ref()
                     .map(|_| AuthenticatedBy::Certificate),
+                token_id: None,
                 slot: None,
-            });
+            };
+            self.still_trusted(&caller)?;
+            return Ok(caller);
         };
         let (id, secret) = parse_bearer(authorization)?;
         if let Some(checked) = self.check_bearer(id, secret) {
@@ -250,18 +261,31 @@ impl Node {
     /// its id.
     fn check_bearer(&self, id: &str, secret: &str) -> Option<Result<Caller, ApiError>> {
         let state = self.table.read().expect("state lock poisoned");
-        let token = state.table.acl().token(id)?;
+        let acl = state.table.acl();
+        let token = acl.token(id)?;
         if !secret::matches(secret, &token.hash) {
             return Some(Err(ApiError::new(
                 ErrorKind::Unauthenticated,
                 format!("token dbt.{id}.… has the wrong secret"),
             )));
         }
-        Some(Ok(Caller {
+        let caller = Caller {
             identity: Some(token.identity.clone()),
             by: Some(AuthenticatedBy::Token),
+            token_id: Some(id.to_owned()),
             slot: None,
-        }))
+        };
+        let now_unix_ms = self.leases.clock().unix_ms();
+        Some(trusted(acl, &caller, now_unix_ms).map(|()| caller))
+    }
+
+    /// Whether `caller`'s credentials still hold: its token has not
+    /// expired, its identity is not denied. Asked at every call, and by a
+    /// watch before each event it sends, so that credentials that end take
+    /// effect on connections and streams opened before.
+    pub fn still_trusted(&self, caller: &Caller) -> Result<(), ApiError> {
+        let state = self.table.read().expect("state lock poisoned");
+        trusted(state.table.acl(), caller, self.leases.clock().unix_ms())
     }
 
     /// Whether `caller` may use `permission` on `resource` (a lock name or
@@ -308,6 +332,35 @@ impl Node {
             };
             acl.allows(caller.identity(), needs, &watched.name)
         });
+    }
+}
+
+/// [`Node::still_trusted`] on given rules, at `now_unix_ms`.
+fn trusted(acl: &AccessControl, caller: &Caller, now_unix_ms: u64) -> Result<(), ApiError> {
+    if let Some(id) = &caller.token_id {
+        if acl.token_expired(id, now_unix_ms) {
+            let expiry = acl.token_expiry(id).unwrap_or_default();
+            let at = humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(expiry),
+            );
+            return Err(ApiError::new(
+                ErrorKind::Unauthenticated,
+                format!(
+                    "token dbt.{id}.… expired at {at}; an admin can make a new one \
+                     (`deadbolt acl token create`)"
+                ),
+            ));
+        }
+    }
+    match caller.identity() {
+        Some(identity) if acl.denied(identity) => Err(ApiError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "identity {identity:?} is denied, whatever it presents; an admin can allow it \
+                 again (`deadbolt acl allow {identity}`)"
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -423,6 +476,7 @@ mod tests {
         let anonymous = Caller {
             identity: None,
             by: None,
+            token_id: None,
             slot: None,
         };
         assert!(check(&acl, &anonymous, Permission::Admin, None).is_ok());
@@ -446,6 +500,7 @@ mod tests {
         let ci = Caller {
             identity: Some("ci".into()),
             by: Some(AuthenticatedBy::Token),
+            token_id: None,
             slot: None,
         };
         assert!(check(&acl, &ci, Permission::Lock, Some("jobs/a")).is_ok());
@@ -457,6 +512,60 @@ mod tests {
                 .contains(r#""ci" has no lock permission on "web/a""#),
             "{}",
             err.message
+        );
+    }
+
+    #[test]
+    fn an_expired_token_and_a_denied_identity_are_refused_saying_why_and_what_to_do() {
+        let mut acl = AccessControl::default();
+        let changes = [
+            AclCommand::Bootstrap {
+                token_id: "t".into(),
+                hash: deadbolt_core::SecretHash([0; 32]),
+            },
+            AclCommand::CreateExpiringToken {
+                token_id: "ci0".into(),
+                identity: "ci".into(),
+                hash: deadbolt_core::SecretHash([1; 32]),
+                expires_unix_ms: 2_000_000,
+            },
+        ];
+        for change in changes {
+            acl.apply(&change).unwrap();
+        }
+        let ci = Caller {
+            identity: Some("ci".into()),
+            by: Some(AuthenticatedBy::Token),
+            token_id: Some("ci0".into()),
+            slot: None,
+        };
+        assert!(trusted(&acl, &ci, 1_999_999).is_ok(), "before its expiry");
+        let expired = trusted(&acl, &ci, 2_000_000).unwrap_err();
+        assert_eq!(expired.kind, ErrorKind::Unauthenticated);
+        assert!(
+            expired
+                .message
+                .contains("token dbt.ci0.… expired at 1970-01-01T00:33:20Z"),
+            "{}",
+            expired.message
+        );
+        let laptop = Caller {
+            identity: Some("laptop-7".into()),
+            by: Some(AuthenticatedBy::Certificate),
+            token_id: None,
+            slot: None,
+        };
+        assert!(trusted(&acl, &laptop, 0).is_ok());
+        acl.apply(&AclCommand::DenyIdentity {
+            identity: "laptop-7".into(),
+        })
+        .unwrap();
+        let denied = trusted(&acl, &laptop, 0).unwrap_err();
+        assert_eq!(denied.kind, ErrorKind::PermissionDenied);
+        assert!(
+            denied.message.contains("`deadbolt acl allow laptop-7`"),
+            "{}",
+            denied.message
         );
     }
 }

@@ -534,8 +534,16 @@ impl Node {
         self.propose(change).await
     }
 
+    /// Milliseconds since the Unix epoch, on this node's wall clock: when a
+    /// credential made now with a time to live ends.
+    pub fn unix_ms(&self) -> u64 {
+        self.leases.clock().unix_ms()
+    }
+
     /// Changes who may do what, through the log like everything else.
     pub async fn change_acl(&self, change: AclCommand) -> Result<(), ApiError> {
+        let needs = change.needs();
+        self.check_cluster_version_allows(needs, "expiring tokens and denied identities")?;
         self.propose(Proposal::acl(change)).await
     }
 

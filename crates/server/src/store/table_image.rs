@@ -3,7 +3,10 @@
 //! cluster version is [`FeatureLevel::BASE`], and the same behind a header
 //! naming the level once it is above. From [`FeatureLevel::SEMAPHORES`] on,
 //! the header is followed by the table's length, the table, and the
-//! semaphores (which the table's own encoding leaves out).
+//! semaphores (which the table's own encoding leaves out); from
+//! [`FeatureLevel::CREDENTIAL_ENDS`] on, by the semaphores' length, the
+//! semaphores, and the token expiries and deny list (which the access
+//! rules' own encoding leaves out).
 //!
 //! Why the header only then: a leader sends its snapshot to followers that
 //! may still run the previous release, so until every member supports a
@@ -62,13 +65,26 @@ pub fn encode(table: &LockTable) -> bincode::Result<Vec<u8>> {
         return Ok(bytes);
     }
     // The table's length, the table, then the semaphores.
+    with_length(&mut bytes, table)?;
+    if level < FeatureLevel::CREDENTIAL_ENDS {
+        bincode::serialize_into(&mut bytes, table.semaphores())?;
+        return Ok(bytes);
+    }
+    // Their length too, then the credentials' ends.
+    with_length(&mut bytes, table.semaphores())?;
+    bincode::serialize_into(&mut bytes, table.acl().ends())?;
+    Ok(bytes)
+}
+
+/// Appends `value`'s encoding after its length (`u64`, little-endian), so
+/// that a decoder knows where the next part starts.
+fn with_length(bytes: &mut Vec<u8>, value: &impl serde::Serialize) -> bincode::Result<()> {
     let length_at = bytes.len();
     bytes.extend_from_slice(&0u64.to_le_bytes());
-    bincode::serialize_into(&mut bytes, table)?;
-    let table_bytes = (bytes.len() - length_at - 8) as u64;
-    bytes[length_at..length_at + 8].copy_from_slice(&table_bytes.to_le_bytes());
-    bincode::serialize_into(&mut bytes, table.semaphores())?;
-    Ok(bytes)
+    bincode::serialize_into(&mut *bytes, value)?;
+    let length = (bytes.len() - length_at - 8) as u64;
+    bytes[length_at..length_at + 8].copy_from_slice(&length.to_le_bytes());
+    Ok(())
 }
 
 pub fn decode(bytes: &[u8]) -> Result<LockTable, ImageError> {
@@ -84,13 +100,23 @@ pub fn decode(bytes: &[u8]) -> Result<LockTable, ImageError> {
         let table: LockTable = bincode::deserialize(rest)?;
         return Ok(table.with_cluster_version(level));
     }
-    let (length, rest) = split(rest, 8)?;
-    let length = u64::from_le_bytes(length.try_into().expect("eight bytes"));
-    let (table, semaphores) = split(rest, usize::try_from(length).unwrap_or(usize::MAX))?;
+    let (table, rest) = length_prefixed(rest)?;
     let table: LockTable = bincode::deserialize(table)?;
+    let table = table.with_cluster_version(level);
+    if level < FeatureLevel::CREDENTIAL_ENDS {
+        return Ok(table.with_semaphores(bincode::deserialize(rest)?));
+    }
+    let (semaphores, ends) = length_prefixed(rest)?;
     Ok(table
-        .with_cluster_version(level)
-        .with_semaphores(bincode::deserialize(semaphores)?))
+        .with_semaphores(bincode::deserialize(semaphores)?)
+        .with_credential_ends(bincode::deserialize(ends)?))
+}
+
+/// The part after a length written by [`with_length`], and the rest.
+fn length_prefixed(bytes: &[u8]) -> Result<(&[u8], &[u8]), ImageError> {
+    let (length, rest) = split(bytes, 8)?;
+    let length = u64::from_le_bytes(length.try_into().expect("eight bytes"));
+    split(rest, usize::try_from(length).unwrap_or(usize::MAX))
 }
 
 /// The first `at` bytes and the rest, or an error if there are fewer.
@@ -105,7 +131,7 @@ fn split(bytes: &[u8], at: usize) -> Result<(&[u8], &[u8]), ImageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deadbolt_core::{Command, SecretHash};
+    use deadbolt_core::{AclCommand, Command, SecretHash};
 
     /// A table with a session in it, at `level`.
     fn table_at(level: FeatureLevel) -> LockTable {
@@ -188,6 +214,63 @@ mod tests {
         assert_eq!(back, table);
         back.check_invariants();
         assert!(decode(&image[..image.len() - 1]).is_err(), "cut short");
+    }
+
+    #[test]
+    fn from_the_credential_level_on_expiries_and_the_deny_list_travel_after_the_semaphores() {
+        let mut table = table_at(FeatureLevel::CREDENTIAL_ENDS);
+        let changes = [
+            AclCommand::Bootstrap {
+                token_id: "root0".into(),
+                hash: SecretHash([1; 32]),
+            },
+            AclCommand::CreateExpiringToken {
+                token_id: "ci0".into(),
+                identity: "ci".into(),
+                hash: SecretHash([2; 32]),
+                expires_unix_ms: 1_800_000_000_000,
+            },
+            AclCommand::DenyIdentity {
+                identity: "laptop-7".into(),
+            },
+        ];
+        for change in changes {
+            let applied = table.apply(&Command::Acl(change.clone()));
+            assert!(applied.outcome.is_ok(), "{change}: {:?}", applied.outcome);
+        }
+        let image = encode(&table).unwrap();
+        let back = decode(&image).unwrap();
+        assert_eq!(back.acl().token_expiry("ci0"), Some(1_800_000_000_000));
+        assert!(back.acl().denied("laptop-7"));
+        assert_eq!(back, table);
+        assert!(decode(&image[..image.len() - 1]).is_err(), "cut short");
+        // One level down, the same table has no room for them: the image is
+        // release 0.2.0's, which a member still on it can read.
+        let older = table.clone().with_cluster_version(FeatureLevel::SEMAPHORES);
+        let back = decode(&encode(&older).unwrap()).unwrap();
+        assert_eq!(back.acl().token_expiry("ci0"), None);
+        assert!(!back.acl().denied("laptop-7"));
+    }
+
+    #[test]
+    fn credentials_that_end_are_refused_below_their_level() {
+        let mut table = table_at(FeatureLevel::SEMAPHORES);
+        let bootstrap = AclCommand::Bootstrap {
+            token_id: "root0".into(),
+            hash: SecretHash([1; 32]),
+        };
+        assert!(table.apply(&Command::Acl(bootstrap)).outcome.is_ok());
+        let deny = AclCommand::DenyIdentity {
+            identity: "laptop-7".into(),
+        };
+        let refused = table.apply(&Command::Acl(deny)).outcome.unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                deadbolt_core::LockError::NeedsClusterVersion { .. }
+            ),
+            "{refused:?}"
+        );
     }
 
     #[test]
