@@ -305,6 +305,32 @@ mod tests {
         sample_at(FeatureLevel::BASE)
     }
 
+    // Issue 58, part 1: a backup file whose checksum is right (it is no
+    // secret: anyone can seal what they like) and whose lengths are huge.
+    #[test]
+    fn every_length_in_a_backup_is_bounded() {
+        let full = crate::huge_lengths::full_table();
+        for level in [FeatureLevel::BASE, FeatureLevel::NEWEST] {
+            let file = encode(&Contents {
+                saved_at_ms: 1,
+                node_id: 1,
+                term: 2,
+                index: 3,
+                table: &full.clone().with_cluster_version(level),
+            })
+            .unwrap();
+            let newline = file.iter().position(|&b| b == b'\n').unwrap();
+            let (version_line, sealed) = file.split_at(newline + 1);
+            let body = codec::unseal(sealed).unwrap();
+            let what = format!("a backup at level {level}");
+            crate::huge_lengths::assert_every_length_bounded(&what, body, |body| {
+                let mut file = version_line.to_vec();
+                file.extend_from_slice(&codec::seal(body));
+                Backup::decode(&file).is_ok()
+            });
+        }
+    }
+
     #[test]
     fn a_backup_records_the_cluster_version_once_it_moved_and_only_then() {
         let base = sample();

@@ -25,6 +25,8 @@ mod frames;
 mod grpc;
 mod handover;
 mod http;
+#[cfg(test)]
+mod huge_lengths;
 mod leases;
 mod limits;
 mod listener;

@@ -460,6 +460,66 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use tokio::net::{TcpListener, TcpStream};
 
+    // Issue 58, part 1: a peer's Raft messages with their lengths made
+    // huge (a peer that knows the secret, or a node certificate's holder,
+    // can send anything).
+    #[test]
+    fn every_length_in_a_raft_message_is_bounded() {
+        use crate::raft_types::Batch;
+        use deadbolt_core::{Command, SessionId};
+        use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, SnapshotMeta};
+        let log_id = |index| LogId::new(CommittedLeaderId::new(2, 1), index);
+        let batch = Batch {
+            commands: vec![Command::CloseSession {
+                session: SessionId(7),
+            }]
+            .into(),
+            at_ms: 1,
+        };
+        let append = AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: Some(log_id(4)),
+            entries: vec![Entry {
+                log_id: log_id(5),
+                payload: EntryPayload::Normal(batch),
+            }],
+            leader_commit: Some(log_id(4)),
+        };
+        let snapshot = InstallSnapshotRequest::<TypeConfig> {
+            vote: Vote::new_committed(2, 1),
+            meta: SnapshotMeta {
+                last_log_id: Some(log_id(4)),
+                last_membership: Default::default(),
+                snapshot_id: "2-1-4".into(),
+            },
+            offset: 0,
+            data: vec![1, 2, 3, 4, 5, 6, 7, 8],
+            done: true,
+        };
+        let vote = VoteRequest::<NodeId>::new(Vote::new(3, 2), Some(log_id(4)));
+        fn decodes<T: DeserializeOwned>(bytes: &[u8]) -> bool {
+            let request = tonic::Request::new(RaftPayload {
+                data: bytes.to_vec(),
+            });
+            decode::<T>(request).is_ok()
+        }
+        use crate::huge_lengths::assert_every_length_bounded as bounded;
+        let bytes = bincode::serialize(&append).unwrap();
+        bounded(
+            "an append",
+            &bytes,
+            decodes::<AppendEntriesRequest<TypeConfig>>,
+        );
+        let bytes = bincode::serialize(&snapshot).unwrap();
+        bounded(
+            "a snapshot chunk",
+            &bytes,
+            decodes::<InstallSnapshotRequest<TypeConfig>>,
+        );
+        let bytes = bincode::serialize(&vote).unwrap();
+        bounded("a vote", &bytes, decodes::<VoteRequest<NodeId>>);
+    }
+
     #[test]
     fn an_unreachable_peer_is_retried_within_a_heartbeat_then_less_often() {
         let millis = |first: u64| -> Vec<u128> {

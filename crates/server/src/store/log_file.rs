@@ -347,7 +347,7 @@ fn read_copy(segment: &dyn StorageBackend, offset: u64, end: u64) -> io::Result<
     }
     // A record whose checksum matches but whose payload does not decode
     // was written by another build: not a torn write, so not skipped.
-    let entries: Vec<Entry<TypeConfig>> = bincode::deserialize(&payload)
+    let entries = decode_entries(&payload)
         .map_err(|e| undecodable(format!("its checksum matches but it does not decode ({e})")))?;
     let follows = entries
         .iter()
@@ -385,6 +385,11 @@ fn read_record(segment: &dyn StorageBackend, offset: u64) -> io::Result<Option<R
         (Some(record), _) | (None, Some(record)) => Ok(Some(record)),
         (None, None) => Ok(None),
     }
+}
+
+/// A record's entries, from its payload.
+fn decode_entries(payload: &[u8]) -> bincode::Result<Vec<Entry<TypeConfig>>> {
+    bincode::deserialize(payload)
 }
 
 /// A record's bytes: header and payload.
@@ -806,6 +811,51 @@ mod tests {
     use openraft::{CommittedLeaderId, EntryPayload};
 
     type Segments = SimulatedSegments<Memory>;
+
+    /// A record's payload as a log of every kind of entry writes it: a
+    /// blank, a batch of commands, a membership.
+    fn every_kind_of_entry() -> Vec<Entry<TypeConfig>> {
+        use crate::raft_types::Batch;
+        use deadbolt_core::{Command, SessionId, Token};
+        let batch = Batch {
+            commands: vec![
+                Command::Release {
+                    session: SessionId(7),
+                    lock: "jobs/a".into(),
+                    token: Token(42),
+                },
+                Command::Acl(deadbolt_core::AclCommand::DenyIdentity {
+                    identity: "laptop-7".into(),
+                }),
+            ]
+            .into(),
+            at_ms: 1_764_000_000_000,
+        };
+        let members = std::collections::BTreeMap::from([(1, openraft::BasicNode::new("a:1"))]);
+        let membership = openraft::Membership::new(vec![[1].into()], members);
+        let log_id = |index| LogId::new(CommittedLeaderId::new(2, 1), index);
+        vec![
+            entry(2, 5),
+            Entry {
+                log_id: log_id(6),
+                payload: EntryPayload::Normal(batch),
+            },
+            Entry {
+                log_id: log_id(7),
+                payload: EntryPayload::Membership(membership),
+            },
+        ]
+    }
+
+    // Issue 58, part 1: a record whose checksum matches (anyone who can
+    // write the file can compute one) but whose lengths are made huge.
+    #[test]
+    fn every_length_in_a_log_record_is_bounded() {
+        let payload = bincode::serialize(&every_kind_of_entry()).unwrap();
+        crate::huge_lengths::assert_every_length_bounded("a log record", &payload, |payload| {
+            decode_entries(payload).is_ok()
+        });
+    }
 
     fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
         Entry {

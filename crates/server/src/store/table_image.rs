@@ -252,6 +252,25 @@ mod tests {
         assert!(!back.acl().denied("laptop-7"));
     }
 
+    // Issue 58, part 1: a snapshot from a peer or the disk whose lengths
+    // are made huge, at each level's layout.
+    #[test]
+    fn every_length_in_a_table_image_is_bounded() {
+        let table = crate::huge_lengths::full_table();
+        for level in [
+            FeatureLevel::BASE,
+            FeatureLevel::CLUSTER_VERSION,
+            FeatureLevel::SEMAPHORES,
+            FeatureLevel::CREDENTIAL_ENDS,
+        ] {
+            let image = encode(&table.clone().with_cluster_version(level)).unwrap();
+            let what = format!("a table image at level {level}");
+            crate::huge_lengths::assert_every_length_bounded(&what, &image, |image| {
+                decode(image).is_ok()
+            });
+        }
+    }
+
     #[test]
     fn credentials_that_end_are_refused_below_their_level() {
         let mut table = table_at(FeatureLevel::SEMAPHORES);
