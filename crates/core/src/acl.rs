@@ -16,7 +16,7 @@
 //!
 //! Credentials can end (from [`FeatureLevel::CREDENTIAL_ENDS`] on): a token
 //! made with an expiry stops working at that instant of the wall clock
-//! ([`AccessControl::token_expired`]), and an identity on the deny list is
+//! ([`AccessControl::token_expiry`]), and an identity on the deny list is
 //! refused whatever it presents, a client certificate the CA still vouches
 //! for included ([`AclCommand::DenyIdentity`]). Both are read on every call,
 //! so they take effect on open connections at their next call. The wall
@@ -369,12 +369,6 @@ impl AccessControl {
     /// if it was made with an expiry.
     pub fn token_expiry(&self, token_id: &str) -> Option<u64> {
         self.ends.token_expiries.get(token_id).copied()
-    }
-
-    /// Whether the token has stopped working at `now_unix_ms`.
-    pub fn token_expired(&self, token_id: &str, now_unix_ms: u64) -> bool {
-        self.token_expiry(token_id)
-            .is_some_and(|expiry| now_unix_ms >= expiry)
     }
 
     /// Whether `identity` is on the deny list.
