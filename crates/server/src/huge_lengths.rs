@@ -103,7 +103,8 @@ pub fn assert_every_length_bounded(what: &str, valid: &[u8], decode: impl Fn(&[u
 /// A table with something in each of its parts (sessions, locks, waiters,
 /// the store, the audit trail, access control with its ends, semaphores,
 /// read/write locks, elections), at the newest cluster version: the bytes
-/// whose lengths the tests make huge.
+/// whose lengths the tests make huge. Its access control holds token
+/// `ci0`, expiring at 1,800,000,000,000 ms, and denies `laptop-7`.
 pub fn full_table() -> deadbolt_core::LockTable {
     use deadbolt_core::{AclCommand, Command, LockTable, Outcome, RwMode, SecretHash, SessionId};
     let mut table = LockTable::new();
