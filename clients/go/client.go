@@ -56,7 +56,7 @@ const (
 type Client struct {
 	endpoints   *endpoints
 	wire        *wire        // http:// endpoints
-	framing     *framing     // http:// endpoints' framed calls, if made
+	framing     *framing     // http:// endpoints' framed calls, unless turned off
 	http        *http.Client // https:// endpoints
 	auth        string
 	callTimeout time.Duration
@@ -102,14 +102,15 @@ func WithAccessToken(token string) Option { return func(c *config) { c.token = t
 // over HTTP/1.1.
 func WithMaxIdleConnections(n int) Option { return func(c *config) { c.maxIdle = n } }
 
-// WithFramedCalls sends a lock's acquire and release and a session's
-// keepalive to http:// endpoints as framed calls (docs/framed-calls.md):
-// a 4-byte length and a protobuf message on a TCP connection, which costs
+// WithFramedCalls(false) sends every call to http:// endpoints over
+// HTTP/1.1. By default (true) a lock's acquire and release and a
+// session's keepalive go there as framed calls (docs/framed-calls.md): a
+// 4-byte length and a protobuf message on a TCP connection, which costs
 // the server about half the CPU of an HTTP request with JSON. An endpoint
 // that does not serve them (a follower, an older server, a proxy that
-// speaks only HTTP) gets the calls over HTTP. Not yet the default: the
-// conformance suite has not run the Go client with it.
-func WithFramedCalls() Option { return func(c *config) { c.framed = true } }
+// speaks only HTTP) gets the calls over HTTP. https:// endpoints always go
+// through net/http: this client does not speak framed calls inside TLS.
+func WithFramedCalls(on bool) Option { return func(c *config) { c.framed = on } }
 
 // WithCallTimeout sets how long, with no deadline on the context, a call
 // that does not wait for a lock keeps being repeated through outages
@@ -157,7 +158,7 @@ func New[E string | []string](endpoints E, opts ...Option) (*Client, error) {
 	case []string:
 		list = e
 	}
-	cfg := config{maxIdle: 256, callTimeout: DefaultCallTimeout}
+	cfg := config{maxIdle: 256, callTimeout: DefaultCallTimeout, framed: true}
 	for _, opt := range opts {
 		opt(&cfg)
 	}

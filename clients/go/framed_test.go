@@ -9,13 +9,14 @@ import (
 	deadbolt "github.com/deadbolt/deadbolt-go"
 )
 
-// With framed calls, a lock's acquire, release and keepalive go framed and
-// answer as over HTTP: the token, busy, the TTL, not holder.
+// With framed calls (the default over http://), a lock's acquire,
+// release and keepalive go framed and answer as over HTTP: the token,
+// busy, the TTL, not holder.
 func TestFramedCalls(t *testing.T) {
 	if shared == nil {
 		t.Skip("no server")
 	}
-	client, err := deadbolt.New(shared.Endpoint, deadbolt.WithFramedCalls())
+	client, err := deadbolt.New(shared.Endpoint)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,12 +69,13 @@ func TestCancelCutsACallShort(t *testing.T) {
 }
 
 // A server that does not speak framed calls (here one that speaks only
-// HTTP, and answers the preface 400) gets the calls over HTTP.
+// HTTP, and answers the preface 400) gets the calls over HTTP: framed
+// calls are tried by default, and the refusal is remembered.
 func TestFramedCallsFallBackToHTTP(t *testing.T) {
 	server := standIn(t, func(w http.ResponseWriter, count int64) {
 		answerWith(w, 200, `{"ttl_ms":1000}`)
 	})
-	client, err := New(server.URL, WithFramedCalls())
+	client, err := New(server.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,5 +87,24 @@ func TestFramedCallsFallBackToHTTP(t *testing.T) {
 	}
 	if !client.framing.refusing(server.URL[len("http://"):]) {
 		t.Fatal("the refusal is not remembered")
+	}
+}
+
+// WithFramedCalls(false) keeps every call on HTTP/1.1: no framed
+// connection is tried, so the stand-in sees only HTTP requests.
+func TestFramedCallsTurnedOff(t *testing.T) {
+	server := standIn(t, func(w http.ResponseWriter, count int64) {
+		answerWith(w, 200, `{"ttl_ms":1000}`)
+	})
+	client, err := New(server.URL, WithFramedCalls(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	if client.framing != nil {
+		t.Fatal("framed calls are on")
+	}
+	if ttl, err := client.KeepAlive(context.Background(), SessionHandle{1, "s"}); err != nil || ttl != time.Second {
+		t.Fatalf("a keepalive over HTTP: %v %v", ttl, err)
 	}
 }

@@ -23,16 +23,13 @@ func main() {
 	clients := flag.Int("clients", 16, "goroutines, each with a session and a lock of its own")
 	duration := flag.Duration("duration", 10*time.Second, "how long to count pairs")
 	warmup := flag.Duration("warmup", time.Second, "how long to run before counting")
-	framed := flag.Bool("framed", false, "acquire, release and keepalive as framed calls (deadbolt.WithFramedCalls)")
+	framed := flag.Bool("framed", true, "acquire, release and keepalive as framed calls; --framed=false: HTTP/1.1 throughout (deadbolt.WithFramedCalls)")
 	flag.Parse()
 	if *clients < 1 {
 		fmt.Fprintln(os.Stderr, "bench: --clients must be at least 1")
 		os.Exit(2)
 	}
-	opts := []deadbolt.Option{deadbolt.FromEnvironment()}
-	if *framed {
-		opts = append(opts, deadbolt.WithFramedCalls())
-	}
+	opts := []deadbolt.Option{deadbolt.FromEnvironment(), deadbolt.WithFramedCalls(*framed)}
 	client, err := deadbolt.New(*endpoint, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
