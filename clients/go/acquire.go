@@ -138,14 +138,20 @@ func requestContext(caller context.Context, wait bool, deadline time.Time) (cont
 }
 
 // acquire takes t in this session, waiting (wait) in its FIFO queue until
-// granted or until ctx ends. Repeated while the server is unreachable or
-// changing leader, for as long as the lease lasts: an acquire by the same
-// session is idempotent, and each repeat asks the server to wait only for
-// what is left of ctx's deadline.
+// granted or until ctx ends.
 func (s *Session) acquire(ctx context.Context, t target, wait bool) (*Guard, error) {
 	if err := s.claim(ctx, t.name); err != nil {
 		return nil, err
 	}
+	return s.acquireClaimed(ctx, t, wait)
+}
+
+// acquireClaimed is acquire once t's name is claimed in the session.
+// Repeated while the server is unreachable or changing leader, for as long
+// as the lease lasts: an acquire by the same session is idempotent, and
+// each repeat asks the server to wait only for what is left of ctx's
+// deadline.
+func (s *Session) acquireClaimed(ctx context.Context, t target, wait bool) (*Guard, error) {
 	waitUntil, timed := ctx.Deadline()
 	body := t.body(s.handle)
 	body.Wait = wait
@@ -411,6 +417,12 @@ type Guard struct {
 	mu          sync.Mutex
 	released    bool
 	releaseErr  error
+	// endedBy is what Err says once the guard is released: the loss of
+	// the lease if it came first, else ErrReleased. Kept, rather than read
+	// from the session, because the session lives on (a shared one) or is
+	// closed by the release (its own), and neither says why this guard
+	// ended.
+	endedBy error
 }
 
 func newGuard(s *Session, t target, token uint64, permits []Permit) *Guard {
@@ -470,23 +482,24 @@ func (g *Guard) Bind(parent context.Context) (context.Context, context.CancelFun
 }
 
 // Err is nil while the lock can be trusted; then why not: the session's
-// reason (matching ErrLost), or ErrReleased.
+// reason (matching ErrLost), or ErrReleased if the guard was released
+// before that.
 func (g *Guard) Err() error {
-	if err := g.session.Err(); err != nil {
-		return err
-	}
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.released {
-		return ErrReleased
+	endedBy := g.endedBy
+	g.mu.Unlock()
+	if endedBy != nil {
+		return endedBy
 	}
-	return nil
+	return g.session.Err()
 }
 
 // Release releases the lock (resigns an election, returns the permits),
 // repeated through outages and leader changes until ctx ends or the lease
-// does. A guard that Client.Lock (TryLock, ...) returned closes its
-// session instead, which releases it in one call. It returns an error
+// does. A guard whose session is its own (Client.Semaphore, Campaign, and
+// Lock and TryLock with WithOwnSession) closes its session instead, which
+// releases it in one call; a guard of the client's shared session leaves
+// that session to the client's other locks. It returns an error
 // matching ErrLost if the lease was lost before the release, since the
 // lock may then have been someone else's meanwhile. Releasing twice does
 // nothing more.
@@ -498,6 +511,10 @@ func (g *Guard) Release(ctx context.Context) error {
 	}
 	g.released = true
 	lostBefore := g.session.Err()
+	g.endedBy = ErrReleased
+	if lostBefore != nil {
+		g.endedBy = lostBefore
+	}
 	if g.ownsSession {
 		g.session.forget(g.target.name)
 		g.cancel()
@@ -585,28 +602,32 @@ func (c *Client) owned(ctx context.Context, opts []LockOption, acquire func(*Ses
 	return g, nil
 }
 
-// Lock takes the lock name in a session of its own (WithTTL, WithMargin),
-// waiting in FIFO order as Session.Lock does: until granted, or until ctx
-// ends. Releasing the guard closes the session.
+// Lock takes the lock name, waiting in FIFO order as Session.Lock does:
+// until granted, or until ctx ends.
+//
+// The lock is taken in a session the client shares between its locks of
+// the same TTL and margin (WithTTL, WithMargin; opened on first use,
+// renewed by one goroutine, closed once idle for a third of the TTL): two
+// round trips a lock, acquire and release. Sharing a lease means sharing
+// its loss: if it cannot be renewed, every lock of this client held in it
+// is lost at once (each guard's Done is closed and its Context cancelled
+// together). With WithOwnSession the lock gets a session of its own
+// instead, closed when the guard is released: its loss is its own, for
+// two more round trips.
 //
 //	guard, err := client.Lock(ctx, "invoice-981", deadbolt.WithTTL(15*time.Second))
 //	if err != nil { return err }
 //	defer guard.Release(context.Background())
 //	err = writeInvoice(guard.Context(), guard.Token())
 func (c *Client) Lock(ctx context.Context, name string, opts ...LockOption) (*Guard, error) {
-	if err := checkName("lock", name); err != nil {
-		return nil, err
-	}
-	return c.owned(ctx, opts, func(s *Session) (*Guard, error) { return s.Lock(ctx, name, opts...) })
+	return c.take(ctx, name, opts, true)
 }
 
-// TryLock takes the lock name in a session of its own if it is free; an
-// error matching ErrBusy if another session holds it.
+// TryLock takes the lock name if it is free, in the client's shared
+// session or with WithOwnSession in one of its own (see Lock); an error
+// matching ErrBusy if another session holds it.
 func (c *Client) TryLock(ctx context.Context, name string, opts ...LockOption) (*Guard, error) {
-	if err := checkName("lock", name); err != nil {
-		return nil, err
-	}
-	return c.owned(ctx, opts, func(s *Session) (*Guard, error) { return s.TryLock(ctx, name, opts...) })
+	return c.take(ctx, name, opts, false)
 }
 
 // Semaphore takes count permits of a semaphore in a session of its own

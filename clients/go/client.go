@@ -60,6 +60,7 @@ type Client struct {
 	http        *http.Client // https:// endpoints
 	auth        string
 	callTimeout time.Duration
+	shared      *sharedSessions // Lock's and TryLock's (shared.go)
 }
 
 type config struct {
@@ -186,6 +187,7 @@ func New[E string | []string](endpoints E, opts ...Option) (*Client, error) {
 		wire:        newWire(cfg.maxIdle),
 		http:        &http.Client{Transport: transport},
 		callTimeout: cfg.callTimeout,
+		shared:      newSharedSessions(),
 	}
 	if cfg.token != "" {
 		client.auth = "Bearer " + cfg.token
@@ -222,9 +224,12 @@ func (c *config) tlsConfig() (*tls.Config, error) {
 	return out, nil
 }
 
-// Close closes the client's idle connections. Sessions still open keep
-// renewing (on new connections); close them first.
+// Close closes the sessions Lock and TryLock share, which releases every
+// lock still held in them, and the client's idle connections. Sessions of
+// NewSession still open keep renewing (on new connections); close them
+// first.
 func (c *Client) Close() error {
+	c.closeShared()
 	c.wire.closeIdle()
 	c.http.CloseIdleConnections()
 	return nil

@@ -15,7 +15,9 @@
 // this process paused), the guard's Done channel is closed, and its
 // Context cancelled, a margin before the lease could end on the server:
 // before anyone else could be granted the lock. Work given guard.Context()
-// stops then by itself.
+// stops then by itself. Client.Lock and TryLock take a client's locks of
+// one TTL and margin in one shared session, so those locks are lost
+// together; WithOwnSession gives a lock a session of its own.
 //
 // The lease only limits how long a lock is held. What makes the work
 // exclusive is the fencing token: pass Token to the resource the lock

@@ -6,16 +6,18 @@ import "time"
 const DefaultTTL = 30 * time.Second
 
 // LockOption configures a session, or an acquire of a lock, semaphore or
-// leadership. WithTTL and WithMargin apply where a session is opened
-// (NewSession, and Client's Lock, TryLock, Semaphore and Campaign, which
-// open one of their own); the others where something is acquired.
+// leadership. WithTTL and WithMargin apply where a session is opened or
+// chosen (NewSession; Client's Lock and TryLock, which share one; Client's
+// Semaphore and Campaign, which open one of their own); WithOwnSession to
+// Client's Lock and TryLock; the others where something is acquired.
 type LockOption func(*lockConfig)
 
 type lockConfig struct {
-	ttl       time.Duration
-	margin    time.Duration // < 0: the default
-	mode      string
-	lockDelay time.Duration
+	ttl        time.Duration
+	margin     time.Duration // < 0: the default
+	mode       string
+	lockDelay  time.Duration
+	ownSession bool
 }
 
 func lockOptions(opts []LockOption) lockConfig {
@@ -43,6 +45,14 @@ func WithMargin(margin time.Duration) LockOption {
 		}
 	}
 }
+
+// WithOwnSession makes Client.Lock and TryLock take the lock in a session
+// of its own, closed when the guard is released, instead of the session
+// the client shares between its locks of the same TTL and margin. Its
+// loss is then its own (a shared lease that cannot be renewed loses every
+// lock held in it at once), for two more round trips a lock: the
+// session's open and close.
+func WithOwnSession() LockOption { return func(c *lockConfig) { c.ownSession = true } }
 
 // Shared takes a read/write lock shared: beside other readers, in FIFO
 // order behind any writer that came first (docs/rw-locks.md).

@@ -55,12 +55,20 @@ type Session struct {
 	ttl    time.Duration
 	margin time.Duration
 
+	// shared: one of the sessions Client.Lock and TryLock share
+	// (shared.go), which its watchdog closes once a renewal interval
+	// passed with no lock held or taken in it, so that an idle client
+	// keeps no session alive on the server.
+	shared bool
+
 	mu       sync.Mutex
 	deadline time.Duration // on now()'s clock
 	ended    *Error
 	changed  chan struct{} // closed (and replaced) on every change
 	inUse    map[string]struct{}
 	cleaning map[string]chan struct{}
+	// usedLately: a name was claimed since the watchdog last looked.
+	usedLately bool
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -70,7 +78,10 @@ type Session struct {
 // that releases everything it holds at once; otherwise its locks are held
 // until the lease runs out.
 func (c *Client) NewSession(ctx context.Context, opts ...LockOption) (*Session, error) {
-	cfg := lockOptions(opts)
+	return c.openSession(ctx, lockOptions(opts), false)
+}
+
+func (c *Client) openSession(ctx context.Context, cfg lockConfig, shared bool) (*Session, error) {
 	ctx, cancel := c.bounded(ctx)
 	defer cancel()
 	sent := now()
@@ -99,6 +110,7 @@ func (c *Client) NewSession(ctx context.Context, opts ...LockOption) (*Session, 
 	}
 	s := &Session{
 		client:   c,
+		shared:   shared,
 		handle:   SessionHandle{answer.SessionID, answer.SessionSecret},
 		ttl:      ttl,
 		margin:   cfg.marginFor(ttl),
@@ -227,15 +239,30 @@ func (s *Session) notify() {
 
 // end ends the lease for reason unless it has ended already; whether this
 // call ended it.
-func (s *Session) end(reason *Error) bool {
+func (s *Session) end(reason *Error) bool { return s.endIf(reason, false) }
+
+// endIf is end; with onlyIfIdle, only if no name is claimed or being
+// cleaned up in the session and none was claimed since the last look.
+// Checked and ended under one hold of mu: a name claimed meanwhile
+// (claimIfFree) keeps the session open.
+func (s *Session) endIf(reason *Error, onlyIfIdle bool) bool {
 	s.mu.Lock()
 	first := s.ended == nil
+	if onlyIfIdle {
+		first = first && len(s.inUse) == 0 && len(s.cleaning) == 0 && !s.usedLately
+		s.usedLately = false
+	}
 	if first {
 		s.ended = reason
 		s.notify()
 	}
 	s.mu.Unlock()
-	s.cancel()
+	if first {
+		s.cancel()
+		if s.shared {
+			s.client.dropShared(s)
+		}
+	}
 	return first
 }
 
@@ -272,6 +299,10 @@ func (s *Session) watchdog(lastSent time.Duration) {
 		}
 		deadline := s.deadline
 		s.mu.Unlock()
+		if s.shared && s.endIf(s.closedError(), true) {
+			s.closeQuietly(context.Background(), interval)
+			return
+		}
 		sent := now()
 		granted, err := s.renew(deadline, interval)
 		if err != nil {
@@ -345,13 +376,11 @@ func (s *Session) alarm() {
 // Close stops renewing and ends the session on the server, which releases
 // everything it holds. If the server cannot be told (within ctx, or the
 // lease), the lease ends by itself.
+//
+// Closing a session Client.Lock and TryLock share (Guard.Session) releases
+// every lock of the client held in it.
 func (s *Session) Close(ctx context.Context) error {
-	closed := &Error{
-		Kind:    KindUnknownSession,
-		Message: fmt.Sprintf("session %d is closed", s.handle.ID),
-		closed:  true,
-	}
-	if !s.end(closed) {
+	if !s.end(s.closedError()) {
 		return nil
 	}
 	s.mu.Lock()
@@ -361,6 +390,14 @@ func (s *Session) Close(ctx context.Context) error {
 		within = time.Second
 	}
 	return s.closeQuietly(ctx, within)
+}
+
+func (s *Session) closedError() *Error {
+	return &Error{
+		Kind:    KindUnknownSession,
+		Message: fmt.Sprintf("session %d is closed", s.handle.ID),
+		closed:  true,
+	}
 }
 
 func (s *Session) closeQuietly(ctx context.Context, within time.Duration) error {
@@ -407,6 +444,7 @@ func (s *Session) claim(ctx context.Context, name string) error {
 				return newError(KindInvalidArgument, "%q is already held or being acquired through session %d: use one session per holder", name, s.handle.ID)
 			}
 			s.inUse[name] = struct{}{}
+			s.usedLately = true
 			s.mu.Unlock()
 			return nil
 		}
@@ -417,6 +455,26 @@ func (s *Session) claim(ctx context.Context, name string) error {
 			return newError(KindWaitCancelled, "gave up waiting for %q: %v", name, ctx.Err())
 		}
 	}
+}
+
+// claimIfFree claims name for one caller, as claim does, if the lease can
+// be trusted and no caller has name or is cleaning it up; whether it did.
+// For the shared sessions, where a caller looks for one to use.
+func (s *Session) claimIfFree(name string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// The context too: once cancelled (the alarm fired) it stays so, even
+	// if a late renewal moved the lease on, and a guard made from it would
+	// be born lost.
+	if s.lostReason(s.margin) != nil || s.ctx.Err() != nil {
+		return false
+	}
+	if _, used := s.inUse[name]; used || s.cleaning[name] != nil {
+		return false
+	}
+	s.inUse[name] = struct{}{}
+	s.usedLately = true
+	return true
 }
 
 func (s *Session) forget(name string) {
