@@ -4,6 +4,9 @@
 // loops acquire → release on a lock of its own; pairs are counted after a
 // warm-up, with this process's CPU over the same span (the server is
 // another process). The benchmark (bench_test.go) and cmd/bench share it.
+// With Load.ClientLock the goroutines take their locks as the README
+// shows, client.Lock then guard.Release, the figure the Python and
+// TypeScript clients' benches give beside redis-py's and node-redlock's.
 package pairs
 
 import (
@@ -24,6 +27,12 @@ type Load struct {
 	Warmup     time.Duration
 	Duration   time.Duration
 	Pairs      int64
+	// ClientLock: each pair is client.Lock (TTL 10 s, and LockOptions)
+	// then guard.Release, in the client's shared session unless
+	// LockOptions has deadbolt.WithOwnSession, instead of a Lock and
+	// Release in a session of the goroutine's own.
+	ClientLock  bool
+	LockOptions []deadbolt.LockOption
 }
 
 // Result is what a Load did while it was counted.
@@ -62,7 +71,8 @@ func Run(ctx context.Context, client *deadbolt.Client, prefix string, load Load)
 			}
 		}
 	}()
-	for i := range sessions {
+	// With ClientLock, client.Lock chooses the sessions, and these stay nil.
+	for i := 0; i < len(sessions) && !load.ClientLock; i++ {
 		s, err := client.NewSession(ctx, deadbolt.WithTTL(10*time.Second))
 		if err != nil {
 			return Result{}, err
@@ -90,12 +100,19 @@ func Run(ctx context.Context, client *deadbolt.Client, prefix string, load Load)
 		}
 		once.Do(func() { close(enough) })
 	}
+	options := append([]deadbolt.LockOption{deadbolt.WithTTL(10 * time.Second)}, load.LockOptions...)
 	for i, s := range sessions {
 		wg.Add(1)
 		go func(name string, s *deadbolt.Session) {
 			defer wg.Done()
 			for atomic.LoadInt32(&stop) == 0 {
-				g, err := s.Lock(ctx, name)
+				var g *deadbolt.Guard
+				var err error
+				if s == nil {
+					g, err = client.Lock(ctx, name, options...)
+				} else {
+					g, err = s.Lock(ctx, name)
+				}
 				if err == nil {
 					err = g.Release(ctx)
 				}
