@@ -90,6 +90,14 @@ def test_a_reply_that_is_not_deadbolts_says_so() -> None:
         protocol.parse_answer(502, b"<html>Bad Gateway</html>", None)
 
 
+def test_an_answer_is_read_as_json_loads_reads_it() -> None:
+    for body in (b'{"token":7}', b' {"token":7}\n', b"{}\r\n", b""):
+        assert protocol.parse_answer(200, body, None) == ({"token": 7} if b"7" in body else {})
+    for body in (b'{"token":7}{"token":8}', b'{"token":', b"[1]", b"null"):
+        with pytest.raises(deadbolt.Internal, match="not from a Deadbolt server"):
+            protocol.parse_answer(200, body, None)
+
+
 def test_not_leader_moves_to_the_leader_it_names_and_unreachable_to_the_next() -> None:
     endpoints = protocol.Endpoints.parse("10.0.0.1:7070, 10.0.0.2", tls=False)
     assert endpoints.urls == ["http://10.0.0.1:7070", "http://10.0.0.2:7070"]

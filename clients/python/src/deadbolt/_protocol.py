@@ -318,8 +318,9 @@ class Retry:
         self._give_up = give_up
         self._lost = lost
         self._retryable = retryable or is_transient
-        self._failover = Backoff(cap=FAILOVER_CAP)
-        self._overload = Backoff()
+        self._failover: Backoff | None = None
+        self._overload: Backoff | None = None
+        """Made at the first retry of each kind: most calls have none."""
         self._done = done
         self._changes = changes
         self._maybe_done: DeadboltError | None = None
@@ -339,7 +340,13 @@ class Retry:
         """The backoff that paces a retry after ``error``: a failover's
         (another node, or the next leader, may answer soon) or an overloaded
         leader's (which is still the leader, and needs time)."""
-        return self._failover if points_elsewhere(error) else self._overload
+        if points_elsewhere(error):
+            if self._failover is None:
+                self._failover = Backoff(cap=FAILOVER_CAP)
+            return self._failover
+        if self._overload is None:
+            self._overload = Backoff()
+        return self._overload
 
     def delay_after(self, error: DeadboltError) -> float:
         """The pause before the next attempt after ``error``; raises
@@ -489,10 +496,30 @@ def normalize(endpoint: str, tls: bool) -> str:
     return f"{scheme}://{host}"
 
 
+_DECODER = json.JSONDecoder()
+
+
+def _json_object(body: bytes) -> Any:
+    """The JSON document ``body`` holds (``{}`` for none); raises
+    ``ValueError`` if it holds none. Through ``raw_decode`` first: a
+    server's body has no whitespace around its document, which ``loads``
+    looks for with two regular-expression matches."""
+    if not body:
+        return {}
+    text = body.decode()
+    try:
+        decoded, end = _DECODER.raw_decode(text)
+    except ValueError:
+        return json.loads(text)  # whitespace first, or no JSON (raised again)
+    if end != len(text):
+        return json.loads(text)  # whitespace after, or more than one document
+    return decoded
+
+
 def parse_answer(status: int, body: bytes, retry_after: str | None) -> dict[str, Any]:
     """An answer's JSON object, or the exception its error names."""
     try:
-        decoded = json.loads(body.decode()) if body else {}
+        decoded = _json_object(body)
     except ValueError:
         decoded = None
     if not isinstance(decoded, dict):
