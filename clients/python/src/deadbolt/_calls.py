@@ -43,7 +43,11 @@ from ._protocol import (
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+# Not frozen, this module's classes, though nothing changes them once made:
+# they are made for every request, and a frozen dataclass's ``__init__``
+# sets each field through ``object.__setattr__``, 0.6-0.7 µs for a ``Call``
+# where a plain one takes 0.17.
+@dataclass
 class Call(Generic[T]):
     method: str
     path: str
@@ -186,7 +190,7 @@ def proclaim(handle: SessionHandle, election: str, term: int, value: str) -> Cal
     return Call("POST", "/v1/election/proclaim", body, dict)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Grant:
     """What an acquire answered: the token (a lock's, the first permit's, or
     an election's term) and a semaphore's permits."""
@@ -195,7 +199,7 @@ class Grant:
     permits: tuple[Permit, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass
 class Target:
     """What an acquire takes, and how it is released and looked for: a lock
     (in a read/write mode or none), permits of a semaphore, or leadership of

@@ -39,7 +39,7 @@ class TransportError(Exception):
         self.unsent = unsent
 
 
-@dataclass(frozen=True)
+@dataclass  # not frozen, as ``_calls.Call`` is not: one is made for every answer
 class Answer:
     status: int
     body: bytes
