@@ -317,11 +317,12 @@ func (s *Session) watchdog(lastSent time.Duration) {
 			return
 		}
 		s.mu.Lock()
-		// An answer that arrives after the deadline cannot revive the
-		// lease: the client has counted it lost (Done closed, work
-		// stopped), and a lease renewed behind its back would keep the
-		// locks from everyone while nobody uses them.
-		renewed := now() < s.deadline
+		// An answer that arrives once the lease is within the margin of
+		// its end cannot revive it: the client has counted it lost (Done
+		// closed, work stopped, Err said why), and a lease renewed behind
+		// its back would keep the locks from everyone while nobody uses
+		// them, and make Err nil again after Done.
+		renewed := s.lostReason(s.margin) == nil
 		if renewed {
 			if next := sent + granted; next > s.deadline {
 				s.deadline = next
