@@ -134,12 +134,13 @@ func TestSharedSessionLostTogether(t *testing.T) {
 	if after >= ttl {
 		t.Fatalf("both Done closed %v after the freeze, past the %v TTL", after, ttl)
 	}
-	// Released as a holder would (defer guard.Release): the thawed server
-	// may yet answer a keepalive sent before the lease's end, renewing
-	// the session behind its closed guards, and then only the releases
-	// free the locks.
+	// Released as a holder would (defer guard.Release): lost, even if the
+	// thawed server answered a keepalive sent before the lease's end (the
+	// client ends a lease it counted lost rather than let it live on).
 	for _, g := range []*deadbolt.Guard{a, b} {
-		_ = g.Release(ctx)
+		if err := g.Release(ctx); !errors.Is(err, deadbolt.ErrLost) {
+			t.Fatalf("%s: releasing a lost lock: %v, want ErrLost", g.Name(), err)
+		}
 	}
 	next, err := client.Lock(ctx, "go/together/a", deadbolt.WithTTL(ttl))
 	if err != nil {
