@@ -115,6 +115,23 @@ def test_a_connection_closed_mid_answer_fails_the_call_and_is_not_kept() -> None
     asyncio.run(scenario())
 
 
+def test_an_answer_longer_than_a_read_arrives_whole() -> None:
+    body = b'{"v":"' + b"x" * 200_000 + b'"}'
+    long = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def scenario() -> None:
+        server = Scripted(lambda n, _: (long if n == 1 else OK, False))
+        base = await server.start()
+        client = transport()
+        assert (await client.request(base, "GET", "/", None, 5.0)).body == body
+        assert (await client.request(base, "GET", "/", None, 5.0)).body == b"{}"
+        assert server.connections == 1
+        client.close()
+        server.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_connection_the_server_closed_while_idle_is_not_used_again() -> None:
     async def scenario() -> None:
         server = Scripted(lambda n, _: (OK, n == 1))
