@@ -185,3 +185,13 @@ def test_a_failover_is_retried_within_a_quarter_second_and_an_overload_within_a_
         assert all(0.0 <= delay <= cap for delay in delays)
         assert max(delays) > cap / 2
     assert protocol.FAILOVER_CAP < protocol.BACKOFF_CAP
+
+
+def test_a_renewal_answered_within_the_margin_does_not_revive_the_lease() -> None:
+    # The Go client's frozen-server test found it: an answer that came once
+    # `lost` had fired renewed the lease, and `lost` read None again.
+    lease = protocol.Lease(session_id=7, deadline=protocol.now() + 1.0)
+    assert not lease.renewed(sent=protocol.now(), granted=30.0, margin=2.0)
+    assert lease.lost_reason(2.0) is not None
+    assert lease.renewed(sent=protocol.now(), granted=30.0, margin=0.5)
+    assert lease.lost_reason(2.0) is None

@@ -666,7 +666,7 @@ export class Session {
         }
         return;
       }
-      if (!this.lease.renewed(sent, granted)) {
+      if (!this.lease.renewed(sent, granted, this.margin)) {
         this.end(this.lease.expired());
         await this.closeQuietly(interval);
         return;

@@ -95,13 +95,14 @@ export class Lease {
    * After a keepalive sent at `sent` was granted `granted` ms; whether the
    * lease still holds. The server counts from when it received it, no
    * earlier than `sent`, and never shortens a lease; neither does this. An
-   * answer that arrives after the deadline cannot revive the lease: the
-   * client has counted it lost (`signal` aborted, work stopped), and a lease
-   * renewed behind its back would keep the lock from everyone while nobody
-   * uses it (the conformance suite's frozen server found this).
+   * answer that arrives once the lease is within `margin` of its end cannot
+   * revive it: the client has counted it lost (`signal` aborted, work
+   * stopped), and a lease renewed behind its back would keep the lock from
+   * everyone while nobody uses it (the conformance suite's frozen server
+   * found this past the deadline; the Go client's, within the margin).
    */
-  renewed(sent: number, granted: number): boolean {
-    if (now() >= this.deadline) return false;
+  renewed(sent: number, granted: number, margin: number): boolean {
+    if (this.lostReason(margin)) return false;
     this.deadline = Math.max(this.deadline, sent + granted);
     return true;
   }

@@ -4,7 +4,7 @@ import { test } from "node:test";
 import { DeadboltError, ERROR_KINDS, LockBusyError, NotLeaderError, OverloadedError, WaitTimeoutError, errorFor, millis, decodeJson, SessionHandle } from "deadbolt-client";
 // The retry pacing is internal: its test builds the source's own errors, as the client would see them.
 import { errorFor as internalErrorFor, type DeadboltError as InternalError } from "../src/errors.js";
-import { FAILOVER_CAP, OVERLOAD_CAP, RetryPause } from "../src/protocol.js";
+import { FAILOVER_CAP, Lease, OVERLOAD_CAP, RetryPause, now } from "../src/protocol.js";
 
 test("durations read as people write them", () => {
   assert.equal(millis("30s"), 30_000);
@@ -145,4 +145,14 @@ test("a failover is retried within a quarter second, an overload within a second
     assert.ok(Math.max(...delays) > cap / 2, `${error.kind} never grew`);
   }
   assert.ok(FAILOVER_CAP < OVERLOAD_CAP);
+});
+
+test("a renewal answered within the margin does not revive the lease", () => {
+  // The Go client's frozen-server test found it: an answer that came once
+  // the signal had aborted renewed the lease, and lostReason read undefined again.
+  const lease = new Lease(7n, now() + 1000);
+  assert.equal(lease.renewed(now(), 30_000, 2000), false);
+  assert.ok(lease.lostReason(2000));
+  assert.equal(lease.renewed(now(), 30_000, 500), true);
+  assert.equal(lease.lostReason(2000), undefined);
 });

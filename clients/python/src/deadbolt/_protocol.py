@@ -129,13 +129,14 @@ class Lease:
             f"session {self.session_id} lost its lease: it could not be renewed in time{because}"
         )
 
-    def renewed(self, sent: float, granted: float) -> bool:
+    def renewed(self, sent: float, granted: float, margin: float) -> bool:
         """Moves the deadline for a keepalive sent at ``sent`` and granted
         ``granted``; whether the lease still holds. An answer that arrives
-        after the deadline cannot revive it: the client has counted it lost
-        (``lost`` fired, work stopped), and a lease renewed behind its back
-        would keep the lock from everyone while nobody uses it."""
-        if now() >= self.deadline:
+        once the lease is within ``margin`` of its end cannot revive it: the
+        client has counted it lost (``lost`` fired, work stopped), and a
+        lease renewed behind its back would keep the lock from everyone
+        while nobody uses it (and ``lost`` would read ``None`` again)."""
+        if self.lost_reason(margin) is not None:
             return False
         self.deadline = renewed_deadline(self.deadline, sent, granted)
         return True

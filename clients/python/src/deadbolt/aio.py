@@ -504,7 +504,7 @@ class AsyncSession:
                     self._end(self._lease.expired(error))
                     await self._close_quietly(interval)
                 return
-            if not self._lease.renewed(sent, granted):
+            if not self._lease.renewed(sent, granted, self.margin):
                 self._end(self._lease.expired())
                 await self._close_quietly(interval)
                 return

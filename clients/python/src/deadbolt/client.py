@@ -553,7 +553,7 @@ class Session:
                     self._close_quietly(interval)
                 return
             with self._changed:
-                renewed = self._lease.renewed(sent, granted)
+                renewed = self._lease.renewed(sent, granted, self.margin)
                 self._changed.notify_all()
             if not renewed:
                 self._end(self._lease.expired())
