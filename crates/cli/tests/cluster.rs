@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{free_port, log_segments, roll_back_log, run, run_while_unreachable, TestCluster};
+use common::{
+    free_port, log_segments, metric, roll_back_log, run, run_while_unreachable, TestCluster,
+};
 use deadbolt_client::{Client, ErrorKind};
 use std::collections::{HashMap, HashSet};
 use std::future::{ready, Future};
@@ -592,8 +594,11 @@ async fn nodes_on_one_thread_and_on_several_make_one_cluster() {
     );
 }
 
+/// A file-size limit (RLIMIT_FSIZE, EFBIG) is no full disk: space freed
+/// elsewhere never lifts it, so the node stops, as on any storage error
+/// but a full disk (for which see the next test, and `full_disk.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_whose_disk_fills_stops_and_the_others_serve_on() {
+async fn a_node_over_its_file_size_limit_stops_and_the_others_serve_on() {
     let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = common::start_cluster(dir.path(), 3).await;
@@ -627,6 +632,98 @@ async fn a_node_whose_disk_fills_stops_and_the_others_serve_on() {
     cluster.leader_within(Duration::from_secs(15)).await;
     let after = session.lock("after-full-disk").await.unwrap();
     assert!(after.token() > guard.token());
+}
+
+/// A leader whose disk fills gives way (issue 58 §2): its log append waits
+/// for space, so Raft sends no heartbeat and a follower with space leads
+/// within an election timeout; the node refuses writes meanwhile, keeps
+/// running, and rejoins by itself once space is back. Before, it stopped
+/// and stayed down until restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_disk_fills_gives_way_and_rejoins_when_space_is_back() {
+    let _serial = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let library = deadbolt_testkit::fulldisk_library(dir.path());
+    let trigger = dir.path().join("disk-full");
+    let mut cluster =
+        TestCluster::stopped(Path::new(common::BIN), &dir.path().join("cluster"), 3, None).await;
+    for id in 1..=3 {
+        cluster.start_node_with_env(
+            id,
+            &[
+                ("LD_PRELOAD", &library.display().to_string()),
+                ("FULLDISK_TRIGGER", &trigger.display().to_string()),
+            ],
+        );
+    }
+    let full = cluster.leader_within(Duration::from_secs(30)).await;
+    let client = cluster.client().await;
+    let session = client.open_session(Duration::from_secs(60)).await.unwrap();
+    let before = session.lock("before").await.unwrap();
+
+    let data_dir = cluster.node(full).data_dir.display().to_string();
+    std::fs::write(&trigger, format!("{data_dir}/\n")).unwrap();
+    // The library looks at its trigger every few milliseconds.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The client's next write meets the full disk, and is served by the
+    // node that leads in its place.
+    let during = retry(Duration::from_secs(20), || session.lock("during")).await;
+    assert!(during.token() > before.token());
+    // The others agree on a new leader (the full node, whose Raft waits
+    // for its append, still thinks it leads, and says it does not:
+    // `/health` is 503 on it).
+    let others: Vec<u64> = (1..=3).filter(|id| *id != full).collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let named: HashSet<Option<u64>> = others
+            .iter()
+            .map(|id| {
+                cluster
+                    .node(*id)
+                    .status()
+                    .and_then(|s| s["leader_id"].as_u64())
+            })
+            .collect();
+        if named.len() == 1 && named.iter().all(|id| id.is_some_and(|id| id != full)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(cluster.node(full).get("/health").unwrap().0, 503);
+    let full_addr = cluster.node(full).listen;
+    assert_eq!(metric(full_addr, "deadbolt_disk_full"), 1.0);
+    assert!(cluster.exited(full).is_none(), "the node stopped");
+
+    // Space comes back: the node takes writes again and catches up, with
+    // no restart.
+    std::fs::remove_file(&trigger).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(full_addr, "deadbolt_disk_full") != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            cluster.node(full).log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let alone = Client::connect([cluster.node(full).endpoint()])
+        .await
+        .unwrap();
+    let own = retry(Duration::from_secs(20), || {
+        alone.open_session(Duration::from_secs(30))
+    })
+    .await;
+    let after = retry(Duration::from_secs(20), || own.lock("after")).await;
+    assert!(after.token() > during.token());
+    let state = alone.lock_status("during").await.unwrap();
+    assert_eq!(state.map(|state| state.token), Some(during.token()));
+    assert!(cluster.exited(full).is_none(), "the node stopped");
+    let log = cluster.node(full).log_text();
+    assert!(
+        log.contains("the disk is full") && log.contains("space is back"),
+        "{log}"
+    );
 }
 
 /// A client given one endpoint, a follower, failed every call with "this

@@ -278,8 +278,11 @@ impl Node {
         };
         ClusterStatusResponse {
             node_id: self.id,
-            // Unknown counts as formed: a joining node then refuses.
-            initialized: self.raft.is_initialized().await.unwrap_or(true),
+            // Unknown counts as formed: a joining node then refuses. A
+            // member of a membership is formed without asking Raft, whose
+            // core may be waiting for a full disk (`store/disk_space.rs`).
+            initialized: membership.nodes().next().is_some()
+                || self.raft.is_initialized().await.unwrap_or(true),
             ready_to_join: self.ready_to_join.load(Ordering::SeqCst),
             role: role.to_owned(),
             leader_id: metrics.current_leader,

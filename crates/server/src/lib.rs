@@ -238,7 +238,10 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
     let db = Arc::new(data.db);
     let waits = Arc::new(Waits::default());
     let leases = Arc::new(Leases::new(clock));
-    let metrics = Arc::new(metrics::Metrics::new(version::build_versions()));
+    let metrics = Arc::new(metrics::Metrics::new(
+        version::build_versions(),
+        data.space.gauge(),
+    ));
     let history = Arc::new(watches::History::default());
     let observers = Arc::new(Observers {
         waits: waits.clone(),
@@ -255,6 +258,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         io,
         metrics.log_append_seconds(),
         state_machine.snapshot_on_disk(),
+        data.space.clone(),
     );
     let appended = log_store.appended();
     let startup_log = node::StartupLog::read(&mut log_store)
@@ -273,6 +277,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
             queue,
             appended,
             io.appends_inline(),
+            data.space.clone(),
         ),
         raft,
         table,
@@ -289,6 +294,7 @@ async fn open_node<N: RaftNetworkFactory<TypeConfig>>(
         started_leading: Default::default(),
         history,
         startup_log: Arc::new(startup_log),
+        space: data.space,
     })
 }
 

@@ -300,9 +300,18 @@ fn register_build_info(registry: &mut Registry, versions: BuildVersions) {
 impl Metrics {
     /// The registry, with `build` (`version::build_versions`) as the build
     /// information it reports.
-    pub fn new(build: BuildVersions) -> Metrics {
+    /// `disk_full` is the store's own gauge (`store::DiskSpace`): 1 while a
+    /// write waits for space.
+    pub fn new(build: BuildVersions, disk_full: Gauge) -> Metrics {
         let mut registry = Registry::default();
         let r = &mut registry;
+        register(
+            r,
+            "deadbolt_disk_full",
+            "1 while this node's disk is full: a write waits for space, and new writes are refused",
+            None,
+            disk_full,
+        );
         let seconds = || Some(Unit::Seconds);
         let latency = || Histogram::new(latency_buckets());
         let wait = || Histogram::new(wait_buckets());

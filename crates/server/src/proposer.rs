@@ -15,6 +15,7 @@
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::raft_types::{Batch, Raft, TypeConfig};
+use crate::store::DiskSpace;
 use deadbolt_core::{Command, LockError, Outcome};
 use openraft::error::ClientWriteError;
 use std::future::Future;
@@ -194,6 +195,14 @@ pub enum ProposeError {
         bytes: usize,
         limits: QueueLimits,
     },
+    /// This node's disk is full: its log cannot take the command, which was
+    /// not queued (`store/disk_space.rs`).
+    #[error(
+        "disk full: this node cannot write its log until space is freed on its data \
+         directory's disk, and resumes by itself then; nothing was done, another node serves \
+         (retry there, or here later)"
+    )]
+    DiskFull,
     /// This node's Raft stopped (its storage failed, or it is shutting
     /// down): it serves nothing more, and another node will lead. A change
     /// in flight may or may not have been committed (sim seeds 285 and 299:
@@ -226,6 +235,10 @@ pub struct Proposer {
     /// Shared by every [`batch_loop`] from sending a batch until the
     /// leader's log has it; taken alone by [`Proposer::hold`].
     sending: Arc<RwLock<()>>,
+    /// While the disk is full, every command is refused: none could be
+    /// appended, and its caller is better served by another node at once
+    /// than by a wait until [`COMMIT_WAIT`].
+    space: DiskSpace,
 }
 
 /// While alive, nothing new is proposed: batches wait to be sent.
@@ -273,6 +286,7 @@ impl Proposer {
         limits: QueueLimits,
         appended: watch::Receiver<u64>,
         appends_inline: bool,
+        space: DiskSpace,
     ) -> Self {
         let (queue, pending) = mpsc::unbounded_channel();
         let load = Arc::new(Load {
@@ -300,6 +314,7 @@ impl Proposer {
             queue,
             load,
             sending,
+            space,
         }
     }
 
@@ -346,6 +361,9 @@ impl Proposer {
         pace: Pace,
     ) -> impl Future<Output = Result<Result<Outcome, LockError>, ProposeError>> + '_ {
         async move {
+            if self.space.is_full() {
+                return Err(ProposeError::DiskFull);
+            }
             let bytes = command.approximate_size();
             self.load.enter(bytes, admission)?;
             let (reply, outcome) = oneshot::channel();

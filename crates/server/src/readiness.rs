@@ -10,11 +10,13 @@
 //! - **Ready**: a member of a cluster with a known leader, so a call sent
 //!   here is answered (by this node, or with a `not_leader` naming the
 //!   leader). `GET /ready` is 200 then and 503 otherwise (forming, waiting
-//!   to be added, an election under way, cut off from the quorum, shutting
-//!   down), and `grpc.health.v1.Health` for `deadbolt.v1.Deadbolt` is
-//!   SERVING then and NOT_SERVING otherwise.
+//!   to be added, an election under way, cut off from the quorum, a full
+//!   disk, shutting down), and `grpc.health.v1.Health` for
+//!   `deadbolt.v1.Deadbolt` is SERVING then and NOT_SERVING otherwise.
 //! - **Leads**: `GET /health` is 200 on the leader and 503 elsewhere, as it
-//!   always was (kept for the scripts that find the leader with it).
+//!   always was (kept for the scripts that find the leader with it); 503
+//!   on a leader whose disk is full, which takes no write and is about to
+//!   be replaced.
 //!
 //! Open to every caller, as `/health` is: they tell nothing a client could
 //! not learn by calling, and a probe has no token.
@@ -24,6 +26,10 @@ use openraft::ServerState;
 use tokio::sync::watch;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
+
+/// How often the gRPC health status looks at the disk, besides whenever
+/// Raft's metrics change.
+const DISK_LOOK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The gRPC health service name of the lock API (readiness).
 pub const LOCK_SERVICE: &str = "deadbolt.v1.Deadbolt";
@@ -35,6 +41,9 @@ impl Node {
         // from the server metrics, which `report` waits on.
         if self.raft.metrics().borrow().state == ServerState::Shutdown {
             return Err("this node is shutting down".to_owned());
+        }
+        if self.space.is_full() {
+            return Err("this node's disk is full: it takes no writes until space is freed".into());
         }
         let watched = self.raft.server_metrics();
         let metrics = watched.borrow();
@@ -74,6 +83,8 @@ pub async fn report(node: Node, mut reporter: HealthReporter, mut stopped: watch
         }
         tokio::select! {
             changed = metrics.changed() => if changed.is_err() { break },
+            // A full disk changes no Raft metric: looked at now and then.
+            () = tokio::time::sleep(DISK_LOOK) => {}
             _ = stopped.wait_for(|stopped| *stopped) => break,
         }
     }

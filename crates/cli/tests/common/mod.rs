@@ -373,9 +373,23 @@ pub fn framed_connections(addr: SocketAddr, result: &str) -> f64 {
 
 /// `deadbolt_framed_connections_total{result}` in a scrape of `/metrics`.
 pub fn framed_connections_in(metrics: &str, result: &str) -> f64 {
-    let series = format!("deadbolt_framed_connections_total{{result=\"{result}\"}} ");
-    let count = metrics.lines().find_map(|line| line.strip_prefix(&series));
-    count
-        .and_then(|count| count.parse().ok())
+    metric_in(
+        metrics,
+        &format!("deadbolt_framed_connections_total{{result=\"{result}\"}}"),
+    )
+}
+
+/// The value of `series` (a metric's name, with its labels if it has any)
+/// in the `/metrics` of the node at `addr`.
+pub fn metric(addr: SocketAddr, series: &str) -> f64 {
+    let (_, metrics) = http(addr, "GET", "/metrics", None).unwrap();
+    metric_in(&metrics, series)
+}
+
+fn metric_in(metrics: &str, series: &str) -> f64 {
+    let prefix = format!("{series} ");
+    let value = metrics.lines().find_map(|line| line.strip_prefix(&prefix));
+    value
+        .and_then(|value| value.parse().ok())
         .unwrap_or_else(|| panic!("no {series} in the metrics"))
 }

@@ -78,6 +78,7 @@ impl From<ProposeError> for ApiError {
         let kind = match err {
             ProposeError::NotLeader { .. } => ErrorKind::NotLeader,
             ProposeError::ShuttingDown
+            | ProposeError::DiskFull
             | ProposeError::NoQuorum(_)
             | ProposeError::LostQuorum(_)
             | ProposeError::Fatal(_) => ErrorKind::Unavailable,

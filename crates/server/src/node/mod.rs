@@ -108,6 +108,9 @@ pub struct Node {
     /// The log as the node started: reads wait for it after a restart
     /// within a term this node leads (`restart_read.rs`).
     pub(crate) startup_log: Arc<StartupLog>,
+    /// Whether the disk is full: writes and linearizable reads are refused
+    /// meanwhile (`store/disk_space.rs`).
+    pub(crate) space: crate::store::DiskSpace,
 }
 
 /// Each member's answer to the leader's latest question about its level.
@@ -324,6 +327,11 @@ impl Node {
     /// quorum that this node still leads.
     pub(crate) async fn linearizable(&self) -> Result<(), ApiError> {
         use openraft::error::{CheckIsLeaderError, RaftError};
+        if self.space.is_full() {
+            // Raft waits for the log append the disk refused: no barrier
+            // passes until space is back.
+            return Err(crate::proposer::ProposeError::DiskFull.into());
+        }
         let give_up = tokio::time::Instant::now() + QUORUM_WAIT;
         loop {
             let barrier = tokio::time::timeout_at(give_up, self.raft.ensure_linearizable());
@@ -570,7 +578,9 @@ impl Node {
         let applied = self.table.read().expect("state lock poisoned");
         Health {
             node_id: self.id,
-            leader: self.leases.is_leading(),
+            // A leader whose disk is full serves no write, and is on its
+            // way out: its Raft waits for the append the disk refused.
+            leader: self.leases.is_leading() && !self.space.is_full(),
             term: metrics.current_term,
             last_applied_index: metrics.last_applied.map_or(0, |id| id.index),
             sessions: applied.table.session_count(),

@@ -22,6 +22,7 @@
 //! Over 800 lines only with its tests (about 350): opening, checking and
 //! migrating a data directory is about 710.
 
+use super::disk_space::{DiskSpace, WaitsForSpace};
 use super::log_file::{LogFile, SegmentDir};
 use super::overlay::ReadOnlyOverlay;
 use super::segments::{DirSegments, SimulatedSegments};
@@ -157,6 +158,8 @@ pub struct OpenedData {
     pub witness: WitnessFile,
     /// What the database held; `None` for a new directory.
     pub report: Option<DataReport>,
+    /// Whether the disk is full: its writes wait for space meanwhile.
+    pub space: DiskSpace,
 }
 
 /// One of the two databases of a data directory.
@@ -193,10 +196,14 @@ trait Disk {
     fn segments(&self, writable: bool) -> Arc<dyn SegmentDir>;
     /// Makes new files' names durable.
     fn sync_names(&self) -> io::Result<()>;
+    /// Whether the disk is full, shared by everything written to it.
+    fn space(&self) -> DiskSpace;
 }
 
 struct DirDisk {
     dir: PathBuf,
+    /// The databases and the witness wait for space through it.
+    space: DiskSpace,
 }
 
 impl DirDisk {
@@ -236,8 +243,17 @@ impl Disk for DirDisk {
         ))
     }
 
+    /// As `Database::create` opens it, behind [`WaitsForSpace`]: redb
+    /// never sees a write fail on a full disk.
     fn open_db(&self, db: Db) -> Result<Database, DatabaseError> {
-        Database::create(self.name(db))
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.name(db))?;
+        let backend = WaitsForSpace::new(FileBackend::new(file)?, self.space.clone());
+        Database::builder().create_with_backend(backend)
     }
 
     fn witness(&self, create: bool) -> Result<Option<Box<dyn StorageBackend>>, DataDirError> {
@@ -253,9 +269,11 @@ impl Disk for DirDisk {
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(DataDirError::Open { path, source }),
         };
-        Ok(Some(Box::new(
-            FileBackend::new(file).map_err(|e| self.in_use_or(e, WITNESS_FILE))?,
-        )))
+        let backend = FileBackend::new(file).map_err(|e| self.in_use_or(e, WITNESS_FILE))?;
+        Ok(Some(Box::new(WaitsForSpace::new(
+            backend,
+            self.space.clone(),
+        ))))
     }
 
     fn segments(&self, writable: bool) -> Arc<dyn SegmentDir> {
@@ -264,6 +282,10 @@ impl Disk for DirDisk {
 
     fn sync_names(&self) -> io::Result<()> {
         File::open(&self.dir)?.sync_all()
+    }
+
+    fn space(&self) -> DiskSpace {
+        self.space.clone()
     }
 }
 
@@ -331,6 +353,11 @@ impl<D: SimulatedDisk> Disk for SimulatedDisks<D> {
     fn sync_names(&self) -> io::Result<()> {
         Ok(())
     }
+
+    /// Memory is never full.
+    fn space(&self) -> DiskSpace {
+        DiskSpace::default()
+    }
 }
 
 /// Opens (creating if needed) the data in `dir` for node `node_id`.
@@ -341,6 +368,7 @@ pub fn open_data_dir(dir: &Path, node_id: NodeId) -> Result<OpenedData, DataDirE
     })?;
     let disk = DirDisk {
         dir: dir.to_owned(),
+        space: DiskSpace::default(),
     };
     let is_new = disk.db_len(Db::Log).unwrap_or(0) == 0 && !dir.join(WITNESS_FILE).exists();
     if is_new {
@@ -363,6 +391,7 @@ pub fn open_simulated_disk<D: SimulatedDisk>(
 pub fn check_data_dir(dir: &Path) -> Result<DataReport, DataDirError> {
     let disk = DirDisk {
         dir: dir.to_owned(),
+        space: DiskSpace::default(),
     };
     let witness = disk.witness(false)?;
     let db_len = disk.db_len(Db::Log).map_err(|e| damaged(&disk, e))?;
@@ -456,6 +485,7 @@ fn open_for_writing(
         snapshots,
         witness,
         report,
+        space: disk.space(),
     })
 }
 

@@ -725,7 +725,10 @@ impl LogFile {
             Some((number, creating)) => {
                 let created = creating
                     .join()
-                    .map_err(|_| io::Error::other("creating a log segment panicked"))??;
+                    .map_err(|_| io::Error::other("creating a log segment panicked"))?
+                    // Its number is taken again by the next try (a full
+                    // disk's), and nothing of it is left (`create`).
+                    .inspect_err(|_| self.next_segment = number)?;
                 Some((number, created))
             }
             None => None,
@@ -735,9 +738,10 @@ impl LogFile {
             // None created ahead, or too small (it stays, empty).
             _ => {
                 let number = self.next_segment;
-                self.next_segment += 1;
                 let len = self.dir.segment_bytes().max(2 * needed);
-                (number, self.dir.create(number, len)?)
+                let segment = self.dir.create(number, len)?;
+                self.next_segment += 1;
+                (number, segment)
             }
         };
         Ok((number, segment))
@@ -775,7 +779,11 @@ impl LogFile {
                 .collect()
         };
         for segment in segments {
-            segment.sync_data(false)?;
+            // Never a full disk, whatever the kernel's reason: a failed
+            // fsync is not tried again (`disk_space.rs`).
+            segment
+                .sync_data(false)
+                .map_err(|err| io::Error::other(format!("the log's fsync failed: {err}")))?;
         }
         Ok(())
     }
@@ -809,6 +817,7 @@ mod tests {
     use crate::store::segments::SimulatedSegments;
     use crate::store::shared_memory::SharedMemory as Memory;
     use openraft::{CommittedLeaderId, EntryPayload};
+    use std::sync::atomic::{AtomicI64, Ordering};
 
     type Segments = SimulatedSegments<Memory>;
 
@@ -1065,6 +1074,94 @@ mod tests {
                 log.last_log_id().map(|id| (id.leader_id.term, id.index)),
                 model.last().copied()
             );
+        }
+
+        /// The disk fills at any write (a record's first copy, its second,
+        /// a new segment) and the append or truncation that met it is tried
+        /// again once space is back, as `LogStore` does: the log is then
+        /// what the acknowledged operations say, and reads back so.
+        #[test]
+        fn an_append_tried_again_after_a_full_disk_leaves_the_log_whole(
+            steps in proptest::collection::vec((0u8..4, 1u64..40, proptest::option::of(0i64..4)), 1..60),
+        ) {
+            let segments = FullSegments::default();
+            let mut log = LogFile::open(Arc::new(segments.clone()), None).unwrap();
+            let mut model: Vec<(u64, u64)> = Vec::new();
+            let mut term = 1;
+            for (kind, n, writes_before_full) in steps {
+                WRITES_LEFT.store(writes_before_full.unwrap_or(-1), Ordering::SeqCst);
+                let mut until_done = |step: &mut dyn FnMut(&mut LogFile) -> io::Result<()>| {
+                    if let Err(err) = step(&mut log) {
+                        assert!(crate::store::disk_space::is_disk_full(&err), "{err}");
+                        WRITES_LEFT.store(-1, Ordering::SeqCst);
+                        step(&mut log).expect("space is back");
+                    }
+                };
+                match kind {
+                    0 if !model.is_empty() => {
+                        let from = n % model.len() as u64;
+                        until_done(&mut |log| log.truncate(from));
+                        model.truncate(from as usize);
+                        term += 1;
+                    }
+                    _ => {
+                        let next = model.len() as u64;
+                        let batch: Vec<_> = (next..next + n).map(|i| entry(term, i)).collect();
+                        until_done(&mut |log| log.append(&batch));
+                        model.extend((next..next + n).map(|i| (term, i)));
+                    }
+                }
+                proptest::prop_assert_eq!(ids(&log, 0..), model.clone());
+            }
+            WRITES_LEFT.store(-1, Ordering::SeqCst);
+            drop(log);
+            let log = LogFile::open(Arc::new(segments), None).unwrap();
+            proptest::prop_assert_eq!(ids(&log, 0..), model);
+        }
+    }
+
+    /// Writes left before [`FillsUp`] disks are full; negative: never.
+    /// Only the full-disk property test uses them, one case at a time.
+    static WRITES_LEFT: AtomicI64 = AtomicI64::new(-1);
+
+    type FullSegments = SimulatedSegments<FillsUp>;
+
+    /// A simulated disk that refuses writes (and growth) once
+    /// [`WRITES_LEFT`] runs out, as a full file system does.
+    #[derive(Debug, Clone, Default)]
+    struct FillsUp(Memory);
+
+    impl FillsUp {
+        fn room_for_one_more() -> io::Result<()> {
+            match WRITES_LEFT.load(Ordering::SeqCst) {
+                0 => Err(io::Error::from(io::ErrorKind::StorageFull)),
+                left => {
+                    if left > 0 {
+                        WRITES_LEFT.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    impl StorageBackend for FillsUp {
+        fn len(&self) -> io::Result<u64> {
+            self.0.len()
+        }
+        fn read(&self, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+            self.0.read(offset, len)
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            Self::room_for_one_more()?;
+            self.0.set_len(len)
+        }
+        fn sync_data(&self, eventual: bool) -> io::Result<()> {
+            self.0.sync_data(eventual)
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            Self::room_for_one_more()?;
+            self.0.write(offset, data)
         }
     }
 }

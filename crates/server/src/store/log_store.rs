@@ -22,6 +22,7 @@
 //! happens on the calling task instead: another thread would make the order
 //! of events depend on the host's scheduler.
 
+use super::disk_space::{is_disk_full, DiskSpace, Waits};
 use super::durable_snapshot::SnapshotOnDisk;
 use super::log_file::{LogFile, LogIndex};
 use super::witness::WitnessFile;
@@ -105,6 +106,8 @@ pub struct LogStore {
     appended: Arc<tokio::sync::watch::Sender<u64>>,
     /// How far the snapshot on disk reaches: purges wait for it.
     snapshot_on_disk: SnapshotOnDisk,
+    /// Whether the disk is full: appends wait for space meanwhile.
+    space: DiskSpace,
 }
 
 impl LogStore {
@@ -115,6 +118,7 @@ impl LogStore {
         io: StorageIo,
         append_seconds: prometheus_client::metrics::histogram::Histogram,
         snapshot_on_disk: SnapshotOnDisk,
+        space: DiskSpace,
     ) -> Self {
         let witness = Arc::new(LazyWitness {
             file: Mutex::new(witness),
@@ -132,6 +136,7 @@ impl LogStore {
             io,
             db,
             snapshot_on_disk,
+            space,
         }
     }
 
@@ -287,15 +292,56 @@ fn append_noted(
     witness: &LazyWitness,
     io: StorageIo,
     entries: &[Entry<TypeConfig>],
-) -> Result<(), StorageError> {
-    let at = At(ErrorSubject::Logs, ErrorVerb::Write);
+) -> std::io::Result<()> {
     if io == StorageIo::Inline {
         // The end the previous append noted, before this one.
-        witness.write_pending().at(&at)?;
+        witness.write_pending()?;
     }
     let mut log = log.lock().expect("log lock poisoned");
-    log.append(entries).at(&at)?;
-    witness.note_end(log.last_log_id()).at(&at)
+    log.append(entries)?;
+    witness.note_end(log.last_log_id())
+}
+
+impl LogStore {
+    /// Runs `write` (work on the log) here when `inline`, on the blocking
+    /// pool otherwise, and again after a wait while it is refused for want
+    /// of space (`disk_space.rs`): openraft, which awaits this, waits with
+    /// it, and the node stays up. A try that failed part way wrote nothing
+    /// the log counts: records count once fsync'd, and the next try writes
+    /// them again from where the log's end stood.
+    async fn until_written<T: Send + 'static>(
+        &self,
+        what: &'static str,
+        inline: bool,
+        write: impl Fn() -> std::io::Result<T> + Send + Sync + 'static,
+    ) -> std::io::Result<T> {
+        let write = Arc::new(write);
+        let mut waits = Waits::new();
+        loop {
+            let tried = if inline {
+                write()
+            } else {
+                let write = write.clone();
+                tokio::task::spawn_blocking(move || write())
+                    .await
+                    .unwrap_or_else(|panic| {
+                        Err(std::io::Error::other(format!("{what} panicked: {panic}")))
+                    })
+            };
+            match tried {
+                Err(err) if is_disk_full(&err) => {
+                    self.space.refused(what, &err);
+                    tokio::time::sleep(waits.next()).await;
+                }
+                tried => {
+                    if tried.is_ok() {
+                        self.space.wrote();
+                    }
+                    return tried;
+                }
+            }
+        }
+    }
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -327,11 +373,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
+    /// Off the async workers: on a full disk the write waits for space
+    /// (`disk_space.rs`).
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        write_meta(&self.db, VOTE_KEY, vote, ErrorSubject::Vote)?;
-        self.witness
-            .record_vote(*vote)
-            .at(&At(ErrorSubject::Vote, ErrorVerb::Write))
+        let (db, witness, vote) = (self.db.clone(), self.witness.clone(), *vote);
+        self.io
+            .run(
+                move || {
+                    write_meta(&db, VOTE_KEY, &vote, ErrorSubject::Vote)?;
+                    witness
+                        .record_vote(vote)
+                        .at(&At(ErrorSubject::Vote, ErrorVerb::Write))
+                },
+                |panic| StorageIOError::write_vote(panic).into(),
+            )
+            .await
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
@@ -354,15 +410,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         let started = std::time::Instant::now();
         let (log, witness, io) = (self.log.clone(), self.witness.clone(), self.io);
-        let written = if io.appends_inline() {
-            append_noted(&log, &witness, io, &entries)
-        } else {
-            io.run(
-                move || append_noted(&log, &witness, io, &entries),
-                |panic| StorageIOError::write_logs(panic).into(),
-            )
+        let written = self
+            .until_written("a log append", io.appends_inline(), move || {
+                append_noted(&log, &witness, io, &entries)
+            })
             .await
-        };
+            .at(&At(ErrorSubject::Logs, ErrorVerb::Write));
         self.append_seconds.observe(started.elapsed().as_secs_f64());
         // Only after the fsync returned may openraft count these entries as
         // persisted (the witness follows: see `LazyWitness`).
@@ -377,16 +430,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
-        let at = At(ErrorSubject::Logs, ErrorVerb::Delete);
-        let mut log = self.log();
-        // The witness first: a crash between the two leaves the log past
-        // its witness, which is allowed; the other order would not be.
-        let end = match log_id.index.checked_sub(1) {
-            Some(before) => log.log_id_at_or_purged(before).at(&at)?,
-            None => None,
-        };
-        self.witness.lower_end(end).at(&at)?;
-        log.truncate(log_id.index).at(&at)
+        let (log, witness) = (self.log.clone(), self.witness.clone());
+        self.until_written(
+            "a log truncation",
+            self.io == StorageIo::Inline,
+            move || {
+                let mut log = log.lock().expect("log lock poisoned");
+                // The witness first: a crash between the two leaves the log past
+                // its witness, which is allowed; the other order would not be.
+                let end = match log_id.index.checked_sub(1) {
+                    Some(before) => log.log_id_at_or_purged(before)?,
+                    None => None,
+                };
+                witness.lower_end(end)?;
+                log.truncate(log_id.index)
+            },
+        )
+        .await
+        .at(&At(ErrorSubject::Logs, ErrorVerb::Delete))
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError> {
@@ -395,10 +456,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.snapshot_on_disk.covers(&log_id).await?;
         // Durable before returning: from now on `get_log_state` reports the
         // entries up to here as gone, whether or not their segments are.
-        write_meta(&self.db, PURGED_KEY, &log_id, ErrorSubject::Logs)?;
-        self.log()
-            .purge(log_id)
-            .at(&At(ErrorSubject::Logs, ErrorVerb::Delete))
+        // Off the async workers: on a full disk the write waits for space.
+        let (db, log) = (self.db.clone(), self.log.clone());
+        self.io
+            .run(
+                move || {
+                    write_meta(&db, PURGED_KEY, &log_id, ErrorSubject::Logs)?;
+                    log.lock()
+                        .expect("log lock poisoned")
+                        .purge(log_id)
+                        .at(&At(ErrorSubject::Logs, ErrorVerb::Delete))
+                },
+                |panic| StorageIOError::write_logs(panic).into(),
+            )
+            .await
     }
 }
 

@@ -15,6 +15,7 @@
 
 pub(crate) mod codec;
 mod data_dir;
+mod disk_space;
 mod durable_snapshot;
 mod log_file;
 mod log_store;
@@ -35,6 +36,7 @@ pub use data_dir::{
     check_data_dir, open_data_dir, open_simulated_disk, DataDirError, OpenedData, SimulatedDisk,
     SimulatedDisks,
 };
+pub use disk_space::DiskSpace;
 pub use log_store::{LogStore, StorageIo};
 pub use seed::seed_data_dir;
 pub use segments::SimulatedSegments;

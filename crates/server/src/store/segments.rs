@@ -105,22 +105,20 @@ impl SegmentDir for DirSegments {
 
     fn create(&self, number: u64, len: u64) -> io::Result<Arc<dyn StorageBackend>> {
         assert!(self.writable, "a segment created through a read-only view");
+        let path = self.path(number);
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
-            .open(self.path(number))?;
-        // Zeros written, not a sparse file: an fdatasync into a hole must
-        // allocate blocks and journal it, about twice the cost.
-        let zeros = vec![0u8; ZERO_FILL_WRITE];
-        let mut left = len;
-        while left > 0 {
-            let chunk = left.min(zeros.len() as u64) as usize;
-            file.write_all(&zeros[..chunk])?;
-            left -= chunk as u64;
+            .open(&path)?;
+        let filled = zero_fill(&mut file, len).and_then(|()| File::open(&self.dir)?.sync_all());
+        if let Err(err) = filled {
+            // Nothing half made is left behind, so that a try after space
+            // came back creates the same segment afresh (no record was
+            // written into this one).
+            let _ = std::fs::remove_file(&path);
+            return Err(err);
         }
-        file.sync_all()?;
-        File::open(&self.dir)?.sync_all()?;
         Ok(Arc::new(SegmentFile(file)))
     }
 
@@ -129,6 +127,20 @@ impl SegmentDir for DirSegments {
         // the next start.
         std::fs::remove_file(self.path(number))
     }
+}
+
+/// Fills `file` with `len` zeros, durably. Zeros written, not a sparse
+/// file: an fdatasync into a hole must allocate blocks and journal it,
+/// about twice the cost.
+fn zero_fill(file: &mut File, len: u64) -> io::Result<()> {
+    let zeros = vec![0u8; ZERO_FILL_WRITE];
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(zeros.len() as u64) as usize;
+        file.write_all(&zeros[..chunk])?;
+        left -= chunk as u64;
+    }
+    file.sync_all()
 }
 
 /// A segment file, read and written at offsets.

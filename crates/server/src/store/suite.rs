@@ -83,7 +83,10 @@ fn stores(
     data: super::OpenedData,
     io: StorageIo,
 ) -> Result<(LogStore, StateMachineStore), StorageError> {
-    let metrics = Arc::new(Metrics::new(crate::version::build_versions()));
+    let metrics = Arc::new(Metrics::new(
+        crate::version::build_versions(),
+        data.space.gauge(),
+    ));
     let state_machine = StateMachineStore::open(
         data.snapshots,
         io,
@@ -97,6 +100,7 @@ fn stores(
         io,
         metrics.log_append_seconds(),
         SnapshotOnDisk::covering_everything(),
+        data.space,
     );
     Ok((log, state_machine))
 }
