@@ -451,8 +451,9 @@ async fn inject(
                 .inject(cluster, (&victims, &label), rng, violations)
                 .await;
             // With every disk full no node can write: service comes back
-            // once the nodes restart with space and elect a leader.
-            let grace = nanos(RESTART_GRACE);
+            // once space does, the nodes' waiting writes go through and
+            // they elect a leader.
+            let grace = nanos(SPACE_BACK_GRACE);
             (
                 what,
                 if every {
@@ -478,9 +479,10 @@ async fn inject(
     }
 }
 
-/// After every node restarted (a full disk on each), how long until a
-/// leader serves: the processes start, elect, and apply their logs.
-const RESTART_GRACE: Duration = Duration::from_secs(5);
+/// After space came back to every node (a full disk on each), how long
+/// until a leader serves: the waiting writes go through, the nodes elect
+/// and apply.
+const SPACE_BACK_GRACE: Duration = Duration::from_secs(5);
 
 fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
