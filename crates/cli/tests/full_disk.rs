@@ -39,8 +39,17 @@ fn holder_token(addr: SocketAddr, lock: &str) -> Option<u64> {
     body["state"]["token"].as_u64()
 }
 
+/// On one thread (the default: the log's appends run on the thread that
+/// serves, which must not block on the full disk) and on several (appends
+/// on the blocking pool).
 #[test]
 fn a_full_disk_refuses_writes_and_the_node_resumes_when_space_is_back() {
+    for threads in ["1", "2"] {
+        fills_and_resumes(&["--threads", threads]);
+    }
+}
+
+fn fills_and_resumes(flags: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let library = deadbolt_testkit::fulldisk_library(dir.path());
     let trigger = dir.path().join("disk-full");
@@ -50,7 +59,7 @@ fn a_full_disk_refuses_writes_and_the_node_resumes_when_space_is_back() {
         ("LD_PRELOAD", library.as_path()),
         ("FULLDISK_TRIGGER", trigger.as_path()),
     ];
-    let mut server = TestServer::try_start_with_env(&data, addr, &env).unwrap();
+    let mut server = TestServer::try_start_with_flags_and_env(&data, addr, flags, &env).unwrap();
     let (_, session) = post(addr, "/v1/session/open", json!({"ttl_ms": 120_000}));
     let acquire = move |lock: &str| {
         let mut body = json!({"lock": lock});

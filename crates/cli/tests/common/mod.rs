@@ -84,7 +84,17 @@ impl TestServer {
         addr: SocketAddr,
         env: &[(&str, &Path)],
     ) -> Result<TestServer, String> {
-        let mut server = Self::spawn_with_env(data_dir, addr, &[], env);
+        Self::try_start_with_flags_and_env(data_dir, addr, &[], env)
+    }
+
+    /// Like `try_start_with_env`, with extra `deadbolt server` flags.
+    pub fn try_start_with_flags_and_env(
+        data_dir: &Path,
+        addr: SocketAddr,
+        flags: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Result<TestServer, String> {
+        let mut server = Self::spawn_with_env(data_dir, addr, flags, env);
         server.wait_ready().map(|()| server)
     }
 

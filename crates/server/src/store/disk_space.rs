@@ -29,6 +29,7 @@
 use prometheus_client::metrics::gauge::Gauge;
 use redb::StorageBackend;
 use std::io;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The first wait before a write refused for want of space is tried again.
@@ -41,8 +42,28 @@ const LONGEST_WAIT: Duration = Duration::from_millis(200);
 /// writes there and read by what refuses writes.
 #[derive(Debug, Clone, Default)]
 pub struct DiskSpace {
-    /// 1 while a write waits for space: the state and its metric in one.
+    /// 1 while any write waits for space: what [`is_full`](Self::is_full)
+    /// reads, and the metric.
     full: Gauge,
+    /// The writes waiting for space. A count, not a flag: a log append
+    /// that goes through while a snapshot still waits (the log's segments
+    /// are allocated ahead, the snapshot's file grows) leaves the disk full.
+    /// Changed under its lock with `full`, on the slow path only.
+    waiting: Arc<Mutex<usize>>,
+}
+
+/// A write waiting for space; the last one dropped says space is back.
+pub struct Waiting<'a>(&'a DiskSpace);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.0.waiting.lock().expect("disk space lock poisoned");
+        *waiting -= 1;
+        if *waiting == 0 {
+            self.0.full.set(0);
+            tracing::info!("space is back: writes go through again");
+        }
+    }
 }
 
 impl DiskSpace {
@@ -56,22 +77,20 @@ impl DiskSpace {
         self.full.clone()
     }
 
-    /// Notes that `what` was refused for want of space, saying so once.
-    pub fn refused(&self, what: &str, err: &io::Error) {
-        if self.full.set(1) == 0 {
+    /// Notes that `what` was refused for want of space and waits for it
+    /// until the guard is dropped; the first such write says so.
+    pub fn wait_for_space(&self, what: &str, err: &io::Error) -> Waiting<'_> {
+        let mut waiting = self.waiting.lock().expect("disk space lock poisoned");
+        *waiting += 1;
+        if *waiting == 1 {
+            self.full.set(1);
             tracing::error!(
                 %err,
                 "the disk is full: {what} waits for space; this node refuses writes \
                  (unavailable: disk full) until space is freed, and resumes by itself then"
             );
         }
-    }
-
-    /// Notes that a write went through, saying so once after a full disk.
-    pub fn wrote(&self) {
-        if self.full.get() > 0 && self.full.set(0) > 0 {
-            tracing::info!("space is back: writes go through again");
-        }
+        Waiting(self)
     }
 
     /// Runs `write` until it is not refused for want of space, waiting
@@ -82,19 +101,14 @@ impl DiskSpace {
         what: &str,
         mut write: impl FnMut() -> io::Result<T>,
     ) -> io::Result<T> {
-        let mut waits = Waits::new();
+        let (mut waits, mut waiting) = (Waits::new(), None);
         loop {
             match write() {
                 Err(err) if is_disk_full(&err) => {
-                    self.refused(what, &err);
+                    waiting.get_or_insert_with(|| self.wait_for_space(what, &err));
                     std::thread::sleep(waits.next());
                 }
-                written => {
-                    if written.is_ok() {
-                        self.wrote();
-                    }
-                    return written;
-                }
+                written => return written,
             }
         }
     }
@@ -173,7 +187,6 @@ mod tests {
     use crate::store::shared_memory::SharedMemory;
     use redb::ReadableTable;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
 
     /// A disk that refuses the next `refusals` writes for want of space.
     #[derive(Debug, Clone, Default)]
@@ -238,6 +251,22 @@ mod tests {
             .map(|row| row.unwrap().1.value())
             .collect();
         assert_eq!(values, [1, 2, 3]);
+    }
+
+    /// A log append that goes through (into a segment allocated ahead)
+    /// while a snapshot still waits to grow its file leaves the disk full:
+    /// writes stay refused until the last waiting write is done.
+    #[test]
+    fn the_disk_is_full_while_any_write_waits() {
+        let space = DiskSpace::default();
+        let err = io::Error::from(io::ErrorKind::StorageFull);
+        let snapshot = space.wait_for_space("a snapshot", &err);
+        let append = space.wait_for_space("a log append", &err);
+        drop(append);
+        assert!(space.is_full(), "the snapshot still waits");
+        drop(snapshot);
+        assert!(!space.is_full());
+        assert_eq!(space.gauge().get(), 0);
     }
 
     /// An error other than a full disk is not tried again: a failed read,

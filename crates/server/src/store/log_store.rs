@@ -316,7 +316,7 @@ impl LogStore {
         write: impl Fn() -> std::io::Result<T> + Send + Sync + 'static,
     ) -> std::io::Result<T> {
         let write = Arc::new(write);
-        let mut waits = Waits::new();
+        let (mut waits, mut waiting) = (Waits::new(), None);
         loop {
             let tried = if inline {
                 write()
@@ -330,15 +330,10 @@ impl LogStore {
             };
             match tried {
                 Err(err) if is_disk_full(&err) => {
-                    self.space.refused(what, &err);
+                    waiting.get_or_insert_with(|| self.space.wait_for_space(what, &err));
                     tokio::time::sleep(waits.next()).await;
                 }
-                tried => {
-                    if tried.is_ok() {
-                        self.space.wrote();
-                    }
-                    return tried;
-                }
+                tried => return tried,
             }
         }
     }
