@@ -9,7 +9,6 @@
 
 use crate::bench::measure::{measure, BenchArgs, Round, Workload};
 use crate::exit;
-use crate::run_backend::report;
 use deadbolt_backends::{Error, Locker};
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,7 +42,7 @@ pub async fn main(url: &str, args: &BenchArgs) -> i32 {
     };
     match loops(url, args, contended).await {
         Ok(()) => exit::OK,
-        Err(err) => report(&err),
+        Err(err) => exit::report_backend(&err),
     }
 }
 

@@ -32,3 +32,15 @@ pub fn code_of(err: &Error) -> i32 {
         _ => FAILURE,
     }
 }
+
+/// [`report`] for the errors of the other lock systems (`--backend`).
+pub fn report_backend(err: &deadbolt_backends::Error) -> i32 {
+    use deadbolt_backends::ErrorKind as Kind;
+    eprintln!("deadbolt: {err}");
+    match err.kind() {
+        Kind::Busy | Kind::WaitTimeout => BUSY,
+        Kind::Unavailable => UNREACHABLE,
+        Kind::LockLost => LOCK_LOST,
+        Kind::InvalidArgument | Kind::Refused => FAILURE,
+    }
+}

@@ -17,7 +17,6 @@ mod guard;
 mod locks;
 mod peer_secret;
 mod run;
-mod run_backend;
 mod semaphore;
 mod server;
 mod snapshot;
@@ -349,13 +348,10 @@ fn main() {
         let endpoint = &endpoints;
         match cli.command {
             Command::Server(args) => server::main(args).await,
-            // Each command that also drives other lock systems (`--backend`)
-            // takes one of two roads from here, neither of which calls the
-            // other.
-            Command::Run(args) => run_on(endpoint, args).await,
-            Command::Elect(args) => run_on(endpoint, args.into()).await,
+            Command::Run(args) => run::main(endpoint, args).await,
+            Command::Elect(args) => run::main(endpoint, args.into()).await,
             Command::Leader(args) => match &args.backend {
-                Some(url) => run_backend::leader(url, &args.election, args.json).await,
+                Some(url) => run::backend::leader(url, &args.election, args.json).await,
                 None => locks::leader(endpoint, args).await,
             },
             Command::Watch(args) => watch::main(endpoint, args).await,
@@ -389,15 +385,6 @@ fn main() {
     // Do not wait for background tasks (a watchdog mid-backoff) on the way out.
     runtime.shutdown_timeout(Duration::from_millis(100));
     std::process::exit(code);
-}
-
-/// `deadbolt run` and `elect`: against the lock system `--backend` names,
-/// or Deadbolt.
-async fn run_on(endpoints: &Endpoints, args: run::RunArgs) -> i32 {
-    match args.backend.clone() {
-        Some(url) => run_backend::main(&url, &args).await,
-        None => run::main(endpoints, args).await,
-    }
 }
 
 #[cfg(test)]

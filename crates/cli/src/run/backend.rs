@@ -4,7 +4,7 @@
 //! Only the lock changes: the command runs under the same guard process and
 //! is stopped (SIGTERM, then SIGKILL) before the lease the client knows of
 //! can end, with the same margins and exit codes as with the Deadbolt server
-//! (`run.rs`). How much that protects depends on the backend (`deadbolt
+//! (`command.rs`). How much that protects depends on the backend (`deadbolt
 //! backends`): a Redis restart without persistence hands the lock to someone
 //! else with no lease ending on our side at all. The command learns the
 //! token in `$DEADBOLT_TOKEN` only when it is a fencing token.
@@ -12,9 +12,9 @@
 //! `deadbolt elect --backend etcd://…` campaigns in etcd's own elections
 //! the same way, and `deadbolt leader --backend` asks who leads them.
 
+use super::command::{Holding, LockSystem, RunArgs};
 use crate::exit;
-use crate::run::{grace_and_margin, run_holding, Holding, RunArgs};
-use deadbolt_backends::{Backend, Error, ErrorKind, Guard, Locker, Lost, Mode, Session, Token};
+use deadbolt_backends::{Backend, Guard, Locker, Lost, Mode, Session, Token};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -45,68 +45,76 @@ impl Holding for Guard {
     }
 }
 
-pub async fn main(url: &str, args: &RunArgs) -> i32 {
-    let (grace, margin) = match grace_and_margin(args) {
-        Ok(timing) => timing,
-        Err(code) => return code,
-    };
-    let target = &args.target;
-    let backend = match deadbolt_backends::Target::parse(url) {
-        Ok(parsed) => parsed.backend(),
-        Err(err) => return report(&err),
-    };
-    // PostgreSQL's shared advisory locks are its own read/write locks, and
-    // etcd's v3election service its own elections.
-    let primitive = match () {
-        () if target.semaphore.is_some() => Some("--semaphore"),
-        () if target.rw_mode().is_some() && backend != Backend::Postgres => {
-            Some("--shared and --exclusive")
-        }
-        () if target.election.is_some() && backend != Backend::Etcd => Some("--election"),
-        () => None,
-    };
-    if let Some(asked) = primitive {
-        let label = backend.label();
-        eprintln!(
+/// A session in the lock system at a `--backend` URL.
+pub struct Backends {
+    session: Session,
+}
+
+impl Backends {
+    /// Refuses what the system cannot do (a primitive it lacks, a
+    /// lock-delay), then connects and opens the session; or, having said why
+    /// not, the exit code.
+    pub async fn open(url: &str, args: &RunArgs) -> Result<Backends, i32> {
+        let target = &args.target;
+        let backend = match deadbolt_backends::Target::parse(url) {
+            Ok(parsed) => parsed.backend(),
+            Err(err) => return Err(exit::report_backend(&err)),
+        };
+        // PostgreSQL's shared advisory locks are its own read/write locks, and
+        // etcd's v3election service its own elections.
+        let primitive = match () {
+            () if target.semaphore.is_some() => Some("--semaphore"),
+            () if target.rw_mode().is_some() && backend != Backend::Postgres => {
+                Some("--shared and --exclusive")
+            }
+            () if target.election.is_some() && backend != Backend::Etcd => Some("--election"),
+            () => None,
+        };
+        if let Some(asked) = primitive {
+            let label = backend.label();
+            eprintln!(
             "deadbolt run: {asked} is not supported with --backend {}; the Deadbolt server has \
              it (run without --backend). {}: {}",
             label.name, label.name, label.primitives
         );
-        return exit::USAGE;
-    }
-    if !args.target.lock_delay.is_zero() {
-        eprintln!(
-            "deadbolt run: --lock-delay is the Deadbolt server's; the lock at {} cannot \
-             delay a handover",
-            deadbolt_backends::redact(url)
-        );
-        return exit::FAILURE;
-    }
-    let session = match open(url, args.target.ttl).await {
-        Ok(session) => session,
-        Err(err) => return report(&err),
-    };
-    let code = match take_lock(&session, args).await {
-        Ok(guard) => {
-            let code = run_holding(&guard, args, grace, margin).await;
-            let lock = guard.name().to_owned();
-            // A lost lock is refused by owner or key, never released for
-            // someone else.
-            if let Err(err) = guard.release().await {
-                eprintln!("deadbolt run: releasing lock {lock:?}: {err}");
-            }
-            code
+            return Err(exit::USAGE);
         }
-        Err(code) => code,
-    };
-    if let Err(err) = session.close().await {
-        tracing::debug!(%err, "closing the session failed; its lease will end by itself");
+        if !args.target.lock_delay.is_zero() {
+            eprintln!(
+                "deadbolt run: --lock-delay is the Deadbolt server's; the lock at {} cannot \
+             delay a handover",
+                deadbolt_backends::redact(url)
+            );
+            return Err(exit::FAILURE);
+        }
+        let opened = match Locker::connect(url).await {
+            Ok(locker) => locker.open_session(target.ttl).await,
+            Err(err) => Err(err),
+        };
+        let session = opened.map_err(|err| exit::report_backend(&err))?;
+        Ok(Backends { session })
     }
-    code
 }
 
-async fn open(url: &str, ttl: Duration) -> Result<Session, Error> {
-    Locker::connect(url).await?.open_session(ttl).await
+impl LockSystem for Backends {
+    type Held = Guard;
+
+    async fn take(&self, args: &RunArgs) -> Result<Guard, i32> {
+        take_lock(&self.session, args).await
+    }
+
+    async fn release(&self, held: Guard) {
+        let lock = held.name().to_owned();
+        if let Err(err) = held.release().await {
+            eprintln!("deadbolt run: releasing lock {lock:?}: {err}");
+        }
+    }
+
+    async fn close(self) {
+        if let Err(err) = self.session.close().await {
+            tracing::debug!(%err, "closing the session failed; its lease will end by itself");
+        }
+    }
 }
 
 async fn take_lock(session: &Session, args: &RunArgs) -> Result<Guard, i32> {
@@ -121,7 +129,7 @@ async fn take_lock(session: &Session, args: &RunArgs) -> Result<Guard, i32> {
         return session
             .campaign(election, &target.value, wait)
             .await
-            .map_err(|err| report(&err));
+            .map_err(|err| exit::report_backend(&err));
     }
     let lock = &target.lock;
     // --exclusive is a plain (exclusive) lock: it waits for the shared ones.
@@ -141,7 +149,7 @@ async fn take_lock(session: &Session, args: &RunArgs) -> Result<Guard, i32> {
     } else {
         session.lock_in(lock, mode, args.target.wait).await
     };
-    taken.map_err(|err| report(&err))
+    taken.map_err(|err| exit::report_backend(&err))
 }
 
 /// `deadbolt leader NAME --backend URL`: who leads the election in that
@@ -153,7 +161,7 @@ pub async fn leader(url: &str, election: &str, json: bool) -> i32 {
     };
     let leader = match asked {
         Ok(leader) => leader,
-        Err(err) => return report(&err),
+        Err(err) => return exit::report_backend(&err),
     };
     if json {
         let state = leader.map(
@@ -173,16 +181,4 @@ pub async fn leader(url: &str, election: &str, json: bool) -> i32 {
         }
     }
     exit::OK
-}
-
-/// Prints the error and returns its exit code, as `exit::report` does for
-/// the Deadbolt client's errors.
-pub fn report(err: &Error) -> i32 {
-    eprintln!("deadbolt: {err}");
-    match err.kind() {
-        ErrorKind::Busy | ErrorKind::WaitTimeout => exit::BUSY,
-        ErrorKind::Unavailable => exit::UNREACHABLE,
-        ErrorKind::LockLost => exit::LOCK_LOST,
-        ErrorKind::InvalidArgument | ErrorKind::Refused => exit::FAILURE,
-    }
 }
