@@ -333,33 +333,48 @@ async fn a_leaders_crash_pause_or_cut_reaches_no_caller() {
     tokio::time::sleep(SETTLE).await;
     let all = [1, 2, 3];
     let mut faults: Vec<(Fault, Instant)> = Vec::new();
+    // Each fault in the nodes' own clock (their logs' UTC times), which
+    // node it struck and how long the others took to agree on a leader:
+    // printed after the figures, and the nodes' logs with them on failure.
+    let mut timeline = Vec::new();
     let plan = std::iter::repeat_n(Fault::Kill, KILLS)
         .chain(std::iter::repeat_n(Fault::Pause, PAUSES))
         .chain(std::iter::repeat_n(Fault::Cut, CUTS));
     for fault in plan {
         let leader = leader_among(&cluster, &all, Duration::from_secs(20)).await;
         let others: Vec<u64> = all.iter().copied().filter(|id| *id != leader).collect();
-        faults.push((fault, Instant::now()));
-        match fault {
+        let started = Instant::now();
+        faults.push((fault, started));
+        let wall = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+        let led = |next: u64| {
+            format!(
+                "{wall} {fault:?} of leader {leader}: node {next} led after {:?}",
+                started.elapsed()
+            )
+        };
+        timeline.push(match fault {
             Fault::Kill => {
                 cluster.kill9(leader);
-                leader_among(&cluster, &others, Duration::from_secs(20)).await;
+                let next = led(leader_among(&cluster, &others, Duration::from_secs(20)).await);
                 cluster.start_node(leader);
+                next
             }
             Fault::Pause => {
                 let pid = cluster.pid(leader).expect("the leader runs");
                 signal(pid, libc::SIGSTOP);
-                leader_among(&cluster, &others, Duration::from_secs(20)).await;
+                let next = led(leader_among(&cluster, &others, Duration::from_secs(20)).await);
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 signal(pid, libc::SIGCONT);
+                next
             }
             Fault::Cut => {
                 cluster.isolate(leader);
-                leader_among(&cluster, &others, Duration::from_secs(20)).await;
+                let next = led(leader_among(&cluster, &others, Duration::from_secs(20)).await);
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 cluster.heal();
+                next
             }
-        }
+        });
         tokio::time::sleep(SETTLE).await;
     }
     stop.store(true, Ordering::Relaxed);
@@ -449,6 +464,10 @@ async fn a_leaders_crash_pause_or_cut_reaches_no_caller() {
     }
     if let Err(error) = released {
         failures.push(format!("the holder's release failed: {error:#}"));
+    }
+    eprintln!("the faults:\n{}", timeline.join("\n"));
+    if !failures.is_empty() {
+        eprintln!("the nodes' logs:\n{}", cluster.logs());
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
