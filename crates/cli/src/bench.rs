@@ -30,263 +30,98 @@
 //! instead, as a program whose workers share one `Client` would. The bench
 //! also checks what it can see: tokens never repeat and grow with every
 //! grant.
+//!
+//! One road for the loop workloads whichever system is measured: [`main`]
+//! opens a [`LoopSystem`], the Deadbolt server (`deadbolt.rs`) or with
+//! `--backend` another lock system (`backend.rs`), and [`loops`] measures
+//! it (`measure.rs`) and closes it.
 
 use crate::exit;
 use crate::Endpoints;
 use anyhow::Context;
-use deadbolt_client::{Client, Error, LockGuard, Session};
+use deadbolt_client::{Client, Error};
 use hdrhistogram::Histogram;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod backend;
+mod deadbolt;
 pub(crate) mod measure;
 mod overload;
 
 pub(crate) use measure::BenchArgs;
-use measure::{histogram, measure, workload_name, CallsOver, Round, ServerCpu, Workload};
-
-/// Locks the fill takes per session: 990,000 locks in 82,500 sessions.
-const FILL_LOCKS_PER_SESSION: u64 = 12;
-/// The fill's sessions are renewed every TTL/3: long, to keep keepalives
-/// from being the load.
-const FILL_TTL: Duration = Duration::from_secs(600);
-/// Fill requests in flight at once.
-const FILL_CONCURRENCY: usize = 256;
-
-/// The TTL of `--fill-sessions`' sessions: long enough to measure, restart
-/// and measure again without keepalives.
-const FILL_SESSIONS_TTL: Duration = Duration::from_secs(3600);
-
-/// Opens `count` idle sessions and leaves them (see
-/// [`BenchArgs::fill_sessions`]).
-async fn fill_sessions(endpoints: &Endpoints, count: u64) -> Result<(), Error> {
-    use futures::{StreamExt, TryStreamExt};
-    if count == 0 {
-        return Ok(());
-    }
-    let mut clients = Vec::new();
-    for _ in 0..16.min(count) {
-        clients.push(endpoints.connect().await?);
-    }
-    let started = Instant::now();
-    futures::stream::iter(0..count)
-        .map(|i| {
-            let client = &clients[i as usize % clients.len()];
-            async move {
-                client.open_session_raw(FILL_SESSIONS_TTL).await?;
-                if (i + 1) % 100_000 == 0 {
-                    eprintln!("[fill] {} sessions open", i + 1);
-                }
-                Ok::<_, Error>(())
-            }
-        })
-        .buffer_unordered(FILL_CONCURRENCY)
-        .try_collect::<()>()
-        .await?;
-    eprintln!(
-        "[fill] {count} idle sessions opened in {:.1}s (left open: they expire in {}s)",
-        started.elapsed().as_secs_f64(),
-        FILL_SESSIONS_TTL.as_secs()
-    );
-    Ok(())
-}
-
-/// What `--fill` holds: its sessions, and the guards of their locks (kept
-/// until the sessions are closed, which releases them all at once).
-struct Fill {
-    sessions: Vec<Session>,
-    guards: Vec<LockGuard>,
-}
-
-/// Takes `count` locks and holds them (see [`BenchArgs::fill`]).
-async fn fill(endpoints: &Endpoints, count: u64) -> Result<Fill, Error> {
-    use futures::{StreamExt, TryStreamExt};
-    let mut clients = Vec::new();
-    for _ in 0..16.min(count) {
-        clients.push(endpoints.connect().await?);
-    }
-    let started = Instant::now();
-    let sessions: Vec<Session> = futures::stream::iter(0..count.div_ceil(FILL_LOCKS_PER_SESSION))
-        .map(|i| clients[i as usize % clients.len()].open_session(FILL_TTL))
-        .buffer_unordered(FILL_CONCURRENCY)
-        .try_collect()
-        .await?;
-    let locks = (0..count).map(|i| (i, &sessions[(i / FILL_LOCKS_PER_SESSION) as usize]));
-    let guards: Vec<LockGuard> = futures::stream::iter(locks)
-        .map(|(i, session)| async move {
-            let guard = session.lock(&format!("bench:fill:{i:07}")).await?;
-            if (i + 1) % 100_000 == 0 {
-                eprintln!("[fill] {} locks held", i + 1);
-            }
-            Ok::<_, Error>(guard)
-        })
-        .buffer_unordered(FILL_CONCURRENCY)
-        .try_collect()
-        .await?;
-    eprintln!(
-        "[fill] {count} locks held in {} sessions, in {:.1}s",
-        sessions.len(),
-        started.elapsed().as_secs_f64()
-    );
-    Ok(Fill { sessions, guards })
-}
-
-impl Fill {
-    async fn release(self) -> Result<(), Error> {
-        use futures::{StreamExt, TryStreamExt};
-        futures::stream::iter(&self.sessions)
-            .map(Session::close)
-            .buffer_unordered(FILL_CONCURRENCY)
-            .try_collect::<Vec<()>>()
-            .await?;
-        // Closed sessions released their locks: dropping sends nothing.
-        drop(self.guards);
-        Ok(())
-    }
-}
+use measure::{histogram, measure, workload_name, LoopSystem, Workload};
 
 pub async fn main(endpoints: &Endpoints, args: BenchArgs) -> i32 {
+    let contended = match args.workload {
+        Workload::Uncontended => false,
+        Workload::Contended | Workload::Rwlock | Workload::Semaphore => true,
+        Workload::Expiry | Workload::Election | Workload::Failover | Workload::Overload => {
+            return server_workload(endpoints, &args).await;
+        }
+    };
+    // One road whichever system is measured: its loops through `loops`.
+    let opened = match &args.backend {
+        Some(url) => match backend::Backends::open(url, &args).await {
+            Ok(system) => Ok(loops(system, &args, contended).await),
+            Err(code) => Err(code),
+        },
+        None => match deadbolt::Deadbolt::open(endpoints, &args).await {
+            Ok(system) => Ok(loops(system, &args, contended).await),
+            Err(code) => Err(code),
+        },
+    };
+    opened.unwrap_or_else(|code| code)
+}
+
+/// `expiry`, `election`, `failover` and `overload`: workloads only a
+/// Deadbolt server runs.
+async fn server_workload(endpoints: &Endpoints, args: &BenchArgs) -> i32 {
+    if args.backend.is_some() {
+        eprintln!("deadbolt bench: {}", backend::ONLY_LOOPS);
+        return exit::USAGE;
+    }
     let result = match args.workload {
-        Workload::Uncontended => loops(endpoints, &args, false).await,
-        Workload::Contended | Workload::Rwlock | Workload::Semaphore => {
-            loops(endpoints, &args, true).await
-        }
-        Workload::Expiry | Workload::Election => handover(endpoints, &args).await,
-        Workload::Failover | Workload::Overload => {
-            let result = match args.workload {
-                Workload::Failover => failover(endpoints, &args).await,
-                _ => overload::overload(endpoints, &args).await,
-            };
-            return match result {
+        Workload::Expiry | Workload::Election => {
+            return match handover(endpoints, args).await {
                 Ok(()) => exit::OK,
-                Err(err) => {
-                    eprintln!("deadbolt: {err:#}");
-                    exit::FAILURE
-                }
+                Err(err) => exit::report(&err),
             };
         }
+        Workload::Failover => failover(endpoints, args).await,
+        _ => overload::overload(endpoints, args).await,
     };
     match result {
         Ok(()) => exit::OK,
-        Err(err) => exit::report(&err),
+        Err(err) => {
+            eprintln!("deadbolt: {err:#}");
+            exit::FAILURE
+        }
     }
 }
 
-/// Watches of every `bench:` name while a workload runs, counting the
-/// events they receive (see [`BenchArgs::watchers`]).
-struct Watchers {
-    count: u32,
-    events: Arc<AtomicU64>,
-    started: Instant,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-/// Watches per connection of their own.
-const WATCHES_PER_CONNECTION: u32 = 100;
-
-impl Watchers {
-    /// Opens `count` watches, and waits until every one is in place.
-    async fn start(endpoints: &Endpoints, count: u32) -> Result<Watchers, Error> {
-        let events = Arc::new(AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        let mut client = None;
-        for i in 0..count {
-            if i % WATCHES_PER_CONNECTION == 0 {
-                client = Some(endpoints.connect().await?);
+/// Measures `system`'s clients in a loop (see [`measure`]), then closes it.
+async fn loops<S: LoopSystem>(system: S, args: &BenchArgs, contended: bool) -> i32 {
+    let system = Arc::new(system);
+    let rounds = (0..system.clients())
+        .map(|client| {
+            let system = system.clone();
+            move |name: String| {
+                let system = system.clone();
+                async move { system.round(client, name).await }
             }
-            let client = client.as_ref().expect("connected above");
-            let options = deadbolt_client::WatchOptions {
-                prefix: true,
-                after: None,
-            };
-            let mut watch = client.watch("bench:", options);
-            watch.started().await?;
-            let events = events.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Some(Ok(_)) = watch.next().await {
-                    events.fetch_add(1, Ordering::Relaxed);
-                }
-            }));
-        }
-        if count > 0 {
-            eprintln!("[watch] {count} watches of bench:* in place");
-        }
-        Ok(Watchers {
-            count,
-            events,
-            started: Instant::now(),
-            tasks,
         })
+        .collect();
+    let over = system.over();
+    if let Err(err) = measure(args, contended, rounds, &over, system.server_cpu()).await {
+        return S::report(&err);
     }
-
-    /// Prints the events delivered, from the warm-up to the end.
-    fn report(self) {
-        if self.count == 0 {
-            return;
-        }
-        let events = self.events.load(Ordering::Relaxed);
-        let elapsed = self.started.elapsed().as_secs_f64();
-        println!(
-            "  watches: {} watchers received {events} events in {elapsed:.1}s (warm-up \
-             included): {:.0} events/s delivered, {:.0} per watcher",
-            self.count,
-            events as f64 / elapsed,
-            events as f64 / elapsed / f64::from(self.count),
-        );
-        for task in self.tasks {
-            task.abort();
-        }
+    // Every round has ended, and with it every other handle on `system`.
+    let system = Arc::into_inner(system).expect("no round outlives measure");
+    match system.close().await {
+        Ok(()) => exit::OK,
+        Err(err) => S::report(&err),
     }
-}
-
-async fn loops(endpoints: &Endpoints, args: &BenchArgs, contended: bool) -> Result<(), Error> {
-    fill_sessions(endpoints, args.fill_sessions).await?;
-    let filled = fill(endpoints, args.fill).await?;
-    let connections = args.connections.unwrap_or(args.clients).min(args.clients);
-    let mut clients = Vec::new();
-    for _ in 0..connections {
-        let client = endpoints.connect().await?;
-        if args.calls == CallsOver::Grpc {
-            client.prefer_grpc_calls();
-        }
-        clients.push(client);
-    }
-    let mut sessions = Vec::new();
-    for client in clients.iter().cycle().take(args.clients as usize) {
-        sessions.push(client.open_session(args.ttl).await?);
-    }
-    let (workload, permits) = (args.workload, args.permits);
-    let rounds = sessions.iter().cloned().enumerate().map(|(i, session)| {
-        move |name: String| {
-            let session = session.clone();
-            async move {
-                let started = Instant::now();
-                let guard = match workload {
-                    Workload::Rwlock if i % 10 == 0 => session.write_lock(&name).await?,
-                    Workload::Rwlock => session.read_lock(&name).await?,
-                    Workload::Semaphore => session.acquire_permits(&name, permits, 1).await?,
-                    _ => session.lock(&name).await?,
-                };
-                let waited = started.elapsed();
-                let token = Some(guard.token());
-                guard.release().await?;
-                Ok::<_, Error>(Round { waited, token })
-            }
-        }
-    });
-    let over = format!(
-        "{connections} connection{}",
-        if connections == 1 { "" } else { "s" }
-    );
-    let watchers = Watchers::start(endpoints, args.watchers).await?;
-    let cpu = ServerCpu(clients[0].clone());
-    measure(args, contended, rounds.collect(), &over, Some(&cpu)).await?;
-    watchers.report();
-    for session in sessions {
-        session.close().await?;
-    }
-    filled.release().await
 }
 
 /// `expiry` and `election`: a holder (of a lock, or an election's leader)

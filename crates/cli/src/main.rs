@@ -6,7 +6,6 @@
 mod acl;
 mod backends;
 mod bench;
-mod bench_backend;
 mod certs;
 mod cluster;
 mod config;
@@ -367,10 +366,7 @@ fn main() {
             Command::Cluster(command) => cluster::main(endpoint, command).await,
             Command::Acl(command) => acl::main(endpoint, command).await,
             Command::Demo(command) => demo::main(command).await,
-            Command::Bench(args) => match &args.backend {
-                Some(url) => bench_backend::main(url, &args).await,
-                None => bench::main(endpoint, args).await,
-            },
+            Command::Bench(args) => bench::main(endpoint, args).await,
             Command::Snapshot(command) => snapshot::save(endpoint, command).await,
             Command::Guard(_)
             | Command::Data(_)

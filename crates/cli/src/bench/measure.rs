@@ -1,7 +1,9 @@
-//! What a bench run is asked for ([`BenchArgs`]) and how a loop workload is
-//! measured ([`measure`]): the part every lock system's bench shares, the
-//! Deadbolt workloads (`bench.rs`, `overload.rs`) and the other backends'
-//! (`bench_backend.rs`) alike. It imports none of them.
+//! What a bench run is asked for ([`BenchArgs`]), what a lock system offers
+//! the loop workloads ([`LoopSystem`]) and how they are measured
+//! ([`measure`]): the part every lock system's bench shares, the Deadbolt
+//! server's (`deadbolt.rs`, and the workloads of `bench.rs` and
+//! `overload.rs`) and the other backends' (`backend.rs`) alike. It imports
+//! none of them.
 
 use crate::parse_duration;
 use deadbolt_client::Client;
@@ -155,6 +157,31 @@ impl ServerCpu {
             .find_map(|line| line.strip_prefix("process_cpu_seconds_total "))
             .and_then(|value| value.trim().parse().ok())
     }
+}
+
+/// A lock system whose loop workloads (`uncontended`, `contended`, and on
+/// Deadbolt `rwlock` and `semaphore`) `deadbolt bench` measures: the
+/// Deadbolt server (`deadbolt.rs`) or one a team already runs
+/// (`backend.rs`). `bench::loops` drives each the same way: its clients'
+/// rounds through [`measure`], then [`close`](Self::close).
+pub(crate) trait LoopSystem: Send + Sync + 'static {
+    type Error: Send + 'static;
+    /// How many clients loop, each with its own session.
+    fn clients(&self) -> usize;
+    /// One round of client `client` on the lock `name`: taken, let go.
+    fn round(
+        &self,
+        client: usize,
+        name: String,
+    ) -> impl std::future::Future<Output = Result<Round, Self::Error>> + Send;
+    /// What the clients are spread over, for the report.
+    fn over(&self) -> String;
+    /// The server's CPU meter, where the system has one.
+    fn server_cpu(&self) -> Option<&ServerCpu>;
+    /// Ends the sessions, and whatever the run set up around them.
+    fn close(self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send;
+    /// Says what went wrong; the exit code to end with.
+    fn report(err: &Self::Error) -> i32;
 }
 
 /// Runs one `round` per client in a loop (on its own lock, or all on one
