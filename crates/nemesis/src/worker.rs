@@ -11,6 +11,7 @@
 //! Deadbolt fenced store, and reports each grant's holding interval
 //! ([`Held`]) so the run can count double grants. With `--unfenced` it
 //! sends the resource no token, as code that ignores its lock's token would.
+//! One loop for both ([`hold_in_turn`]), over a [`LockSystem`].
 
 use crate::availability::ClientError;
 use crate::history::{self, at, now, Held, Line, Op, Phase, Record};
@@ -66,42 +67,115 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn main(args: WorkerArgs) -> anyhow::Result<()> {
-    if let Some(url) = &args.backend {
-        return backend_main(url, &args).await;
+    match &args.backend {
+        Some(url) => {
+            let locker = deadbolt_backends::Locker::connect(url).await?;
+            hold_in_turn(Backends(locker), &args).await;
+        }
+        None => {
+            let tls = TlsOptions::from_files(
+                args.ca.as_deref(),
+                args.cert.as_deref(),
+                args.key.as_deref(),
+            )?;
+            let token = args.access_token.as_deref();
+            let client = Client::connect_with_token(args.endpoints.clone(), &tls, token).await?;
+            hold_in_turn(Deadbolt(client), &args).await;
+        }
     }
-    let tls = TlsOptions::from_files(
-        args.ca.as_deref(),
-        args.cert.as_deref(),
-        args.key.as_deref(),
-    )?;
-    let token = args.access_token.as_deref();
-    let client = Client::connect_with_token(args.endpoints.clone(), &tls, token).await?;
+    Ok(())
+}
+
+/// A lock system the worker takes its locks in: a Deadbolt cluster
+/// ([`Deadbolt`]) or the one `--backend` names ([`Backends`]).
+/// [`hold_in_turn`] drives either the same way.
+trait LockSystem {
+    type Session;
+    /// A new session; `None` (said in the history where the system can) to
+    /// try again shortly.
+    async fn open_session(&self, ttl: Duration, log: &mut Log) -> Option<Self::Session>;
+    /// One round on `lock` in `session`; whether the session may be used
+    /// for the next (false once its lease is lost, or may be).
+    async fn round(
+        &self,
+        session: &Self::Session,
+        lock: &str,
+        args: &WorkerArgs,
+        log: &mut Log,
+    ) -> bool;
+}
+
+/// Round after round on a random one of the run's locks, in a session
+/// opened again once it is lost, until the runner closes stdin.
+async fn hold_in_turn(system: impl LockSystem, args: &WorkerArgs) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
     let mut log = Log { client: args.id };
     let stop = stop_on_stdin_close();
-    let mut session: Option<Session> = None;
+    let mut session = None;
     while !*stop.borrow() {
-        let current = match &session {
-            Some(session) if !session.is_lost() => session.clone(),
-            _ => match client.open_session(args.ttl).await {
-                Ok(opened) => {
-                    session = Some(opened.clone());
-                    opened
-                }
-                Err(err) => {
-                    log.client_error("open_session", &err, false);
+        let current = match session.take() {
+            Some(current) => current,
+            None => match system.open_session(args.ttl, &mut log).await {
+                Some(opened) => opened,
+                None => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
         };
-        let lock = args.locks[rng.gen_range(0..args.locks.len())].clone();
-        round(&client, &current, &lock, args.resource, &mut log).await;
-        if current.is_lost() {
-            session = None;
+        let lock = &args.locks[rng.gen_range(0..args.locks.len())];
+        if system.round(&current, lock, args, &mut log).await {
+            session = Some(current);
         }
     }
-    Ok(())
+}
+
+/// A Deadbolt cluster: rounds of acquire, fenced store increment, resource
+/// increment, release ([`round`]).
+struct Deadbolt(Client);
+
+impl LockSystem for Deadbolt {
+    type Session = Session;
+
+    async fn open_session(&self, ttl: Duration, log: &mut Log) -> Option<Session> {
+        match self.0.open_session(ttl).await {
+            Ok(opened) => Some(opened),
+            Err(err) => {
+                log.client_error("open_session", &err, false);
+                None
+            }
+        }
+    }
+
+    async fn round(&self, session: &Session, lock: &str, args: &WorkerArgs, log: &mut Log) -> bool {
+        round(&self.0, session, lock, args.resource, log).await;
+        !session.is_lost()
+    }
+}
+
+/// Another lock system, through `deadbolt-backends`: a session per holder,
+/// and rounds of acquire, resource increment, release ([`backend_round`]).
+struct Backends(deadbolt_backends::Locker);
+
+impl LockSystem for Backends {
+    type Session = deadbolt_backends::Session;
+
+    async fn open_session(&self, ttl: Duration, _: &mut Log) -> Option<Self::Session> {
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.0.open_session(ttl)).await {
+            Ok(Ok(opened)) => Some(opened),
+            _ => None,
+        }
+    }
+
+    async fn round(
+        &self,
+        session: &Self::Session,
+        lock: &str,
+        args: &WorkerArgs,
+        log: &mut Log,
+    ) -> bool {
+        backend_round(session, lock, args, log).await
+    }
 }
 
 /// A watch that turns true when the runner closes our stdin.
@@ -113,37 +187,6 @@ fn stop_on_stdin_close() -> tokio::sync::watch::Receiver<bool> {
         let _ = stop_tx.send(true);
     });
     stop
-}
-
-/// The loop over `deadbolt-backends`: a session per holder (opened again
-/// once its lease is lost), and rounds of acquire, resource increment,
-/// release.
-async fn backend_main(url: &str, args: &WorkerArgs) -> anyhow::Result<()> {
-    let locker = deadbolt_backends::Locker::connect(url).await?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
-    let mut log = Log { client: args.id };
-    let stop = stop_on_stdin_close();
-    let mut session: Option<deadbolt_backends::Session> = None;
-    while !*stop.borrow() {
-        let current = match session.take() {
-            Some(current) => current,
-            None => {
-                match tokio::time::timeout(REQUEST_TIMEOUT, locker.open_session(args.ttl)).await {
-                    Ok(Ok(opened)) => opened,
-                    _ => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                }
-            }
-        };
-        let lock = args.locks[rng.gen_range(0..args.locks.len())].clone();
-        let keep = backend_round(&current, &lock, args, &mut log).await;
-        if keep {
-            session = Some(current);
-        }
-    }
-    Ok(())
 }
 
 /// One round over a backend; false if its session is lost (or may be) and
