@@ -46,6 +46,9 @@ const BETWEEN_PAIRS: Duration = Duration::from_millis(250);
 /// the next fault: time for every worker to take a lock again.
 const SETTLE: Duration = Duration::from_millis(2000);
 
+/// Lines of each node's log shown when the test fails: the last faults'.
+const LOG_TAIL: usize = 400;
+
 fn server_bin() -> PathBuf {
     if let Some(bin) = std::env::var_os("DEADBOLT_BIN") {
         return bin.into();
@@ -467,7 +470,19 @@ async fn a_leaders_crash_pause_or_cut_reaches_no_caller() {
     }
     eprintln!("the faults:\n{}", timeline.join("\n"));
     if !failures.is_empty() {
-        eprintln!("the nodes' logs:\n{}", cluster.logs());
+        // The failures first: CI shows the start of a long output.
+        eprintln!("{}", failures.join("\n"));
+        for node in &cluster.nodes {
+            let log = node.log_text();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+            eprintln!(
+                "--- node {}, its log's last {} lines:\n{}",
+                node.id,
+                tail.len(),
+                tail.join("\n")
+            );
+        }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
