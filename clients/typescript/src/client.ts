@@ -163,6 +163,14 @@ export interface TryLockOptions extends SessionOptions {
 
 export type LockOptions = TryLockOptions & WaitOptions;
 
+/** How `Client.send` sends one request: `body` replaces the call's, `wait` bounds the answer's wait. */
+interface SendOptions {
+  body?: Body;
+  wait?: number | undefined;
+  signal?: AbortSignal;
+  lane?: Lane;
+}
+
 function sleep(ms: number, unref = false, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => {
@@ -206,7 +214,7 @@ export class Client {
   }
 
   /** One request to the current endpoint; on failure the endpoint moves on before throwing. */
-  async send<T>(call: Call<T>, options: { body?: Body; wait?: number | undefined; signal?: AbortSignal; lane?: Lane } = {}): Promise<T> {
+  async send<T>(call: Call<T>, options: SendOptions = {}): Promise<T> {
     const url = this.endpoints.url();
     const body = options.body ?? call.body;
     const wait = "wait" in options ? options.wait : CALL_TIMEOUT;
@@ -777,7 +785,8 @@ export class Session {
     this.inUse.add(name);
     this.usedSinceRenewal = true;
     const send = (): Promise<Grant> => {
-      const body: Body = { ...this.handle.fields(), ...target.fields, wait };
+      const body = this.handle.fieldsWith(target.fields);
+      body["wait"] = wait;
       let readTimeout: number | undefined = CALL_TIMEOUT;
       if (wait) {
         body["attempt"] = nextAttempt();
@@ -793,12 +802,9 @@ export class Session {
       // keeps the queue place) while the lease holds.
       const leaseLeft = Math.max(this.deadline - now(), 1);
       const waitFor = readTimeout === undefined ? leaseLeft : Math.min(readTimeout, leaseLeft);
-      return this.client.send(target.acquire(body), {
-        body,
-        wait: waitFor,
-        ...(options.signal ? { signal: options.signal } : {}),
-        lane: wait ? "waits" : "calls",
-      }).catch((error: unknown) => {
+      const sendOptions: SendOptions = { body, wait: waitFor, lane: wait ? "waits" : "calls" };
+      if (options.signal) sendOptions.signal = options.signal;
+      return this.client.send(target.acquire(body), sendOptions).catch((error: unknown) => {
         if (mayHaveBeenDone(error)) outcomeUnknown = true;
         throw error;
       });
