@@ -9,7 +9,8 @@
 # then contended (all on one): the Rust client (`deadbolt bench`); the
 # Python client as its README shows it (`client.try_lock`/`lock` then
 # `release`) and through an explicit long-lived session, with threads and
-# with asyncio tasks, beside redis-py's Lock; the TypeScript client as its
+# with asyncio tasks, beside redis-py's Lock, and, contended, the floor any
+# Python program meets (bench.py's floor modes); the TypeScript client as its
 # README shows it and through a session, beside node-redlock; the Go client
 # (uncontended, `clients/go/cmd/bench`); and the Rust client's Redis
 # backend. Needs redis-server (Debian's redis-server), the virtualenv of
@@ -25,7 +26,7 @@ while [[ $# -gt 0 ]]; do
     case $1 in
     --clients) counts=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
-    *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
     esac
 done
 
@@ -71,8 +72,9 @@ for clients in ${counts//,/ }; do
         rate=$("$bin" bench "$workload" --endpoint "$endpoint" --clients "$clients" \
             --duration "${duration}s" 2>&1 | rust_rate)
         row "rust (deadbolt-client), $clients tasks" "$rate" -
+        floors=() && [[ $workload == contended ]] && floors=(floor-threads floor-asyncio)
         for mode in deadbolt-readme deadbolt-session deadbolt-asyncio-readme \
-            deadbolt-asyncio-session redis-py; do
+            deadbolt-asyncio-session redis-py "${floors[@]}"; do
             read -r _ rate cpu < <("$python" clients/python/bench/bench.py "$mode" \
                 --endpoint "$endpoint" --redis "$redis" --clients "$clients" \
                 --duration "$duration" "${flag[@]}")

@@ -18,6 +18,15 @@ Modes, each as its users would write it:
   ``server.lock(name, timeout=30)`` with its blocking ``acquire()`` and
   releasing it.
 
+And what bounds them, the least any Python program does per pair on this
+machine (``floor-threads``, ``floor-asyncio``): a session opened by the
+client, then per thread (task) one socket, each acquire and release written
+as raw HTTP/1.1, and of each answer only its length and the token read. No
+deadline, retry, lease or error handling, so it is no client: it is what a
+contended figure cannot pass in this language, where each hand-off waits
+for the next holder's interpreter to wake, read the grant and send the
+release.
+
 ``deadbolt-threads`` and ``deadbolt-asyncio`` are the older names of the
 session modes. scripts/client-bench.sh starts the servers and runs them
 side by side. Prints one line: ``MODE pairs/s client-µs/pair``.
@@ -27,6 +36,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import re
+import socket
 import threading
 import time
 from typing import Any, Callable
@@ -165,12 +177,100 @@ def deadbolt_asyncio_session(args: argparse.Namespace) -> int:
     return asyncio_tasks(args, loop)
 
 
+TOKEN = re.compile(rb'"token":(\d+)')
+
+
+class Floor:
+    """The floor modes' raw HTTP/1.1: the requests of one session on one
+    lock, each with a fresh attempt id, and the answers' lengths."""
+
+    def __init__(self, args: argparse.Namespace, session: Any, i: int) -> None:
+        self.host, _, port = args.endpoint.split("://", 1)[1].partition(":")
+        self.port = int(port or 7070)
+        self.fields = {**session.handle.fields(), "lock": lock_name(args, i)}
+        self.attempt = time.time_ns() // 1000 * 1000 + i
+
+    def acquire(self) -> bytes:
+        self.attempt += 1000
+        body = {**self.fields, "wait": True, "attempt": self.attempt}
+        return self._post("/v1/lock/acquire", body)
+
+    def release(self, grant: bytes) -> bytes:
+        match = TOKEN.search(grant)
+        assert match is not None, f"not a grant: {grant[:200]!r}"
+        return self._post("/v1/lock/release", {**self.fields, "token": int(match.group(1))})
+
+    @staticmethod
+    def _post(path: str, body: dict[str, Any]) -> bytes:
+        data = json.dumps(body).encode()
+        head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(data)}\r\n\r\n"
+        return head.encode() + data
+
+    @staticmethod
+    def answer_length(head: bytes) -> int:
+        at = head.lower().find(b"content-length:")
+        return int(head[at + 15 : head.find(b"\r\n", at)])
+
+
+def floor_threads(args: argparse.Namespace) -> int:
+    client = deadbolt.Client(args.endpoint)
+
+    def answer(sock: socket.socket, data: bytes) -> tuple[bytes, bytes]:
+        """One answer's body, and the bytes after it."""
+        while (end := data.find(b"\r\n\r\n")) < 0:
+            data += sock.recv(65536)
+        stop = end + 4 + Floor.answer_length(data[:end])
+        while len(data) < stop:
+            data += sock.recv(65536)
+        return data[end + 4 : stop], data[stop:]
+
+    def loop(i: int, running: Callable[[], bool]) -> int:
+        done = 0
+        with client.session(ttl="30s") as session:
+            floor = Floor(args, session, i)
+            with socket.create_connection((floor.host, floor.port)) as sock:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                rest = b""
+                while running():
+                    sock.sendall(floor.acquire())
+                    grant, rest = answer(sock, rest)
+                    sock.sendall(floor.release(grant))
+                    _, rest = answer(sock, rest)
+                    done += measuring.is_set()
+        return done
+
+    return threads(args.clients, args.duration, loop)
+
+
+def floor_asyncio(args: argparse.Namespace) -> int:
+    async def answer(reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        return await reader.readexactly(Floor.answer_length(head))
+
+    async def loop(client: Any, i: int, stop: asyncio.Event) -> int:
+        done = 0
+        async with await client.session(ttl="30s") as session:
+            floor = Floor(args, session, i)
+            reader, writer = await asyncio.open_connection(floor.host, floor.port)
+            while not stop.is_set():
+                writer.write(floor.acquire())
+                writer.write(floor.release(await answer(reader)))
+                await answer(reader)
+                done += measuring.is_set()
+            writer.close()
+        return done
+
+    return asyncio_tasks(args, loop)
+
+
 MODES: dict[str, Callable[[argparse.Namespace], int]] = {
     "deadbolt-readme": deadbolt_readme,
     "deadbolt-session": deadbolt_session,
     "deadbolt-asyncio-readme": deadbolt_asyncio_readme,
     "deadbolt-asyncio-session": deadbolt_asyncio_session,
     "redis-py": redis_py,
+    "floor-threads": floor_threads,
+    "floor-asyncio": floor_asyncio,
     "deadbolt-threads": deadbolt_session,
     "deadbolt-asyncio": deadbolt_asyncio_session,
 }
