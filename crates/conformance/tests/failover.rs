@@ -472,17 +472,7 @@ async fn a_leaders_crash_pause_or_cut_reaches_no_caller() {
     if !failures.is_empty() {
         // The failures first: CI shows the start of a long output.
         eprintln!("{}", failures.join("\n"));
-        for node in &cluster.nodes {
-            let log = node.log_text();
-            let lines: Vec<&str> = log.lines().collect();
-            let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
-            eprintln!(
-                "--- node {}, its log's last {} lines:\n{}",
-                node.id,
-                tail.len(),
-                tail.join("\n")
-            );
-        }
+        eprint!("{}", cluster.logs_tail(LOG_TAIL));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

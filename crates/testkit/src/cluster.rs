@@ -453,6 +453,25 @@ impl TestCluster {
             .map(|n| format!("--- node {}:\n{}", n.id, n.log_text()))
             .collect()
     }
+
+    /// Each node's last `lines` log lines: what a failing test prints when
+    /// whole logs would push its own failures out of CI's view.
+    pub fn logs_tail(&self, lines: usize) -> String {
+        self.nodes
+            .iter()
+            .map(|n| {
+                let log = n.log_text();
+                let all: Vec<&str> = log.lines().collect();
+                let tail = &all[all.len().saturating_sub(lines)..];
+                format!(
+                    "--- node {}, its log's last {} lines:\n{}\n",
+                    n.id,
+                    tail.len(),
+                    tail.join("\n")
+                )
+            })
+            .collect()
+    }
 }
 
 impl Drop for TestCluster {
