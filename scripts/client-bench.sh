@@ -72,7 +72,7 @@ for clients in ${counts//,/ }; do
         rate=$("$bin" bench "$workload" --endpoint "$endpoint" --clients "$clients" \
             --duration "${duration}s" 2>&1 | rust_rate)
         row "rust (deadbolt-client), $clients tasks" "$rate" -
-        floors=() && [[ $workload == contended ]] && floors=(floor-threads floor-asyncio)
+        floors=() && [[ $workload == contended ]] && floors=(floor-threads floor-asyncio floor-framed)
         for mode in deadbolt-readme deadbolt-session deadbolt-asyncio-readme \
             deadbolt-asyncio-session redis-py "${floors[@]}"; do
             read -r _ rate cpu < <("$python" clients/python/bench/bench.py "$mode" \

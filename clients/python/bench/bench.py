@@ -21,7 +21,8 @@ Modes, each as its users would write it:
 And what bounds them, the least any Python program does per pair on this
 machine (``floor-threads``, ``floor-asyncio``): a session opened by the
 client, then per thread (task) one socket, each acquire and release written
-as raw HTTP/1.1, and of each answer only its length and the token read. No
+as raw HTTP/1.1, and of each answer only its length and the token read
+(``floor-framed``: threads, as framed calls, the Rust client's way). No
 deadline, retry, lease or error handling, so it is no client: it is what a
 contended figure cannot pass in this language, where each hand-off waits
 for the next holder's interpreter to wake, read the grant and send the
@@ -187,18 +188,24 @@ class Floor:
     def __init__(self, args: argparse.Namespace, session: Any, i: int) -> None:
         self.host, _, port = args.endpoint.split("://", 1)[1].partition(":")
         self.port = int(port or 7070)
-        self.fields = {**session.handle.fields(), "lock": lock_name(args, i)}
+        self.session = session.handle
+        self.lock = lock_name(args, i)
         self.attempt = time.time_ns() // 1000 * 1000 + i
+
+    def open(self, sock: socket.socket) -> bytes:
+        """Starts the connection; the bytes read past the start."""
+        return b""
 
     def acquire(self) -> bytes:
         self.attempt += 1000
-        body = {**self.fields, "wait": True, "attempt": self.attempt}
+        body = {**self.session.fields(), "lock": self.lock, "wait": True, "attempt": self.attempt}
         return self._post("/v1/lock/acquire", body)
 
     def release(self, grant: bytes) -> bytes:
         match = TOKEN.search(grant)
         assert match is not None, f"not a grant: {grant[:200]!r}"
-        return self._post("/v1/lock/release", {**self.fields, "token": int(match.group(1))})
+        body = {**self.session.fields(), "lock": self.lock, "token": int(match.group(1))}
+        return self._post("/v1/lock/release", body)
 
     @staticmethod
     def _post(path: str, body: dict[str, Any]) -> bytes:
@@ -211,35 +218,137 @@ class Floor:
         at = head.lower().find(b"content-length:")
         return int(head[at + 15 : head.find(b"\r\n", at)])
 
-
-def floor_threads(args: argparse.Namespace) -> int:
-    client = deadbolt.Client(args.endpoint)
-
-    def answer(sock: socket.socket, data: bytes) -> tuple[bytes, bytes]:
-        """One answer's body, and the bytes after it."""
+    def answer(self, sock: socket.socket, data: bytes) -> tuple[bytes, bytes]:
+        """One answer's body read from ``sock`` after ``data``, and the bytes after it."""
         while (end := data.find(b"\r\n\r\n")) < 0:
             data += sock.recv(65536)
-        stop = end + 4 + Floor.answer_length(data[:end])
+        stop = end + 4 + self.answer_length(data[:end])
         while len(data) < stop:
             data += sock.recv(65536)
         return data[end + 4 : stop], data[stop:]
 
+
+class FramedFloor(Floor):
+    """``floor-framed``: the same over framed calls (docs/framed-calls.md's
+    wire format: the preface, an empty hello, then ``CallRequest`` frames),
+    protobuf written here for the acquire and the release only."""
+
+    def open(self, sock: socket.socket) -> bytes:
+        sock.sendall(b"\0deadbolt-framed-calls/1\n" + _frame(b""))  # the preface, a hello
+        welcome, rest = self.answer(sock, b"")
+        assert 1 not in _fields(welcome), f"refused: {welcome!r} (not the leader?)"
+        return rest
+
+    def acquire(self) -> bytes:
+        self.attempt += 1000
+        request = (
+            _uint(1, self.session.id)
+            + _text(2, self.lock)
+            + _uint(3, 1)  # wait
+            + _uint(5, self.attempt)
+            + _text(7, self.session.secret)
+        )
+        return _call(self.attempt, 2, request)
+
+    def release(self, grant: bytes) -> bytes:
+        acquire = _fields(grant).get(2)  # CallResponse.acquire
+        token = _fields(acquire).get(1) if isinstance(acquire, bytes) else None
+        assert isinstance(token, int), f"not a grant: {grant!r}"
+        request = (
+            _uint(1, self.session.id)
+            + _text(2, self.lock)
+            + _uint(3, token)
+            + _text(4, self.session.secret)
+        )
+        return _call(self.attempt + 1, 3, request)
+
+    def answer(self, sock: socket.socket, data: bytes) -> tuple[bytes, bytes]:
+        while len(data) < 4:
+            data += sock.recv(65536)
+        stop = 4 + int.from_bytes(data[:4], "big")
+        while len(data) < stop:
+            data += sock.recv(65536)
+        return data[4:stop], data[stop:]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _uint(field: int, value: int) -> bytes:
+    return _varint(field << 3) + _varint(value)
+
+
+def _text(field: int, value: str) -> bytes:
+    data = value.encode()
+    return _varint(field << 3 | 2) + _varint(len(data)) + data
+
+
+def _frame(message: bytes) -> bytes:
+    return len(message).to_bytes(4, "big") + message
+
+
+def _call(call_id: int, field: int, request: bytes) -> bytes:
+    """A ``CallRequest`` frame: its id, and ``request`` as its ``field``."""
+    return _frame(_uint(1, call_id) + _varint(field << 3 | 2) + _varint(len(request)) + request)
+
+
+def _fields(message: bytes) -> dict[int, int | bytes]:
+    """A protobuf message's varint and length-delimited fields."""
+    fields: dict[int, int | bytes] = {}
+    at = 0
+
+    def varint() -> int:
+        nonlocal at
+        value = shift = 0
+        while True:
+            byte = message[at]
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                return value
+
+    while at < len(message):
+        key = varint()
+        if key & 7 == 0:
+            fields[key >> 3] = varint()
+        else:
+            assert key & 7 == 2, f"wire type {key & 7}"
+            length = varint()
+            fields[key >> 3] = message[at : at + length]
+            at += length
+    return fields
+
+
+def floor_threads(args: argparse.Namespace, kind: type[Floor] = Floor) -> int:
+    client = deadbolt.Client(args.endpoint)
+
     def loop(i: int, running: Callable[[], bool]) -> int:
         done = 0
         with client.session(ttl="30s") as session:
-            floor = Floor(args, session, i)
+            floor = kind(args, session, i)
             with socket.create_connection((floor.host, floor.port)) as sock:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                rest = b""
+                rest = floor.open(sock)
                 while running():
                     sock.sendall(floor.acquire())
-                    grant, rest = answer(sock, rest)
+                    grant, rest = floor.answer(sock, rest)
                     sock.sendall(floor.release(grant))
-                    _, rest = answer(sock, rest)
+                    _, rest = floor.answer(sock, rest)
                     done += measuring.is_set()
         return done
 
     return threads(args.clients, args.duration, loop)
+
+
+def floor_framed(args: argparse.Namespace) -> int:
+    return floor_threads(args, FramedFloor)
 
 
 def floor_asyncio(args: argparse.Namespace) -> int:
@@ -271,6 +380,7 @@ MODES: dict[str, Callable[[argparse.Namespace], int]] = {
     "redis-py": redis_py,
     "floor-threads": floor_threads,
     "floor-asyncio": floor_asyncio,
+    "floor-framed": floor_framed,
     "deadbolt-threads": deadbolt_session,
     "deadbolt-asyncio": deadbolt_asyncio_session,
 }
