@@ -389,9 +389,17 @@ fn busy(name: &str) -> Error {
     )
 }
 
+/// How long a wait with no deadline goes on while the lock system answers
+/// nothing: as the Deadbolt client repeats a call through an outage for 10
+/// s. Past it the wait fails `unavailable` (`deadbolt run` exits 69), where
+/// it used to retry forever without a word: a cron job started while Redis
+/// was down hung, and the next runs piled up behind it.
+const UNREACHABLE_FOR: Duration = Duration::from_secs(10);
+
 /// Tries `attempt` until it grants, with backoff and full jitter while the
 /// lock is busy or the server unreachable, until `give_up` (if any), when
-/// it makes one last attempt.
+/// it makes one last attempt. Without `give_up`, until the server has been
+/// unreachable for [`UNREACHABLE_FOR`] in a row.
 async fn poll<T, Fut>(
     name: &str,
     give_up: Option<Instant>,
@@ -402,6 +410,8 @@ where
 {
     let started = Instant::now();
     let mut backoff = Backoff::new(POLL_BASE, POLL_CAP);
+    // tokio's clock, which tests can pause.
+    let mut unreachable_since = None;
     loop {
         let failure = match attempt().await {
             Ok(Some(granted)) => return Ok(granted),
@@ -409,6 +419,18 @@ where
             Err(error) if error.is_transient() => Some(error),
             Err(error) => return Err(error),
         };
+        match &failure {
+            None => unreachable_since = None,
+            Some(error) => {
+                let since = *unreachable_since.get_or_insert_with(tokio::time::Instant::now);
+                if give_up.is_none() && since.elapsed() >= UNREACHABLE_FOR {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!("{error} (no answer for {UNREACHABLE_FOR:?}; gave up waiting for lock {name:?})"),
+                    ));
+                }
+            }
+        }
         let mut delay = backoff.next_delay(&mut rand::thread_rng());
         if let Some(give_up) = give_up {
             let left = give_up.saturating_duration_since(Instant::now());
@@ -579,6 +601,45 @@ impl Drop for Guard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn refused() -> Error {
+        Error::unavailable("redis://127.0.0.1:1", "Connection refused")
+    }
+
+    /// Regression: `deadbolt run --backend redis://...` with no `--wait`
+    /// hung forever, silently, while Redis was down.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_without_deadline_gives_up_on_a_server_that_never_answers() {
+        let started = tokio::time::Instant::now();
+        let outcome: Result<(), Error> = poll("job", None, || async { Err(refused()) }).await;
+        let error = outcome.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Unavailable, "{error}");
+        assert!(error.to_string().contains("Connection refused"), "{error}");
+        let waited = started.elapsed();
+        assert!(
+            (UNREACHABLE_FOR..UNREACHABLE_FOR + POLL_CAP * 2).contains(&waited),
+            "gave up after {waited:?}"
+        );
+    }
+
+    /// Only an outage in a row counts: a server that answers "busy" in
+    /// between is there, and the wait goes on for as long as the lock is held.
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_without_deadline_outlasts_outages_shorter_than_the_limit() {
+        let started = tokio::time::Instant::now();
+        let outcome = poll("job", None, || async move {
+            let at = started.elapsed();
+            let outage = UNREACHABLE_FOR * 9 / 10;
+            match at {
+                at if at < outage => Err(refused()),
+                at if at < outage + Duration::from_secs(1) => Ok(None),
+                at if at < outage * 2 + Duration::from_secs(1) => Err(refused()),
+                _ => Ok(Some(7)),
+            }
+        })
+        .await;
+        assert_eq!(outcome.unwrap(), 7);
+    }
 
     /// `Debug` of a locker and of a session shows no password (the client
     /// libraries' own `Debug` may: redis-rs's does). These connect nothing.
