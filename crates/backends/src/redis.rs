@@ -470,9 +470,7 @@ impl Session {
         if refused < answers.len() {
             grant.release_everywhere().await;
         }
-        if refused > 0
-            && (shared.rules.hopeless(refused) || granted.len() + refused == answers.len())
-        {
+        if shared.rules.held_elsewhere(granted.len(), refused) {
             return Ok(None);
         }
         Err(answers

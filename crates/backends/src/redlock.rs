@@ -83,6 +83,18 @@ impl Rules {
     pub(crate) fn hopeless(&self, refusals: usize) -> bool {
         refusals > self.nodes - self.needed
     }
+
+    /// Whether an acquire round that `granted` servers granted and
+    /// `refused` refused, short of a majority, found the lock held: some
+    /// server refused, and either no majority is left to grant or a
+    /// majority answered. Otherwise too few servers answered: the lock
+    /// system is out of reach. Without "a majority answered", a master dying
+    /// while the holder's key lived on it and one other left every round
+    /// with one refusal, one grant and one error, which a wait with no
+    /// deadline counts as an outage and gives up on after 10 s.
+    pub(crate) fn held_elsewhere(&self, granted: usize, refused: usize) -> bool {
+        refused > 0 && (self.hopeless(refused) || granted + refused >= self.needed)
+    }
 }
 
 #[cfg(test)]
@@ -97,6 +109,22 @@ mod tests {
         assert!(!Rules::redlock(5).hopeless(2));
         assert!(Rules::redlock(5).hopeless(3));
         assert!(Rules::SINGLE.hopeless(1));
+    }
+
+    #[test]
+    fn a_refusal_among_a_majority_of_answers_is_busy_not_an_outage() {
+        let three = Rules::redlock(3);
+        // One master down, the holder's key on one of the other two.
+        assert!(three.held_elsewhere(1, 1));
+        assert!(three.held_elsewhere(0, 2));
+        // Two masters down: no majority answered, whoever refused.
+        assert!(!three.held_elsewhere(0, 1));
+        // Nobody refused: granted too slowly, or not reached.
+        assert!(!three.held_elsewhere(1, 0));
+        assert!(!three.held_elsewhere(0, 0));
+        // Four masters, two down, two refusing: no majority (3) can grant.
+        assert!(Rules::redlock(4).held_elsewhere(0, 2));
+        assert!(Rules::SINGLE.held_elsewhere(0, 1));
     }
 
     #[test]
