@@ -43,6 +43,7 @@ mod store;
 #[cfg(test)]
 mod testing;
 mod tls;
+pub mod untrusted;
 pub mod version;
 mod waits;
 pub mod watches;

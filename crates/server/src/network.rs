@@ -401,7 +401,13 @@ impl PeerService {
 // The error is what tonic's handlers return anyway.
 #[allow(clippy::result_large_err)]
 fn decode<T: DeserializeOwned>(request: tonic::Request<RaftPayload>) -> Result<T, tonic::Status> {
-    bincode::deserialize(&request.into_inner().data).map_err(|err| {
+    decode_message(&request.into_inner().data)
+}
+
+/// A peer's message from its bytes (`untrusted.rs` lists it).
+#[allow(clippy::result_large_err)]
+pub(crate) fn decode_message<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, tonic::Status> {
+    bincode::deserialize(bytes).map_err(|err| {
         tonic::Status::invalid_argument(format!(
             "cannot decode the raft message (is the peer running the same Deadbolt version?): {err}"
         ))
@@ -519,27 +525,14 @@ mod tests {
             done: true,
         };
         let vote = VoteRequest::<NodeId>::new(Vote::new(3, 2), Some(log_id(4)));
-        fn decodes<T: DeserializeOwned>(bytes: &[u8]) -> bool {
-            let request = tonic::Request::new(RaftPayload {
-                data: bytes.to_vec(),
-            });
-            decode::<T>(request).is_ok()
-        }
         use crate::huge_lengths::assert_every_length_bounded as bounded;
+        use crate::untrusted;
         let bytes = bincode::serialize(&append).unwrap();
-        bounded(
-            "an append",
-            &bytes,
-            decodes::<AppendEntriesRequest<TypeConfig>>,
-        );
+        bounded("an append", &bytes, untrusted::raft_append);
         let bytes = bincode::serialize(&snapshot).unwrap();
-        bounded(
-            "a snapshot chunk",
-            &bytes,
-            decodes::<InstallSnapshotRequest<TypeConfig>>,
-        );
+        bounded("a snapshot chunk", &bytes, untrusted::raft_snapshot_chunk);
         let bytes = bincode::serialize(&vote).unwrap();
-        bounded("a vote", &bytes, decodes::<VoteRequest<NodeId>>);
+        bounded("a vote", &bytes, untrusted::raft_vote);
     }
 
     #[test]
@@ -660,10 +653,10 @@ mod tests {
     /// gives a message or `invalid_argument`, never a panic or an unbounded
     /// allocation (bincode reads lengths against the bytes it was given).
     fn decode_all(data: Vec<u8>) {
-        let request = || tonic::Request::new(RaftPayload { data: data.clone() });
-        let _ = decode::<AppendEntriesRequest<TypeConfig>>(request());
-        let _ = decode::<VoteRequest<NodeId>>(request());
-        let _ = decode::<InstallSnapshotRequest<TypeConfig>>(request());
+        use crate::untrusted;
+        untrusted::raft_append(&data);
+        untrusted::raft_vote(&data);
+        untrusted::raft_snapshot_chunk(&data);
     }
 
     proptest! {

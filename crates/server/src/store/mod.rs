@@ -37,6 +37,7 @@ pub use data_dir::{
     SimulatedDisks,
 };
 pub use disk_space::DiskSpace;
+pub(crate) use log_file::decode_entries;
 pub use log_store::{LogStore, StorageIo};
 pub use seed::seed_data_dir;
 pub use segments::SimulatedSegments;
