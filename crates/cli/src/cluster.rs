@@ -186,7 +186,11 @@ async fn status(client: &Client, endpoints: &Endpoints, json: bool) -> i32 {
         .filter(|status| status.role == "leader")
         .map(|status| status.node_id)
         .collect();
-    let healthy = leaders.len() == 1 && answers.values().all(Result::is_ok);
+    // A node whose disk is full answers, but takes no write.
+    let healthy = leaders.len() == 1
+        && answers
+            .values()
+            .all(|answer| answer.as_ref().is_ok_and(|status| !status.disk_full));
     if json {
         let members: Vec<serde_json::Value> = view
             .members
@@ -224,7 +228,7 @@ async fn status(client: &Client, endpoints: &Endpoints, json: bool) -> i32 {
             let voter = if member.voter { "yes" } else { "no" };
             match &answers[&member.node_id] {
                 Ok(status) => println!(
-                    "{:>4}  {:width$}  {:9}  {:5}  {:>6}  {:>10}  {:>10}  {:8}  ok",
+                    "{:>4}  {:width$}  {:9}  {:5}  {:>6}  {:>10}  {:>10}  {:8}  {}",
                     member.node_id,
                     member.address,
                     status.role,
@@ -234,6 +238,11 @@ async fn status(client: &Client, endpoints: &Endpoints, json: bool) -> i32 {
                     status.applied_index,
                     // A release before 0.1.0's numbers answers without them.
                     status.versions.as_ref().map_or("-", |v| v.release.as_str()),
+                    if status.disk_full {
+                        "disk full: refuses writes until space is freed"
+                    } else {
+                        "ok"
+                    },
                 ),
                 Err(err) => println!(
                     "{:>4}  {:width$}  {:9}  {:5}  {:>6}  {:>10}  {:>10}  {:8}  {}",

@@ -107,11 +107,13 @@ pub struct AcquireArgs {
 
 #[derive(clap::Args)]
 pub struct ReleaseArgs {
+    /// The lock to release.
     #[arg(long)]
     lock: String,
     /// The session handle `deadbolt acquire` printed (ID.SECRET).
     #[arg(long, value_name = "ID.SECRET")]
     session: SessionHandle,
+    /// The fencing token `deadbolt acquire` printed.
     #[arg(long)]
     token: u64,
     /// Keep the session open (by default it is closed after the release).
@@ -128,6 +130,7 @@ pub struct KeepaliveArgs {
 
 #[derive(clap::Args)]
 pub struct StatusArgs {
+    /// The lock to show.
     #[arg(long, required_unless_present = "semaphore")]
     lock: Option<String>,
     /// Show this counting semaphore instead: its permits, who holds which
@@ -141,6 +144,7 @@ pub struct StatusArgs {
 
 #[derive(clap::Args)]
 pub struct HistoryArgs {
+    /// The lock whose grants to show.
     #[arg(long)]
     lock: String,
     /// Print JSON instead of a table.

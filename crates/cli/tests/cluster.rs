@@ -691,6 +691,17 @@ async fn a_leader_whose_disk_fills_gives_way_and_rejoins_when_space_is_back() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(cluster.node(full).get("/health").unwrap().0, 503);
+    // `cluster status` names the node and why, and calls the cluster
+    // degraded.
+    let endpoints: Vec<String> = (1..=3).map(|id| cluster.node(id).endpoint()).collect();
+    let shown = run(&endpoints.join(","), &["cluster", "status"]).await;
+    let table = String::from_utf8_lossy(&shown.stdout);
+    let row = table
+        .lines()
+        .find(|line| line.trim_start().starts_with(&format!("{full} ")))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains("disk full"), "{table}");
+    assert_eq!(shown.status.code(), Some(1), "{shown:?}");
     let full_addr = cluster.node(full).listen;
     assert_eq!(metric(full_addr, "deadbolt_disk_full"), 1.0);
     assert!(cluster.exited(full).is_none(), "the node stopped");

@@ -39,6 +39,14 @@ fn holder_token(addr: SocketAddr, lock: &str) -> Option<u64> {
     body["state"]["token"].as_u64()
 }
 
+/// `disk_full` as `/v1/cluster/status` reports it.
+fn disk_full_in_status(addr: SocketAddr) -> Option<bool> {
+    let (status, body) = http(addr, "GET", "/v1/cluster/status", None).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    body["disk_full"].as_bool()
+}
+
 /// On one thread (the default: the log's appends run on the thread that
 /// serves, which must not block on the full disk) and on several (appends
 /// on the blocking pool).
@@ -88,9 +96,9 @@ fn fills_and_resumes(flags: &[&str]) {
     assert_eq!(refused["error"]["kind"], "unavailable", "{refused}");
     let message = refused["error"]["message"].as_str().unwrap();
     assert!(message.starts_with("disk full:"), "{message}");
-    // What needs no write still answers: status, readiness, metrics.
-    let (status, _) = http(addr, "GET", "/v1/cluster/status", None).unwrap();
-    assert_eq!(status, 200);
+    // What needs no write still answers: status (which says why this node
+    // takes no writes), readiness, metrics.
+    assert_eq!(disk_full_in_status(addr), Some(true));
     let log = server.log_text();
     assert!(
         log.contains("the disk is full") && log.contains("No space left on device"),
@@ -102,6 +110,7 @@ fn fills_and_resumes(flags: &[&str]) {
     wait_for_disk_full(addr, 0.0, &server);
     assert!(server.exit_within(Duration::ZERO).is_none(), "it stopped");
     assert!(server.log_text().contains("space is back"));
+    assert_ne!(disk_full_in_status(addr), Some(true));
     // The write that waited was committed once space was back, or (on a
     // machine slower than its commit deadline) answered `unavailable`
     // with nothing acknowledged: never anything else.

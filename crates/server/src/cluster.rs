@@ -302,6 +302,7 @@ impl Node {
                 ..crate::version::build_versions()
             }),
             cluster_version: self.cluster_version().0,
+            disk_full: self.space.is_full(),
             access_control: self
                 .table
                 .read()
