@@ -1,4 +1,4 @@
-//! A backup file, as `deadbolt restore` reads it.
+//! A backup file, as `deadbolt snapshot restore` reads it.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|bytes: &[u8]| {

@@ -1,5 +1,8 @@
-//! Every decoder of bytes that come from outside the process, by what they
-//! decode, each answering whether the bytes decoded.
+//! Every decoder of the server's own formats (bincode) for bytes that come
+//! from outside the process, by what they decode, each answering whether
+//! the bytes decoded. (Clients' protobuf and JSON are decoded by prost and
+//! serde behind the frame and body limits; the framed `Calls` codec has a
+//! fuzz target of its own, `calls_frames`.)
 //!
 //! Why a list of its own: these are the doors a crafted file or message
 //! comes in by (issue 58, part 1), and two kinds of test walk through each
@@ -22,7 +25,7 @@ pub fn table_image(bytes: &[u8]) -> bool {
     crate::store::table_image::decode(bytes).is_ok()
 }
 
-/// A backup file, as `deadbolt restore` and `deadbolt backup inspect`
+/// A backup file, as `deadbolt snapshot restore` and `snapshot inspect`
 /// read it (its checksum is no secret: anyone can seal what they like).
 pub fn backup(bytes: &[u8]) -> bool {
     crate::Backup::decode(bytes).is_ok()
